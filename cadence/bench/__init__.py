@@ -1,0 +1,1 @@
+"""`cadence bench`: measurements that print JSON, never timed tests."""

@@ -1,0 +1,1 @@
+"""Sockets, channels, heartbeats and weight transports. Everything between actors goes through here."""

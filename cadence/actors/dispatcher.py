@@ -1,0 +1,215 @@
+"""The prompt dispatcher: the period state machine, the roster, and every assignment until consumed.
+
+```
+ trainer ─ VersionReady(k) ─► start period k: B prompts of period k → pending
+ worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment)
+ trainer ─ Consumed(k, ids) ► outstanding -= ids
+ worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
+ trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
+ trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
+```
+
+Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
+trainer reports it consumed; nothing of period k+1 is released before version k+1 is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from cadence.actors.base import first_of
+from cadence.config import RunConfig
+from cadence.messages import (
+    Assignment,
+    Consumed,
+    Heartbeat,
+    Message,
+    Register,
+    RunDone,
+    Shutdown,
+    VersionReady,
+    Welcome,
+    WorkRequest,
+)
+from cadence.tasks.base import Prompt, Task
+from cadence.transport.endpoint import Server
+from cadence.transport.heartbeat import Liveness
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Peer:
+    name: str
+    role: str
+    address: str
+    credits: int = 0
+    welcomed: bool = False
+    outstanding: set[int] = field(default_factory=set)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        server: Server,
+        task: Task,
+        recorder: Any,
+        clock: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.server = server
+        self.task = task
+        self.recorder = recorder
+        self.clock = clock
+        self.B = cfg.task.prompts_per_period
+        self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
+        self.peers: dict[bytes, Peer] = {}
+        self.period = -1
+        self.pending: deque[Prompt] = deque()
+        self.outstanding: dict[int, tuple[bytes, Prompt]] = {}
+        self.reassigned = 0
+        self.lost: list[str] = []
+        self.done = asyncio.Event()
+        self.failure: str | None = None
+        self._outbox: list[tuple[bytes, Message]] = []
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self) -> None:
+        log.info("dispatcher_started", address=self.server.address, periods=self.cfg.periods, B=self.B)
+        self.recorder.start(self.clock())
+        await first_of(self._receive(), self._watch(), self.done.wait())
+        for peer in list(self.peers):
+            await self.server.send(peer, Shutdown(self.failure or "run complete"))
+        await asyncio.sleep(0.2)  # let the shutdowns leave before the socket closes
+        if self.failure:
+            raise RuntimeError(self.failure)
+
+    async def _receive(self) -> None:
+        while True:
+            peer, env = await self.server.recv()
+            self.handle(peer, env.sender, env.message)
+            await self._flush()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.liveness.interval_s)
+            for name, silent in self.liveness.expired():
+                self._lost(name, silent)
+            for peer in list(self.peers):
+                await self.server.send(peer, Heartbeat("dispatcher"))
+            await self._flush()
+
+    # ------------------------------------------------------------------ handlers
+
+    def handle(self, peer: bytes, sender: str, msg: Message) -> None:
+        """Update state for one message; replies are queued in `self._outbox` and sent by `_flush`."""
+        known = peer in self.peers
+        if not known and not isinstance(msg, Register):
+            log.warning("message_from_unregistered_peer", peer=sender, type=msg.TAG)
+            return
+        self.liveness.seen(sender)
+        if isinstance(msg, Register):
+            self._register(peer, sender, msg)
+        elif isinstance(msg, WorkRequest):
+            self.peers[peer].credits += max(0, msg.credits)
+        elif isinstance(msg, Consumed):
+            self._consumed(msg)
+        elif isinstance(msg, VersionReady):
+            self._version_ready(msg)
+        elif isinstance(msg, RunDone):
+            self.recorder.finish(self.clock(), msg.version, msg.sha256)
+            log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
+            self.done.set()
+        elif not isinstance(msg, Heartbeat):
+            log.warning("unexpected_message", peer=sender, type=msg.TAG)
+        self._assign()
+
+    def _register(self, peer: bytes, sender: str, msg: Register) -> None:
+        if peer in self.peers:
+            self._lost(self.peers[peer].name, 0.0, reason="re-registered")
+            self.liveness.seen(sender)
+        self.peers[peer] = Peer(sender, msg.role, msg.address)
+        log.info("peer_joined", peer=sender, role=msg.role, address=msg.address, pid=msg.pid, host=msg.host)
+
+    def _consumed(self, msg: Consumed) -> None:
+        for pid in msg.prompt_ids:
+            owner = self.outstanding.pop(pid, None)
+            if owner is not None and owner[0] in self.peers:
+                self.peers[owner[0]].outstanding.discard(pid)
+
+    def _version_ready(self, msg: VersionReady) -> None:
+        if msg.metrics:
+            workers = sum(1 for p in self.peers.values() if p.role == "rollout")
+            self.recorder.period({**msg.metrics, "workers": workers, "reassigned": self.reassigned})
+        if msg.version >= self.cfg.periods:
+            log.info("periods_complete", version=msg.version)
+            return
+        self.period = msg.version
+        self.pending = deque(self.task.prompts(self.period, self.B))
+        self.outstanding.clear()
+        for p in self.peers.values():
+            p.outstanding.clear()
+        log.info("period_started", period=self.period, version=msg.version, prompts=len(self.pending))
+
+    def _lost(self, name: str, silent_s: float, reason: str = "silent") -> None:
+        peer = next((k for k, p in self.peers.items() if p.name == name), None)
+        if peer is None:
+            return
+        info = self.peers.pop(peer)
+        self.liveness.forget(name)
+        if info.role != "rollout":
+            self.failure = f"{info.role} {name} lost ({reason} for {silent_s:.1f}s)"
+            log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
+            self.done.set()
+            return
+        back = [self.outstanding.pop(pid)[1] for pid in sorted(info.outstanding) if pid in self.outstanding]
+        self.pending.extendleft(reversed(back))
+        self.reassigned += len(back)
+        self.lost.append(name)
+        log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=len(back))
+
+    # ------------------------------------------------------------------ assignment
+
+    def _assign(self) -> None:
+        addresses = {p.role: p.address for p in self.peers.values() if p.role in ("trainer", "publisher")}
+        for peer, info in self.peers.items():
+            if info.role == "rollout" and not info.welcomed and len(addresses) == 2:
+                info.welcomed = True
+                self._outbox.append(
+                    (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
+                )
+        workers = [(k, p) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
+        while self.pending and workers:
+            peer, info = max(workers, key=lambda kp: kp[1].credits)
+            if info.credits <= 0:
+                break
+            prompt = self.pending.popleft()
+            info.credits -= 1
+            info.outstanding.add(prompt.prompt_id)
+            self.outstanding[prompt.prompt_id] = (peer, prompt)
+            self._outbox.append(
+                (
+                    peer,
+                    Assignment(
+                        self.period,
+                        self.period,
+                        prompt.prompt_id,
+                        prompt.text,
+                        prompt.answer,
+                        self.cfg.rollout.group_size,
+                    ),
+                )
+            )
+
+    async def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for peer, msg in outbox:
+            await self.server.send(peer, msg)

@@ -1,0 +1,86 @@
+"""The weight publisher: holds the last published versions and serves them in checksummed chunks.
+
+```
+ trainer (same process) ─ publish(k, bytes) ─► store[k] (sha256) ─► returns sha256
+ trainer (elsewhere) ── WeightUpload(k, i/n) ─► assembled, verified ─► store[k]
+ worker ─ WeightQuery(k) ─► WeightMeta(k, size, sha256, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
+```
+
+Invariant: a version is served only once complete and verified; a request for a version not held
+gets `available=False`, never partial bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import structlog
+
+from cadence.actors.base import first_of, keep_alive
+from cadence.messages import Heartbeat, Register, Shutdown, WeightChunkRequest, WeightQuery, WeightUpload
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.weights import WeightError, WeightStore
+
+log = structlog.get_logger()
+
+
+class Publisher:
+    def __init__(self, server: Server, dispatcher: Client, store: WeightStore, liveness: Liveness) -> None:
+        self.server = server
+        self.dispatcher = dispatcher
+        self.store = store
+        self.liveness = liveness
+        self._uploads: dict[int, dict[int, bytes]] = {}
+
+    async def publish(self, version: int, data: bytes) -> str:
+        """Make `version` available; its sha256."""
+        return self.store.put(version, data).sha256
+
+    async def run(self) -> None:
+        await self.dispatcher.send(Register("publisher", self.server.address, os.getpid(), socket.gethostname()))
+        self.liveness.seen("dispatcher")
+        await first_of(self._serve(), self._listen(), keep_alive(self.dispatcher, "publisher", self.liveness))
+
+    async def _serve(self) -> None:
+        while True:
+            peer, env = await self.server.recv()
+            msg = env.message
+            if isinstance(msg, WeightQuery):
+                await self.server.send(peer, self.store.meta(msg.version))
+            elif isinstance(msg, WeightChunkRequest):
+                chunk = self.store.chunk(msg.version, msg.index)
+                if chunk is None:
+                    log.warning("chunk_unavailable", peer=env.sender, version=msg.version, index=msg.index)
+                    await self.server.send(peer, self.store.meta(msg.version))
+                else:
+                    await self.server.send(peer, chunk)
+            elif isinstance(msg, WeightUpload):
+                self._upload(env.sender, msg)
+            else:
+                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+
+    def _upload(self, sender: str, msg: WeightUpload) -> None:
+        parts = self._uploads.setdefault(msg.version, {})
+        parts[msg.index] = msg.data
+        if len(parts) < msg.chunks:
+            return
+        data = b"".join(parts[i] for i in range(msg.chunks))
+        del self._uploads[msg.version]
+        try:
+            self.store.put(msg.version, data, msg.sha256)
+        except WeightError as err:
+            log.error("upload_refused", peer=sender, version=msg.version, reason=str(err))
+            return
+        log.info("version_stored", version=msg.version, nbytes=len(data))
+
+    async def _listen(self) -> None:
+        while True:
+            env = await self.dispatcher.recv()
+            self.liveness.seen("dispatcher")
+            if isinstance(env.message, Shutdown):
+                log.info("shutdown", reason=env.message.reason)
+                return
+            if not isinstance(env.message, Heartbeat):
+                log.warning("unexpected_message", peer=env.sender, type=env.message.TAG)
+

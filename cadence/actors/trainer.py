@@ -1,0 +1,162 @@
+"""The trainer: accepts only groups of the current version, accumulates, one optimizer step a period.
+
+```
+ publish version k ─► VersionReady(k) ─► period k:
+   GroupResult ─► (period, id) seen before?  duplicates_dropped
+              ─► version != k?              stale_dropped
+              ─► accept: Consumed(k, id) ─► periodic: forward/backward now (summed loss)
+                                            sync: hold until all B are in, then the same
+   B accepted ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► VersionReady(k+1, metrics)
+ last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
+```
+
+Invariant: each (period, prompt id) enters the gradient at most once, only with weights of the
+period's version, and every period ends in exactly one optimizer step. The version rule lives here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from cadence.actors.base import first_of, keep_alive
+from cadence.config import RunConfig
+from cadence.learner import Learner
+from cadence.messages import Consumed, GroupResult, Heartbeat, Register, RunDone, Shutdown, VersionReady
+from cadence.metrics import PeriodStats
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.heartbeat import Liveness
+
+log = structlog.get_logger()
+
+Publish = Callable[[int, bytes], Awaitable[str]]
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        server: Server,
+        dispatcher: Client,
+        learner: Learner,
+        publish: Publish,
+        clock: Callable[[], float],
+        checkpoint_dir: Path,
+    ) -> None:
+        self.cfg = cfg
+        self.server = server
+        self.dispatcher = dispatcher
+        self.learner = learner
+        self.publish = publish
+        self.clock = clock
+        self.checkpoint_dir = checkpoint_dir
+        self.B = cfg.task.prompts_per_period
+        self.consumed: dict[int, set[int]] = {}
+        self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
+        self.finished = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.dispatcher.send(Register("trainer", self.server.address, os.getpid(), socket.gethostname()))
+        self.liveness.seen("dispatcher")
+        await first_of(self._periods(), self._listen(), keep_alive(self.dispatcher, "trainer", self.liveness))
+
+    async def _periods(self) -> None:
+        start, sha, nbytes = await self._publish(0)
+        await self.dispatcher.send(VersionReady(0, sha, nbytes, {}))
+        for period in range(self.cfg.periods):
+            stats = PeriodStats(period, start)
+            await self._period(period, stats)
+            publish_start = self.clock()
+            end, sha, nbytes = await self._publish(period + 1)
+            metrics = stats.finish(end, end - publish_start)
+            log.info(
+                "period_done",
+                period=period,
+                reward=round(metrics["reward_mean"], 4),
+                period_s=round(metrics["period_s"], 3),
+                overlap_s=round(metrics["overlap_s"], 3),
+                stale_dropped=metrics["stale_dropped"],
+                duplicates_dropped=metrics["duplicates_dropped"],
+            )
+            await self.dispatcher.send(VersionReady(period + 1, sha, nbytes, metrics))
+            start = end
+        final = self.checkpoint_dir / "final"
+        sha = await asyncio.to_thread(self.learner.save, final)
+        log.info("checkpoint_saved", path=str(final), version=self.cfg.periods, sha256=sha)
+        self.finished.set()
+        await self.dispatcher.send(RunDone(self.cfg.periods, sha, str(final)))
+        try:
+            await asyncio.wait_for(self.stopped.wait(), 10 * self.liveness.timeout_s)
+        except TimeoutError:
+            log.warning("no_shutdown_from_dispatcher")
+
+    async def _period(self, period: int, stats: PeriodStats) -> None:
+        seen = self.consumed.setdefault(period, set())
+        self.consumed.pop(period - 3, None)
+        held: list[GroupResult] = []
+        while len(seen) < self.B:
+            _, env = await self.server.recv()
+            msg = env.message
+            if not isinstance(msg, GroupResult):
+                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+                continue
+            if msg.prompt_id in self.consumed.get(msg.period, ()):
+                stats.duplicates_dropped += 1
+                log.info("duplicate_dropped", peer=env.sender, period=msg.period, prompt_id=msg.prompt_id)
+                continue
+            if msg.version != period or msg.period != period:
+                stats.stale_dropped += 1
+                log.warning("stale_dropped", peer=env.sender, version=msg.version, current=period)
+                continue
+            seen.add(msg.prompt_id)
+            stats.arrived(
+                self.clock(),
+                env.sender,
+                msg.rewards,
+                msg.correct,
+                [len(c) for c in msg.completions],
+                msg.gen_s,
+                msg.load_s,
+            )
+            await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
+            if self.cfg.mode == "periodic":
+                await self._train(msg, stats)
+            else:
+                held.append(msg)
+        for msg in held:
+            await self._train(msg, stats)
+        normaliser = sum(stats.lengths) if self.cfg.trainer.normaliser == "tokens" else len(stats.lengths)
+        begin = self.clock()
+        info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
+        stats.step_span = (begin, self.clock())
+        log.info("optimizer_step", period=period, normaliser=normaliser, **info)
+
+    async def _train(self, msg: GroupResult, stats: PeriodStats) -> None:
+        begin = self.clock()
+        await asyncio.to_thread(self.learner.train_group, msg.prompt_tokens, msg.completions, msg.rewards)
+        stats.spans.append((begin, self.clock()))
+
+    async def _publish(self, version: int) -> tuple[float, str, int]:
+        data = await asyncio.to_thread(self.learner.weights)
+        sha = await self.publish(version, data)
+        log.info("version_published", version=version, nbytes=len(data), sha256=sha)
+        return self.clock(), sha, len(data)
+
+    async def _listen(self) -> None:
+        while True:
+            env = await self.dispatcher.recv()
+            self.liveness.seen("dispatcher")
+            if isinstance(env.message, Shutdown):
+                self.stopped.set()
+                if not self.finished.is_set():
+                    raise RuntimeError(f"dispatcher stopped the run: {env.message.reason}")
+                return
+            if not isinstance(env.message, Heartbeat):
+                log.warning("unexpected_message", peer=env.sender, type=env.message.TAG)

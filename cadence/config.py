@@ -1,0 +1,214 @@
+"""Typed run configuration, loaded from TOML, overridable with `key=value` strings.
+
+Invariant: a `RunConfig` exists only if every key was known and every value had its declared type
+and an allowed value; otherwise `ConfigError` names the key and what would have been accepted.
+No torch here: every command can parse a config in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key."""
+
+
+def doc(default: Any, text: str) -> Any:
+    """A field with a default and its documentation."""
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: Literal["digits"] = doc("digits", "the built-in prompt source and reward; see cadence/tasks/")
+    prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
+    digits: int = doc(2, "digits task: how many digits a prompt holds")
+    rule: Literal["sum", "copy", "max"] = doc("sum", "digits task: what the answer is (sum mod 10, last digit, largest)")
+    format_weight: float = doc(0.25, "share of the reward for a well-formed answer (one digit, then end)")
+    reward: Literal["exact", "distance"] = doc(
+        "distance", "digits task: credit for a wrong digit: none, or by its distance to the answer"
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    workers: int = doc(2, "rollout worker processes that `cadence run` starts")
+    engine: Literal["torch", "simulated"] = doc("torch", "inference engine of each worker")
+    group_size: int = doc(8, "G: completions generated per prompt")
+    max_new_tokens: int = doc(4, "longest completion, in tokens")
+    temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
+    top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")
+    inflight: int = doc(2, "credits: prompt groups a worker holds at once (one generating, the rest queued)")
+
+
+@dataclass(frozen=True)
+class ModelConfigSection:
+    hidden_size: int = doc(64, "width of the residual stream")
+    num_layers: int = doc(2, "transformer blocks")
+    num_heads: int = doc(4, "attention heads")
+    num_kv_heads: int = doc(2, "key/value heads (grouped-query attention)")
+    intermediate_size: int = doc(128, "SwiGLU hidden width")
+    max_position: int = doc(64, "longest sequence the model handles")
+    init_seed: int = doc(0, "seed of the random initialisation")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    learner: Literal["torch", "simulated"] = doc("torch", "what trains: the real model or a timed stand-in (bench)")
+    lr: float = doc(3e-3, "AdamW learning rate")
+    weight_decay: float = doc(0.0, "AdamW weight decay")
+    clip_low: float = doc(0.2, "lower clip bound: ratio >= 1 - clip_low")
+    clip_high: float = doc(0.28, "upper clip bound: ratio <= 1 + clip_high")
+    kl_beta: float = doc(0.0, "weight of the k3 KL penalty to the frozen reference; 0 skips the reference")
+    max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
+    normaliser: Literal["tokens", "samples"] = doc(
+        "tokens", "the period's summed loss is divided by its response tokens or its samples"
+    )
+
+
+@dataclass(frozen=True)
+class SimulatedConfig:
+    gen_s_per_token: float = doc(0.0008, "simulated engine: seconds per generated token of the longest sample")
+    length_median: int = doc(200, "simulated engine: median completion length")
+    length_sigma: float = doc(0.6, "simulated engine: log-normal spread of completion lengths (long tail)")
+    length_max: int = doc(1500, "simulated engine: completion length cap")
+    train_s_per_token: float = doc(0.00005, "simulated learner: seconds per trained token")
+    step_s: float = doc(0.01, "simulated learner: seconds per optimizer step")
+    weights_bytes: int = doc(1 << 20, "simulated learner: size of the published weights")
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    chunk_bytes: int = doc(1 << 20, "weights travel in chunks of at most this many bytes")
+    keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    host: str = doc("127.0.0.1", "interface servers bind to and advertise")
+    heartbeat_s: float = doc(0.5, "seconds between heartbeats")
+    liveness: int = doc(20, "missed heartbeats after which a peer is declared dead")
+    max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    mode: Literal["periodic", "sync"] = doc("periodic", "periodic: train while generating; sync: train after")
+    seed: int = doc(0, "seeds data, sampling and everything random")
+    periods: int = doc(40, "training periods, one optimizer step each")
+    run_id: str = doc("", "identifies the run on the wire; `cadence run` fills it in")
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    model: ModelConfigSection = field(default_factory=ModelConfigSection)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    simulated: SimulatedConfig = field(default_factory=SimulatedConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    def __post_init__(self) -> None:
+        positive = {
+            "periods": self.periods,
+            "task.prompts_per_period": self.task.prompts_per_period,
+            "rollout.group_size": self.rollout.group_size,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "rollout.inflight": self.rollout.inflight,
+            "weights.chunk_bytes": self.weights.chunk_bytes,
+            "weights.keep_versions": self.weights.keep_versions,
+            "transport.heartbeat_s": self.transport.heartbeat_s,
+            "transport.liveness": self.transport.liveness,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{key} must be positive, got {value}")
+        if self.rollout.workers < 0:
+            raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
+        if not 0 < self.rollout.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
+
+
+def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config in TOML or JSON file `path` (defaults if None), with `key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            data = _json_or_toml(path, text)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value")
+        _set_path(data, key.strip().split("."), _parse_value(raw.strip()))
+    return from_dict(RunConfig, data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type[Any], data: dict[str, Any], prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"unknown key {prefix + key!r}; allowed here: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _check(hints[name], value, prefix + name)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {exc}") from None
+
+
+def _check(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, key + ".")  # type: ignore[arg-type]
+    if get_origin(hint) is Literal:
+        allowed = get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
+        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        data = data.setdefault(part, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a table")
+    data[path[-1]] = value
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _json_or_toml(path: Path, text: str) -> dict[str, Any]:
+    if str(path).endswith(".json"):
+        import json
+
+        result = json.loads(text)
+        if not isinstance(result, dict):
+            raise ValueError("top level must be an object")
+        return result
+    return tomllib.loads(text)

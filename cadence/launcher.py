@@ -1,0 +1,160 @@
+"""`cadence run`: every actor of a run as its own OS process on this machine, watched to the end.
+
+```
+ config.json ─► dispatcher (binds, writes dispatcher.addr) ─► trainer + publisher ─► N rollout workers
+ every 0.2 s: new metrics.jsonl lines ─► progress; a process that failed ─► stop all, exit 1
+ dispatcher done ─► summary.json ─► the rest stop on its Shutdown (or are terminated)
+```
+
+Invariant: when `launch` returns or raises (Ctrl-C included), no process it started is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cadence.config import RunConfig, to_dict
+from cadence.run_dir import read_jsonl, write_json
+
+
+class LaunchError(RuntimeError):
+    """An actor process failed or the run could not start."""
+
+
+def prepare(cfg: RunConfig, out: Path) -> tuple[RunConfig, Path]:
+    """Fresh run directory with the resolved config; earlier results in `out` are removed."""
+    cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
+        (out / name).unlink(missing_ok=True)
+    for name in ("logs", "checkpoints"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    path = out / "config.json"
+    write_json(path, to_dict(cfg))
+    return cfg, path
+
+
+def launch(cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Run the whole system; the summary when it succeeds, `LaunchError` otherwise."""
+    cfg, config_path = prepare(cfg, out)
+    base = [sys.executable, "-m", "cadence"]
+    common = ["--config", str(config_path), "--out", str(out), "--log-level", "warning"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str, args: list[str]) -> None:
+        procs[name] = subprocess.Popen(base + args + common, env=env, start_new_session=True)
+
+    begin = time.time()
+    try:
+        start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*"])
+        address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
+        start("trainer", ["trainer", "--connect", address])
+        for i in range(cfg.rollout.workers):
+            start(f"rollout-{i}", ["rollout", "--connect", address, "--name", f"rollout-{i}"])
+        if progress:
+            print(f"cadence: run {cfg.run_id} in {out}: {len(procs)} processes, {cfg.mode} mode", flush=True)
+        _watch(cfg, out, procs, progress, begin + timeout_s)
+    finally:
+        _stop_all(procs)
+    summary: dict[str, Any] = read_json(out / "summary.json")
+    return summary
+
+
+def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if proc.poll() is not None:
+            raise LaunchError(f"dispatcher exited with status {proc.returncode} before binding")
+        time.sleep(0.05)
+    raise LaunchError(f"dispatcher did not bind within {timeout_s:.0f}s")
+
+
+def _watch(cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float) -> None:
+    shown = 0
+    while True:
+        rows = read_jsonl(out / "metrics.jsonl")
+        for row in rows[shown:]:
+            if progress:
+                print(_progress_line(row, cfg.periods), flush=True)
+        shown = len(rows)
+        for name, proc in procs.items():
+            code = proc.poll()
+            if code is not None and code != 0:
+                raise LaunchError(f"{name} exited with status {code}; see {out / 'logs'}")
+        if procs["dispatcher"].poll() == 0:
+            if not (out / "summary.json").exists():
+                raise LaunchError("dispatcher finished without a summary")
+            _wait_exit(procs, 15.0)
+            return
+        if time.time() > deadline:
+            raise LaunchError("run timed out")
+        time.sleep(0.2)
+
+
+def _progress_line(row: dict[str, Any], periods: int) -> str:
+    return (
+        f"period {row['period'] + 1:>4}/{periods}  reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}"
+        f"  period {row['period_s']:.2f}s  overlap {row['overlap_s']:.2f}s  sync {row['weight_sync_s'] * 1e3:.0f}ms"
+        f"  {row['tokens_per_s']:.0f} tok/s  workers {row['workers_active']}"
+    )
+
+
+def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    for proc in procs.values():
+        try:
+            proc.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    alive = [p for p in procs.values() if p.poll() is None]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + 5.0
+    for proc in alive:
+        try:
+            proc.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def run_command(cfg: RunConfig, out: Path) -> int:
+    try:
+        summary = launch(cfg, out, progress=True)
+    except LaunchError as err:
+        print(f"cadence: run failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cadence: interrupted; every process stopped", file=sys.stderr)
+        return 130
+    keys = ("periods", "groups_trained", "reward_mean_first", "reward_mean_last", "stale_dropped", "wall_s")
+    print("cadence: done  " + "  ".join(f"{k}={_fmt(summary[k])}" for k in keys), flush=True)
+    print(f"cadence: summary in {out / 'summary.json'}, weights in {out / 'checkpoints' / 'final'}", flush=True)
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,110 @@
+"""The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on one group.
+
+Invariant: `train_group` only adds to the gradients (a summed loss, never a mean); `step` divides
+them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
+do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from cadence.model.checkpoint import save_checkpoint, state_dict_to_bytes
+from cadence.model.config import ModelConfig
+from cadence.model.tokenizer import CharTokenizer
+from cadence.model.transformer import Transformer
+from cadence.ops.advantages import group_advantages
+from cadence.ops.logprobs import token_logprobs
+from cadence.ops.losses import grpo_loss_sum
+from cadence.transport.weights import checksum
+
+
+class Learner(Protocol):
+    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]: ...
+
+    def step(self, normaliser: float) -> dict[str, float]: ...
+
+    def weights(self) -> bytes: ...
+
+    def save(self, directory: Path) -> str: ...
+
+
+def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Inputs, targets and response mask for one group, right-padded: [G, P + R_max - 1]."""
+    longest = max(len(c) for c in completions)
+    rows = [prompt + c + [pad_id] * (longest - len(c)) for c in completions]
+    ids = torch.tensor(rows, dtype=torch.long)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    mask = torch.zeros_like(targets, dtype=torch.bool)
+    for i, c in enumerate(completions):
+        mask[i, len(prompt) - 1 : len(prompt) - 1 + len(c)] = True
+    return inputs, targets, mask
+
+
+class TorchLearner:
+    def __init__(
+        self,
+        model: Transformer,
+        model_cfg: ModelConfig,
+        tokenizer: CharTokenizer,
+        lr: float,
+        weight_decay: float,
+        clip_low: float,
+        clip_high: float,
+        kl_beta: float,
+        max_grad_norm: float,
+    ) -> None:
+        self.model = model
+        self.model_cfg = model_cfg
+        self.tokenizer = tokenizer
+        self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.clip_low, self.clip_high = clip_low, clip_high
+        self.kl_beta = kl_beta
+        self.max_grad_norm = max_grad_norm
+        self._sums: dict[str, float] = {}
+
+    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+        inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32))
+        logp = token_logprobs(self.model(inputs), targets)
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self.reference(inputs), targets)
+        loss, stats = grpo_loss_sum(
+            logp, logp.detach(), advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
+        )
+        loss.backward()
+        stats["loss_sum"] = float(loss.detach())
+        stats["tokens"] = float(mask.sum())
+        for key, value in stats.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        return stats
+
+    def step(self, normaliser: float) -> dict[str, float]:
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(normaliser)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        info = {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}
+        info["grad_norm"] = round(float(norm), 6)
+        self._sums = {}
+        return info
+
+    def weights(self) -> bytes:
+        return state_dict_to_bytes(self.model)
+
+    def save(self, directory: Path) -> str:
+        save_checkpoint(
+            self.model, self.model_cfg, directory, {"tokenizer.json": json.dumps(self.tokenizer.to_dict())}
+        )
+        return checksum(self.weights())

@@ -1,0 +1,90 @@
+"""Per-period figures from the trainer's own observations: arrivals, training spans, sync times.
+
+Invariant: every time figure is measured on the trainer's clock from the period's start (the moment
+version k was published), so overlap and idle time add up: period_s = train_s + idle_s + publish_s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Total length of `spans` inside [start, end]."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+def serial_finish(start: float, arrivals: list[float], costs: list[float]) -> float:
+    """When a serial trainer that takes each group as it arrives (in order) would be done."""
+    t = start
+    for arrival, cost in sorted(zip(arrivals, costs, strict=True)):
+        t = max(t, arrival) + cost
+    return t
+
+
+@dataclass
+class PeriodStats:
+    period: int
+    start: float
+    arrivals: list[float] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    correct: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    gen_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    workers: set[str] = field(default_factory=set)
+    stale_dropped: int = 0
+    duplicates_dropped: int = 0
+    step_span: tuple[float, float] = (0.0, 0.0)
+
+    def arrived(
+        self, now: float, sender: str, rewards: list[float], correct: list[float], lengths: list[int], gen_s: float, load_s: float
+    ) -> None:
+        self.arrivals.append(now)
+        self.workers.add(sender)
+        self.rewards.extend(rewards)
+        self.correct.extend(correct)
+        self.lengths.extend(lengths)
+        self.gen_s.append(gen_s)
+        self.load_s.append(load_s)
+
+    def finish(self, end: float, publish_s: float) -> dict[str, Any]:
+        """The metrics line of this period; `end` is when the next version was published."""
+        period_s = end - self.start
+        last_arrival = max(self.arrivals) if self.arrivals else self.start
+        group_train = [b - a for a, b in self.spans]
+        train_s = sum(group_train) + (self.step_span[1] - self.step_span[0])
+        n = len(self.rewards)
+        mean = sum(self.rewards) / n if n else 0.0
+        std = (sum((r - mean) ** 2 for r in self.rewards) / n) ** 0.5 if n else 0.0
+        tokens = sum(self.lengths)
+        return {
+            "period": self.period,
+            "version": self.period,
+            "groups": len(self.arrivals),
+            "samples": n,
+            "reward_mean": mean,
+            "reward_std": std,
+            "accuracy": sum(self.correct) / n if n else 0.0,
+            "response_len_mean": tokens / n if n else 0.0,
+            "tokens_generated": tokens,
+            "period_s": period_s,
+            "gen_s": last_arrival - self.start,
+            "train_s": train_s,
+            "overlap_s": overlap(self.spans, self.start, last_arrival),
+            "tail_s": end - publish_s - last_arrival,
+            "trainer_idle_s": period_s - train_s - publish_s,
+            "publish_s": publish_s,
+            "weight_load_s": max(self.load_s, default=0.0),
+            "weight_sync_s": publish_s + max(self.load_s, default=0.0),
+            "tokens_per_s": tokens / period_s if period_s > 0 else 0.0,
+            "samples_per_s": n / period_s if period_s > 0 else 0.0,
+            "stale_dropped": self.stale_dropped,
+            "duplicates_dropped": self.duplicates_dropped,
+            "workers_active": len(self.workers),
+            "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
+            "group_train_s": [round(c, 6) for c in group_train],
+            "step_s": self.step_span[1] - self.step_span[0],
+        }

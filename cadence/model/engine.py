@@ -1,0 +1,127 @@
+"""The built-in generation engine: batched sampling of one prompt with a KV cache.
+
+Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a generator seeded
+with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
+batch size and the other seeds; ``sample_seed`` makes that seed a pure function of
+(run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: ``temperature`` 0 is greedy; ``top_p`` keeps the smallest nucleus reaching it."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sample: its tokens (with the final eos if it stopped there) and their model log-probs."""
+
+    tokens: list[int]
+    logprobs: list[float]  # log_softmax of the raw logits (no temperature, no top-p), one per token
+    finished: bool  # True when it ended on eos, False when it reached max_new_tokens
+
+
+def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
+    """A stable 63-bit seed for one sample, independent of Python's hash randomisation."""
+    key = f"{run_seed}:{period}:{prompt_id}:{index}".encode()
+    digest = hashlib.blake2b(key, digest_size=8, person=b"cadence-sample").digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class TorchEngine:
+    """Generates with a ``Transformer`` in this process; weights are replaced in place."""
+
+    def __init__(self, model: Transformer, eos_id: int, device: str = "cpu") -> None:
+        self.model = model.to(device).eval()
+        self.eos_id = eos_id
+        self.device = torch.device(device)
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Copy HF-named weights into the model in place (strict; a tied head may be absent)."""
+        with torch.no_grad():
+            load_hf_state_dict(self.model, state)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
+        """``len(seeds)`` samples of ``prompt``: one shared prefill, then one batched step per token."""
+        max_position = self.model.cfg.max_position
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if len(prompt) + params.max_new_tokens > max_position:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds "
+                f"max_position {max_position}"
+            )
+        n, steps = len(seeds), params.max_new_tokens
+        if n == 0:
+            return []
+        uniforms = torch.stack(
+            [
+                torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                for s in seeds
+            ]
+        ).to(self.device)
+        cache = KVCache(capacity=len(prompt) + steps)
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        logits = self.model(ids, cache=cache)[:, -1].expand(n, -1)
+        cache.repeat_batch(n)
+        tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
+        logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        for step in range(steps):
+            token = self._sample(logits, uniforms[:, step], params)
+            tokens[:, step] = token
+            logprobs[:, step] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            done |= token == self.eos_id
+            if step + 1 == steps or bool(done.all()):
+                break
+            logits = self.model(token[:, None], cache=cache)[:, -1]
+        return [self._completion(row, lp) for row, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
+
+    def _completion(self, row: list[int], logprobs: list[float]) -> Completion:
+        # a row keeps being sampled after its eos (the batch moves together) and steps never run hold -1
+        finished = self.eos_id in row
+        length = row.index(self.eos_id) + 1 if finished else len(row)
+        return Completion(tokens=row[:length], logprobs=logprobs[:length], finished=finished)
+
+    @staticmethod
+    def _sample(logits: Tensor, uniforms: Tensor, params: SamplingParams) -> Tensor:
+        """One token per row by inverse CDF over the tempered, nucleus-filtered distribution."""
+        if params.temperature == 0.0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        keep = probs > 0
+        if params.top_p < 1.0:
+            keep &= (probs.cumsum(dim=-1) - probs) < params.top_p  # the top token always stays
+            probs = probs.masked_fill(~keep, 0.0)
+        cdf = probs.double().cumsum(dim=-1)
+        target = (uniforms * cdf[:, -1]).unsqueeze(1)
+        index = torch.searchsorted(cdf, target, right=True)
+        index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
+        return order.gather(1, index).squeeze(1)

@@ -1,0 +1,83 @@
+"""A character tokenizer for tiny models and tests.
+
+Invariant: ids are fixed by the alphabet alone (``<pad>``=0, ``<bos>``=1, ``<eos>``=2, then the
+alphabet in order), so ``decode(encode(text)) == text`` for every text over the alphabet and a
+tokenizer rebuilt from ``to_dict()`` assigns the same ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+
+
+class CharTokenizer:
+    """One id per character of ``alphabet``, after three special tokens."""
+
+    def __init__(self, alphabet: str = "0123456789+-*=?: ") -> None:
+        if not alphabet:
+            raise ValueError("CharTokenizer alphabet must not be empty")
+        repeated = sorted({c for c in alphabet if alphabet.count(c) > 1})
+        if repeated:
+            raise ValueError(f"CharTokenizer alphabet repeats characters: {''.join(repeated)!r}")
+        self.alphabet = alphabet
+        offset = len(SPECIAL_TOKENS)
+        self._ids = {c: i + offset for i, c in enumerate(alphabet)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIAL_TOKENS) + len(self.alphabet)
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def bos_id(self) -> int:
+        return 1
+
+    @property
+    def eos_id(self) -> int:
+        return 2
+
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        ids = [self.bos_id] if bos else []
+        for position, char in enumerate(text):
+            token = self._ids.get(char)
+            if token is None:
+                raise ValueError(
+                    f"character {char!r} at position {position} is not in the tokenizer alphabet "
+                    f"{self.alphabet!r}"
+                )
+            ids.append(token)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        offset = len(SPECIAL_TOKENS)
+        parts = []
+        for token in ids:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
+            if token >= offset:
+                parts.append(self.alphabet[token - offset])
+            elif not skip_special:
+                parts.append(SPECIAL_TOKENS[token])
+        return "".join(parts)
+
+    def decode_response(self, ids: Sequence[int]) -> str:
+        """A completion as text for scoring: one trailing eos dropped, any other special token shown."""
+        body = ids[:-1] if len(ids) and ids[-1] == self.eos_id else ids
+        return self.decode(body, skip_special=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "alphabet": self.alphabet, "special_tokens": list(SPECIAL_TOKENS)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CharTokenizer:
+        if d.get("type", "char") != "char":
+            raise ValueError(f"tokenizer type must be 'char', got {d.get('type')!r}")
+        if list(d.get("special_tokens", SPECIAL_TOKENS)) != list(SPECIAL_TOKENS):
+            raise ValueError(f"tokenizer special_tokens must be {list(SPECIAL_TOKENS)}")
+        return cls(str(d["alphabet"]))

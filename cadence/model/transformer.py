@@ -1,0 +1,249 @@
+"""A compact Llama/Qwen2-family decoder-only transformer.
+
+Invariant: the parameter names and the arithmetic are those of Hugging Face ``LlamaForCausalLM``
+(RMSNorm, rotate-half rotary embeddings, grouped-query attention, SwiGLU, optional tied head), so a
+state dict moves between this model and transformers unchanged; an explicit ``attn_mask`` is
+honoured exactly, and a forward with a ``KVCache`` gives the logits of the full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils import skip_init
+
+from cadence.model.config import ModelConfig
+
+TIED_HEAD_KEY = "lm_head.weight"
+
+
+class KVCache:
+    """Per-layer keys and values of the tokens seen so far; every batch row has the same length.
+
+    With ``capacity`` the buffers are allocated once and written in place; without, they grow by concat.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self._keys: list[Tensor] = []
+        self._values: list[Tensor] = []
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store ``k``/``v`` [B, KV, T, D] of ``layer`` after the cached ones; return all of them."""
+        end = self._length + k.shape[2]
+        if layer == len(self._keys):
+            size = self.capacity if self.capacity is not None else end
+            if end > size:
+                raise ValueError(f"KVCache capacity {self.capacity} exceeded: {end} tokens")
+            shape = (k.shape[0], k.shape[1], size, k.shape[3])
+            self._keys.append(k.new_empty(shape))
+            self._values.append(v.new_empty(shape))
+        elif self.capacity is None:
+            self._keys[layer] = torch.cat([self._keys[layer][:, :, : self._length], k], dim=2)
+            self._values[layer] = torch.cat([self._values[layer][:, :, : self._length], v], dim=2)
+            return self._keys[layer], self._values[layer]
+        elif end > self.capacity:
+            raise ValueError(f"KVCache capacity {self.capacity} exceeded: {end} tokens")
+        self._keys[layer][:, :, self._length : end] = k
+        self._values[layer][:, :, self._length : end] = v
+        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+
+    def advance(self, num_tokens: int) -> None:
+        """Called once per forward, after every layer stored its ``num_tokens`` new entries."""
+        self._length += num_tokens
+
+    def repeat_batch(self, n: int) -> None:
+        """Turn a batch-1 cache into ``n`` identical rows (one prefill shared by ``n`` samples)."""
+        if any(k.shape[0] != 1 for k in self._keys):
+            raise ValueError("repeat_batch needs a cache of batch size 1")
+        self._keys = [k.repeat(n, 1, 1, 1) for k in self._keys]
+        self._values = [v.repeat(n, 1, 1, 1) for v in self._values]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def _linear(d_in: int, d_out: int) -> nn.Linear:
+    return skip_init(nn.Linear, d_in, d_out, bias=False)  # no global RNG draw; init_model fills it
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.heads, self.kv_heads, self.head_dim = (
+            layer,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        self.q_proj = _linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim)
+        self.k_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
+        self.v_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
+        self.o_proj = _linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        causal = mask is None and t > 1  # None with t > 1 only happens without cached tokens
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = _linear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = _linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = skip_init(nn.Embedding, cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """``LlamaForCausalLM`` in miniature: ``forward`` returns float32 logits [B, T, V]."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        with torch.no_grad():  # defined values until init_model or a load
+            for name, p in self.named_parameters():
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+        dim = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos: Tensor
+        self.rope_sin: Tensor
+        self.register_buffer("rope_cos", emb.cos(), persistent=False)
+        self.register_buffer("rope_sin", emb.sin(), persistent=False)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        b, t = input_ids.shape
+        past = cache.length if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
+        mask = self._attention_mask(attn_mask, b, t, past, input_ids.device)
+        x = self.model.embed_tokens(input_ids)
+        cos = self.rope_cos[position_ids].to(x.dtype).unsqueeze(1)  # [B, 1, T, D]
+        sin = self.rope_sin[position_ids].to(x.dtype).unsqueeze(1)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache)
+        if cache is not None:
+            cache.advance(t)
+        return self.lm_head(self.model.norm(x)).float()
+
+    @staticmethod
+    def _attention_mask(
+        attn_mask: Tensor | None, b: int, t: int, past: int, device: torch.device
+    ) -> Tensor | None:
+        """The bool mask [B|1, 1, T, S] for sdpa, or None where ``is_causal`` (or no mask) is exact."""
+        s = past + t
+        if attn_mask is not None:
+            if attn_mask.dtype != torch.bool:
+                raise ValueError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
+            if attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)
+            if attn_mask.dim() != 4 or attn_mask.shape[-2:] != (t, s) or attn_mask.shape[0] not in (1, b):
+                raise ValueError(f"attn_mask shape {tuple(attn_mask.shape)} is not [B, (1,) {t}, {s}]")
+            return attn_mask
+        if past == 0 or t == 1:
+            return None  # plain causal (is_causal) or one new token that sees everything cached
+        rows = torch.arange(past, s, device=device).unsqueeze(1)
+        return (torch.arange(s, device=device).unsqueeze(0) <= rows).view(1, 1, t, s)
+
+
+def init_model(cfg: ModelConfig, seed: int) -> Transformer:
+    """A freshly initialised model that depends only on ``cfg`` and ``seed`` (not on global RNG)."""
+    model = Transformer(cfg)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+    return model
+
+
+def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
+    """The HF-named state dict, without ``lm_head.weight`` when it is tied to the embeddings."""
+    state = model.state_dict()
+    if model.cfg.tie_embeddings:
+        state.pop(TIED_HEAD_KEY, None)
+    return state
+
+
+def load_hf_state_dict(model: Transformer, state: Mapping[str, Tensor]) -> None:
+    """Copy ``state`` into ``model`` in place (strict); a tied head may be present or absent."""
+    state = dict(state)
+    if model.cfg.tie_embeddings:
+        state.pop(TIED_HEAD_KEY, None)
+        state[TIED_HEAD_KEY] = state.get("model.embed_tokens.weight", model.lm_head.weight)
+    model.load_state_dict(state, strict=True)

@@ -1,0 +1,131 @@
+"""One actor process each: build its channels and dependencies from the config, run it, clean up.
+
+Invariant: every socket and context a process opens is closed when its actor returns or fails,
+and the process exit status says which (0 done, 1 failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+import uvloop
+
+from cadence.config import RunConfig
+from cadence.transport.zmq_socket import ZmqNetwork
+
+if TYPE_CHECKING:
+    from cadence.actors.publisher import Publisher
+
+log = structlog.get_logger()
+
+
+def run_async(main: Callable[[], Awaitable[None]]) -> int:
+    """Run `main` on a uvloop event loop; 0 when it returns, 1 when it fails."""
+    try:
+        uvloop.run(main())  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+    except Exception as exc:
+        log.error("actor_failed", error=f"{type(exc).__name__}: {exc}")
+        return 1
+    return 0
+
+
+def _bind_address(cfg: RunConfig) -> str:
+    return f"tcp://{cfg.transport.host}:*"
+
+
+async def dispatcher_main(cfg: RunConfig, bind: str, out: Path) -> None:
+    from cadence.actors.dispatcher import Dispatcher
+    from cadence.run_dir import RunRecorder
+    from cadence.tasks.digits import make_task
+
+    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    server = net.bind("dispatcher", bind)
+    try:
+        (out / "dispatcher.addr").write_text(server.address + "\n")
+        recorder = RunRecorder(out, cfg.mode, cfg.task.prompts_per_period)
+        await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time).run()
+    finally:
+        net.close()
+
+
+async def trainer_main(cfg: RunConfig, connect: str, out: Path, publisher_address: str | None) -> None:
+    """The trainer; with `publisher_address` None it hosts the weight publisher in this process."""
+    from cadence.actors.base import first_of
+    from cadence.actors.trainer import Trainer
+    from cadence.build import make_learner, make_tokenizer
+    from cadence.transport.weights import upload_weights
+
+    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    try:
+        learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg))
+        server = net.bind("trainer", _bind_address(cfg))
+        jobs = []
+        if publisher_address is None:
+            publisher = _publisher(cfg, net, connect)
+            publish = publisher.publish
+            jobs.append(publisher.run())
+        else:
+            uploads = net.connect("trainer", publisher_address)
+            timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
+
+            async def publish(version: int, data: bytes) -> str:
+                return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
+
+        trainer = Trainer(cfg, server, net.connect("trainer", connect), learner, publish, time.time, out / "checkpoints")
+        await first_of(trainer.run(), *jobs)
+    finally:
+        net.close()
+
+
+async def publisher_main(cfg: RunConfig, connect: str, out: Path) -> None:
+    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    try:
+        publisher = _publisher(cfg, net, connect)
+        (out / "publisher.addr").write_text(publisher.server.address + "\n")
+        await publisher.run()
+    finally:
+        net.close()
+
+
+def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
+    from cadence.actors.publisher import Publisher
+    from cadence.transport.heartbeat import Liveness
+    from cadence.transport.weights import WeightStore
+
+    return Publisher(
+        net.bind("publisher", _bind_address(cfg)),
+        net.connect("publisher", connect),
+        WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
+        Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, time.time),
+    )
+
+
+async def rollout_main(cfg: RunConfig, connect: str, name: str) -> None:
+    from cadence.actors.rollout import RolloutWorker
+    from cadence.build import make_engine, make_tokenizer
+    from cadence.tasks.digits import make_task
+
+    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    try:
+        tokenizer = make_tokenizer(cfg)
+        engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
+        worker = RolloutWorker(
+            cfg, name, net.connect(name, connect), net.connect, engine, make_task(cfg.task, cfg.seed), tokenizer, time.time
+        )
+        await worker.run()
+    finally:
+        net.close()
+
+
+def default_name(role: str) -> str:
+    return f"{role}-{socket.gethostname()}-{os.getpid()}"

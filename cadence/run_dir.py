@@ -1,0 +1,80 @@
+"""The run directory: `config.json`, `metrics.jsonl` (a line a period), `summary.json`.
+
+Invariant: `metrics.jsonl` gets one line per finished period, flushed at once, and `summary.json`
+is written atomically from those same lines, so the summary never disagrees with the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunRecorder:
+    """Writes the per-period metrics and the run summary of one run directory."""
+
+    def __init__(self, out: Path, mode: str, prompts_per_period: int) -> None:
+        self.out = out
+        self.mode = mode
+        self.prompts_per_period = prompts_per_period
+        self.rows: list[dict[str, Any]] = []
+        self.started = 0.0
+        out.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(out / "metrics.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    def start(self, now: float) -> None:
+        self.started = now
+
+    def period(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self._metrics.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
+        summary = summarize(self.rows, self.mode, now - self.started, version, sha256)
+        write_json(self.out / "summary.json", summary)
+        self._metrics.close()
+        return summary
+
+
+def summarize(rows: list[dict[str, Any]], mode: str, wall_s: float, version: int, sha256: str) -> dict[str, Any]:
+    """The run's figures from its period rows; first/last means are over a tenth of the periods."""
+    n = len(rows)
+    tenth = max(1, n // 10)
+
+    def mean(key: str, part: list[dict[str, Any]]) -> float:
+        return sum(r[key] for r in part) / len(part) if part else 0.0
+
+    return {
+        "mode": mode,
+        "periods": n,
+        "groups_trained": sum(r["groups"] for r in rows),
+        "samples": sum(r["samples"] for r in rows),
+        "tokens_generated": sum(r["tokens_generated"] for r in rows),
+        "reward_mean_first": mean("reward_mean", rows[:tenth]),
+        "reward_mean_last": mean("reward_mean", rows[-tenth:]),
+        "accuracy_first": mean("accuracy", rows[:tenth]),
+        "accuracy_last": mean("accuracy", rows[-tenth:]),
+        "stale_dropped": sum(r["stale_dropped"] for r in rows),
+        "duplicates_dropped": sum(r["duplicates_dropped"] for r in rows),
+        "period_s_mean": mean("period_s", rows),
+        "overlap_s_total": sum(r["overlap_s"] for r in rows),
+        "wall_s": wall_s,
+        "final_version": version,
+        "weights_sha256": sha256,
+    }

@@ -1,0 +1,73 @@
+"""Timed stand-ins for the engine and the learner, so `cadence bench pipeline` measures the
+pipeline itself (actors, sockets, periods) with generation and training of known cost.
+
+Invariant: the simulated engine's cost of a group is that of its longest sample (a batch ends
+with its last sequence), lengths drawn log-normally (a long tail) from each sample's own seed;
+the simulated learner's cost is proportional to the tokens it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from pathlib import Path
+
+from cadence.config import SimulatedConfig
+from cadence.model.engine import Completion
+from cadence.run_dir import write_json
+from cadence.transport.weights import checksum
+
+
+class SimulatedEngine:
+    def __init__(self, cfg: SimulatedConfig, eos_id: int, token_ids: list[int]) -> None:
+        self.cfg = cfg
+        self.eos_id = eos_id
+        self.token_ids = token_ids
+        self.version_bytes = 0
+
+    def load(self, weights: bytes) -> None:
+        self.version_bytes = len(weights)
+
+    def length(self, seed: int) -> int:
+        rng = random.Random(seed)
+        n = int(self.cfg.length_median * math.exp(self.cfg.length_sigma * rng.gauss(0.0, 1.0)))
+        return max(1, min(self.cfg.length_max, n))
+
+    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+        lengths = [self.length(s) for s in seeds]
+        time.sleep(self.cfg.gen_s_per_token * max(lengths))
+        out = []
+        for seed, n in zip(seeds, lengths, strict=True):
+            rng = random.Random(seed + 1)
+            tokens = [rng.choice(self.token_ids) for _ in range(n - 1)] + [self.eos_id]
+            out.append(Completion(tokens=tokens, logprobs=[0.0] * n, finished=True))
+        return out
+
+
+class SimulatedLearner:
+    def __init__(self, cfg: SimulatedConfig) -> None:
+        self.cfg = cfg
+        self.steps = 0
+
+    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+        tokens = sum(len(prompt) + len(c) for c in completions)
+        time.sleep(self.cfg.train_s_per_token * tokens)
+        return {"tokens": float(tokens)}
+
+    def step(self, normaliser: float) -> dict[str, float]:
+        time.sleep(self.cfg.step_s)
+        self.steps += 1
+        return {}
+
+    def weights(self) -> bytes:
+        seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
+        return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]
+
+    def save(self, directory: Path) -> str:
+        data = self.weights()
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "weights.bin").write_bytes(data)
+        write_json(directory / "config.json", {"simulated": True, "steps": self.steps})
+        return checksum(data)

@@ -1,0 +1,148 @@
+"""The two shapes of channel every actor uses, and the one place frames are refused.
+
+Invariant: `recv` returns only valid messages of this run; every refused frame is logged (with
+rate limiting) with who sent it and why, counted in `refused`, and the caller never sees it.
+
+- `Server`: bound, many peers; `recv()` gives `(peer, envelope)`, `send(peer, msg)` replies.
+- `Client`: connected to one server; `send(msg)`, `recv()`.
+
+`zmq_socket.py` implements them over ZeroMQ (ROUTER/DEALER), `inproc.py` over asyncio queues
+for actor tests; both go through the same codec here.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+
+import structlog
+
+from cadence.messages import DEFAULT_MAX_FRAME_BYTES, DecodeError, Envelope, Message, decode, encode
+
+log = structlog.get_logger()
+
+
+class RefusalLog:
+    """Counts refused frames; logs the first few each second, then a summary."""
+
+    def __init__(self, where: str, per_second: int = 5) -> None:
+        self.where = where
+        self.per_second = per_second
+        self.total = 0
+        self._window = 0.0
+        self._in_window = 0
+        self._suppressed = 0
+
+    def refuse(self, peer: str, error: DecodeError) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now - self._window >= 1.0:
+            if self._suppressed:
+                log.warning("messages_refused_suppressed", channel=self.where, count=self._suppressed)
+            self._window, self._in_window, self._suppressed = now, 0, 0
+        self._in_window += 1
+        if self._in_window > self.per_second:
+            self._suppressed += 1
+            return
+        log.warning(
+            "message_refused",
+            channel=self.where,
+            peer=peer,
+            sender=error.sender,
+            type=error.type_tag,
+            reason=error.reason,
+            refused_total=self.total,
+        )
+
+
+class _Codec:
+    def __init__(self, name: str, run: str, max_frame_bytes: int) -> None:
+        self.name = name
+        self.run = run
+        self.max_frame_bytes = max_frame_bytes
+        self.refusals = RefusalLog(name)
+
+    @property
+    def refused(self) -> int:
+        return self.refusals.total
+
+    def _encode(self, msg: Message) -> bytes:
+        return encode(msg, sender=self.name, run=self.run)
+
+    def _decode(self, frame: bytes, peer: str) -> Envelope | None:
+        try:
+            env = decode(frame, self.max_frame_bytes)
+        except DecodeError as err:
+            self.refusals.refuse(peer, err)
+            return None
+        if self.run and env.run != self.run:
+            err = DecodeError(f"message of run {env.run!r}, this is run {self.run!r}", env.message.TAG, env.sender)
+            self.refusals.refuse(peer, err)
+            return None
+        return env
+
+
+class Server(_Codec, abc.ABC):
+    """A bound endpoint that many clients send to and that replies to each by peer id."""
+
+    address: str
+
+    def __init__(self, name: str, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        super().__init__(name, run, max_frame_bytes)
+
+    async def recv(self) -> tuple[bytes, Envelope]:
+        while True:
+            peer, frames = await self._recv_raw()
+            if len(frames) != 1:
+                self.refusals.refuse(_show(peer), DecodeError(f"expected 1 frame, got {len(frames)}"))
+                continue
+            env = self._decode(frames[0], _show(peer))
+            if env is not None:
+                return peer, env
+
+    async def send(self, peer: bytes, msg: Message) -> None:
+        await self._send_raw(peer, self._encode(msg))
+
+    @abc.abstractmethod
+    async def _recv_raw(self) -> tuple[bytes, list[bytes]]: ...
+
+    @abc.abstractmethod
+    async def _send_raw(self, peer: bytes, frame: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Client(_Codec, abc.ABC):
+    """A connected endpoint talking to one server."""
+
+    def __init__(
+        self, name: str, address: str, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        super().__init__(name, run, max_frame_bytes)
+        self.address = address
+
+    async def recv(self) -> Envelope:
+        while True:
+            frames = await self._recv_raw()
+            env = self._decode(frames[0], self.address) if len(frames) == 1 else None
+            if len(frames) != 1:
+                self.refusals.refuse(self.address, DecodeError(f"expected 1 frame, got {len(frames)}"))
+            if env is not None:
+                return env
+
+    async def send(self, msg: Message) -> None:
+        await self._send_raw(self._encode(msg))
+
+    @abc.abstractmethod
+    async def _recv_raw(self) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    async def _send_raw(self, frame: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+def _show(peer: bytes) -> str:
+    return peer.decode("utf-8", "backslashreplace")

@@ -1,0 +1,86 @@
+"""ZeroMQ channels: a ROUTER `Server` bound to an address and DEALER `Client`s connected to it.
+
+Invariant: sockets never linger after `close` and a peer that reconnects under the same name takes
+over its old route (ROUTER_HANDOVER), so a restarted actor is reachable again at once.
+"""
+
+from __future__ import annotations
+
+import zmq
+import zmq.asyncio
+
+from cadence.messages import DEFAULT_MAX_FRAME_BYTES
+from cadence.transport.endpoint import Client, Server
+
+
+class ZmqServer(Server):
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        name: str,
+        address: str,
+        run: str = "",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        super().__init__(name, run, max_frame_bytes)
+        self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # libzmq drops peers far beyond the limit; frames just above it reach the codec and are logged.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
+        self._sock.bind(address)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def _recv_raw(self) -> tuple[bytes, list[bytes]]:
+        frames = await self._sock.recv_multipart()
+        return frames[0], frames[1:]
+
+    async def _send_raw(self, peer: bytes, frame: bytes) -> None:
+        await self._sock.send_multipart([peer, frame])
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class ZmqClient(Client):
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        name: str,
+        address: str,
+        run: str = "",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        super().__init__(name, address, run, max_frame_bytes)
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.IDENTITY, name.encode())
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
+        self._sock.connect(address)
+
+    async def _recv_raw(self) -> list[bytes]:
+        return list(await self._sock.recv_multipart())
+
+    async def _send_raw(self, frame: bytes) -> None:
+        await self._sock.send(frame)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class ZmqNetwork:
+    """Makes ZeroMQ servers and clients for one run; owns the context."""
+
+    def __init__(self, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.run = run
+        self.max_frame_bytes = max_frame_bytes
+
+    def bind(self, name: str, address: str) -> ZmqServer:
+        return ZmqServer(self.ctx, name, address, self.run, self.max_frame_bytes)
+
+    def connect(self, name: str, address: str) -> ZmqClient:
+        return ZmqClient(self.ctx, name, address, self.run, self.max_frame_bytes)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)

@@ -1,0 +1,116 @@
+"""The built-in engine on a tiny model on CPU: seeding, greedy, nucleus, eos, weight loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes
+from cadence.model.config import ModelConfig
+from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
+from cadence.model.transformer import init_model
+
+CFG = ModelConfig(
+    vocab_size=19, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+)
+EOS = 2
+PROMPT = [1, 5, 9, 4, 7]
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(2)
+
+
+def _engine(seed: int = 0) -> TorchEngine:
+    return TorchEngine(init_model(CFG, seed=seed), eos_id=EOS)
+
+
+def _greedy_reference(engine: TorchEngine, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(engine.model(torch.tensor([ids]))[0, -1].argmax()))
+        if ids[-1] == EOS:
+            break
+    return ids[len(prompt) :]
+
+
+def test_sample_seed_is_stable_and_distinct() -> None:
+    assert sample_seed(1, 2, 3, 4) == sample_seed(1, 2, 3, 4)
+    seeds = {sample_seed(1, 2, 3, i) for i in range(100)} | {sample_seed(1, 3, 2, 0), sample_seed(2, 2, 3, 0)}
+    assert len(seeds) == 102
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_sample_depends_only_on_its_own_seed() -> None:
+    engine = _engine()
+    params = SamplingParams(max_new_tokens=40, temperature=1.3)
+    batch = engine.generate(PROMPT, [11, 22, 33], params)
+    alone = engine.generate(PROMPT, [22], params)[0]
+    assert batch[1].tokens == alone.tokens
+    assert batch[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert batch[0].tokens != batch[1].tokens  # different seeds, different samples
+
+
+def test_greedy_equals_argmax_of_full_forward() -> None:
+    engine = _engine(seed=1)
+    out = engine.generate(PROMPT, [1, 2], SamplingParams(max_new_tokens=20, temperature=0.0))
+    reference = _greedy_reference(engine, PROMPT, 20)
+    assert out[0].tokens == reference and out[1].tokens == reference
+    logits = engine.model(torch.tensor([PROMPT + reference]))[0, len(PROMPT) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(reference)[:, None]).squeeze(1)
+    assert out[0].logprobs == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_tiny_top_p_is_greedy() -> None:
+    engine = _engine(seed=2)
+    greedy = engine.generate(PROMPT, [5], SamplingParams(max_new_tokens=20, temperature=0.0))[0]
+    nucleus = engine.generate(
+        PROMPT, [5, 6, 7], SamplingParams(max_new_tokens=20, temperature=1.0, top_p=1e-6)
+    )
+    assert all(c.tokens == greedy.tokens for c in nucleus)
+
+
+def test_logprobs_are_untempered() -> None:
+    engine = _engine(seed=3)
+    out = engine.generate(PROMPT, [9], SamplingParams(max_new_tokens=6, temperature=0.5, top_p=0.8))[0]
+    logits = engine.model(torch.tensor([PROMPT + out.tokens]))[0, len(PROMPT) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.tokens)[:, None]).squeeze(1)
+    assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_eos_stops_a_sample() -> None:
+    engine = _engine(seed=4)
+    bias = torch.zeros(2, 1, CFG.vocab_size)
+    bias[0, 0, EOS] = 50.0  # row 0 all but surely ends on eos at its first decode step; row 1 runs on
+    engine.model.lm_head.register_forward_hook(
+        lambda _m, inputs, out: out + bias if out.shape[0] == 2 else out
+    )
+    short, long = engine.generate(PROMPT, [3, 4], SamplingParams(max_new_tokens=12))
+    assert short.finished and short.tokens[-1] == EOS and len(short.tokens) <= 2
+    assert len(short.logprobs) == len(short.tokens)
+    assert not long.finished and len(long.tokens) == len(long.logprobs) == 12 and EOS not in long.tokens
+    alone = engine.generate(PROMPT, [4], SamplingParams(max_new_tokens=12))[0]
+    assert alone.tokens == long.tokens and alone.logprobs == pytest.approx(long.logprobs, abs=1e-5)
+
+
+def test_generation_respects_max_position() -> None:
+    engine = _engine()
+    with pytest.raises(ValueError, match="max_position"):
+        engine.generate(PROMPT, [1], SamplingParams(max_new_tokens=CFG.max_position))
+    out = engine.generate(PROMPT, [1], SamplingParams(max_new_tokens=CFG.max_position - len(PROMPT)))[0]
+    assert out.finished or len(out.tokens) == CFG.max_position - len(PROMPT)
+
+
+def test_state_bytes_round_trip_through_engine() -> None:
+    source, target = _engine(seed=10), _engine(seed=11)
+    params = SamplingParams(max_new_tokens=30, temperature=0.9, top_p=0.95)
+    seeds = [sample_seed(0, 1, 2, i) for i in range(4)]
+    before = target.generate(PROMPT, seeds, params)
+    target.load_state_dict(state_dict_from_bytes(state_dict_to_bytes(source.model)))
+    after = target.generate(PROMPT, seeds, params)
+    assert after == source.generate(PROMPT, seeds, params)
+    assert after != before
+    assert target.model.lm_head.weight is target.model.model.embed_tokens.weight
+    with pytest.raises(RuntimeError, match="Missing"):
+        target.load_state_dict({"model.norm.weight": torch.ones(CFG.hidden_size)})
