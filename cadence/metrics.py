@@ -6,6 +6,8 @@ version k was published), so overlap and idle time add up: period_s = train_s + 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +41,25 @@ class PeriodStats:
     duplicates_dropped: int = 0
     step_span: tuple[float, float] = (0.0, 0.0)
 
+    completions: dict[int, list[list[int]]] = field(default_factory=dict)
+
     def arrived(
-        self, now: float, sender: str, rewards: list[float], correct: list[float], lengths: list[int], gen_s: float, load_s: float
+        self,
+        now: float,
+        sender: str,
+        prompt_id: int,
+        completions: list[list[int]],
+        rewards: list[float],
+        correct: list[float],
+        gen_s: float,
+        load_s: float,
     ) -> None:
         self.arrivals.append(now)
+        self.completions[prompt_id] = completions
+        self.lengths.extend(len(c) for c in completions)
         self.workers.add(sender)
         self.rewards.extend(rewards)
         self.correct.extend(correct)
-        self.lengths.extend(lengths)
         self.gen_s.append(gen_s)
         self.load_s.append(load_s)
 
@@ -87,4 +100,13 @@ class PeriodStats:
             "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
             "group_train_s": [round(c, 6) for c in group_train],
             "step_s": self.step_span[1] - self.step_span[0],
+            "samples_sha256": samples_digest(self.completions),
         }
+
+
+def samples_digest(completions: dict[int, list[list[int]]]) -> str:
+    """One checksum of every generated token of a period, independent of arrival order."""
+    h = hashlib.sha256()
+    for prompt_id in sorted(completions):
+        h.update(json.dumps([prompt_id, completions[prompt_id]]).encode())
+    return h.hexdigest()

@@ -117,13 +117,7 @@ class Trainer:
                 continue
             seen.add(msg.prompt_id)
             stats.arrived(
-                self.clock(),
-                env.sender,
-                msg.rewards,
-                msg.correct,
-                [len(c) for c in msg.completions],
-                msg.gen_s,
-                msg.load_s,
+                self.clock(), env.sender, msg.prompt_id, msg.completions, msg.rewards, msg.correct, msg.gen_s, msg.load_s
             )
             await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
             if self.cfg.mode == "periodic":

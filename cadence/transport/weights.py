@@ -52,6 +52,9 @@ class WeightStore:
             self._versions.popitem(last=False)
         return stored
 
+    def get(self, version: int) -> StoredVersion | None:
+        return self._versions.get(version)
+
     @property
     def latest(self) -> int | None:
         return next(reversed(self._versions)) if self._versions else None

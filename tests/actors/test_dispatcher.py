@@ -1,0 +1,145 @@
+"""The dispatcher on in-process channels, driven message by message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from cadence.actors.dispatcher import Dispatcher
+from cadence.messages import (
+    Assignment,
+    Consumed,
+    Heartbeat,
+    Register,
+    RunDone,
+    Shutdown,
+    VersionReady,
+    Welcome,
+    WorkRequest,
+    encode,
+)
+from cadence.run_dir import RunRecorder, read_jsonl
+from cadence.tasks.digits import make_task
+from cadence.transport.inproc import InprocClient, InprocNetwork
+from tests.conftest import expect, tiny_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def start(network: InprocNetwork, tmp_path: Path, *overrides: str) -> tuple[Dispatcher, asyncio.Task[None]]:
+    cfg = tiny_config("transport.liveness=200", *overrides)
+    server = network.bind("dispatcher", "inproc://dispatcher")
+    recorder = RunRecorder(tmp_path, cfg.mode, cfg.task.prompts_per_period)
+    dispatcher = Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time)
+    return dispatcher, asyncio.create_task(dispatcher.run())
+
+
+async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
+    client = network.connect(name, "inproc://dispatcher")
+    await client.send(Register(role, address))
+    return client
+
+
+async def test_assigns_only_after_version_published_and_within_credits(network: InprocNetwork, tmp_path: Path) -> None:
+    dispatcher, task = await start(network, tmp_path)
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "w0", "rollout")
+    welcome = await expect(worker, Welcome)
+    assert (welcome.trainer_address, welcome.publisher_address) == ("inproc://trainer", "inproc://publisher")
+    await worker.send(WorkRequest(3))
+    with pytest.raises(TimeoutError):
+        await expect(worker, Assignment, timeout=0.3)  # nothing before version 0 is published
+    await trainer.send(VersionReady(0, "sha", 10, {}))
+    got = [await expect(worker, Assignment) for _ in range(3)]
+    assert [a.prompt_id for a in got] == [0, 1, 2]
+    assert all(a.period == 0 and a.version == 0 and a.group_size == 4 for a in got)
+    with pytest.raises(TimeoutError):
+        await expect(worker, Assignment, timeout=0.3)  # no fourth one without a fourth credit
+    await worker.send(WorkRequest(1))
+    assert (await expect(worker, Assignment)).prompt_id == 3
+    task.cancel()
+
+
+async def test_dead_worker_prompts_go_to_another(network: InprocNetwork, tmp_path: Path) -> None:
+    dispatcher, task = await start(network, tmp_path, "transport.liveness=4")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    alive = [trainer, publisher]
+
+    async def beat() -> None:
+        while True:
+            for client, role in zip(alive, ("trainer", "publisher", "rollout"), strict=False):
+                await client.send(Heartbeat(role))
+            await asyncio.sleep(0.05)
+
+    beating = asyncio.create_task(beat())
+    doomed = await join(network, "doomed", "rollout")
+    await expect(doomed, Welcome)
+    await doomed.send(WorkRequest(4))
+    with structlog.testing.capture_logs() as logs:
+        await trainer.send(VersionReady(0, "sha", 10, {}))
+        taken = [await expect(doomed, Assignment) for _ in range(4)]
+        await trainer.send(Consumed(0, [taken[0].prompt_id]))
+        survivor = await join(network, "survivor", "rollout")
+        alive.append(survivor)
+        await expect(survivor, Welcome)
+        await survivor.send(WorkRequest(8))
+        again = [await expect(survivor, Assignment, timeout=5) for _ in range(3)]
+    beating.cancel()
+    assert sorted(a.prompt_id for a in again) == sorted(a.prompt_id for a in taken[1:])
+    lost = [e for e in logs if e["event"] == "worker_lost"]
+    assert lost and lost[0]["peer"] == "doomed" and lost[0]["requeued"] == 3
+    assert dispatcher.reassigned == 3
+    task.cancel()
+
+
+async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_path: Path) -> None:
+    dispatcher, task = await start(network, tmp_path, "periods=1")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    row = {
+        "period": 0,
+        "groups": 4,
+        "samples": 16,
+        "tokens_generated": 40,
+        "reward_mean": 0.5,
+        "accuracy": 0.25,
+        "stale_dropped": 0,
+        "duplicates_dropped": 0,
+        "period_s": 1.0,
+        "overlap_s": 0.5,
+    }
+    await trainer.send(VersionReady(1, "sha1", 10, row))
+    await trainer.send(RunDone(1, "sha1", "/x"))
+    assert (await expect(trainer, Shutdown)).reason == "run complete"
+    assert (await expect(publisher, Shutdown)).reason == "run complete"
+    await asyncio.wait_for(task, 5)
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(lines) == 1 and lines[0]["workers"] == 0 and lines[0]["reward_mean"] == 0.5
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["groups_trained"] == 4 and summary["weights_sha256"] == "sha1" and summary["final_version"] == 1
+
+
+async def test_malformed_frames_are_refused_and_the_dispatcher_goes_on(network: InprocNetwork, tmp_path: Path) -> None:
+    dispatcher, task = await start(network, tmp_path)
+    await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    rogue = network.connect("rogue", "inproc://dispatcher")
+    with structlog.testing.capture_logs() as logs:
+        await rogue.send_frames([b"\xc1 not msgpack"])
+        await rogue.send_frames([encode(Register("rollout"), "rogue", run="another-run")])
+        await rogue.send_frames([b"a", b"b"])
+        await rogue.send(Register("rollout"))
+        await expect(rogue, Welcome)
+    refused = [e for e in logs if e["event"] == "message_refused"]
+    assert len(refused) == 3 and all(e["peer"] == "rogue" for e in refused)
+    assert dispatcher.server.refused == 3
+    assert not task.done()
+    task.cancel()

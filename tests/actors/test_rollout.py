@@ -1,0 +1,78 @@
+"""A rollout worker with a real publisher and engine; the test plays dispatcher and trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from cadence.actors.publisher import Publisher
+from cadence.actors.rollout import RolloutWorker
+from cadence.build import make_engine, make_learner, make_tokenizer
+from cadence.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
+from cadence.tasks.digits import make_task
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.inproc import InprocNetwork
+from cadence.transport.weights import WeightError, WeightStore
+from tests.conftest import expect, tiny_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: InprocNetwork) -> None:
+    cfg = tiny_config("transport.liveness=200")
+    tokenizer = make_tokenizer(cfg)
+    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
+    trainer = network.bind("trainer", "inproc://trainer")
+    store = WeightStore(chunk_bytes=4096, keep=2)
+    learner = make_learner(cfg, tokenizer)
+    store.put(0, learner.weights())
+    publisher = Publisher(
+        network.bind("publisher", "inproc://publisher"),
+        network.connect("publisher", "inproc://dispatcher"),
+        store,
+        Liveness(1.0, 100, time.time),
+    )
+    engine = make_engine(cfg, tokenizer)
+    worker = RolloutWorker(
+        cfg,
+        "w0",
+        network.connect("w0", "inproc://dispatcher"),
+        network.connect,
+        engine,
+        make_task(cfg.task, cfg.seed),
+        tokenizer,
+        time.time,
+    )
+    tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
+    peers = {}
+    while len(peers) < 2:
+        peer, env = await asyncio.wait_for(dispatcher.recv(), 5)
+        if isinstance(env.message, Register):
+            peers[env.message.role] = peer
+    await dispatcher.send(peers["rollout"], Welcome("inproc://trainer", "inproc://publisher", 0))
+    _, env = await asyncio.wait_for(dispatcher.recv(), 5)
+    while not isinstance(env.message, WorkRequest):
+        _, env = await asyncio.wait_for(dispatcher.recv(), 5)
+    assert env.message.credits == cfg.rollout.inflight
+    await dispatcher.send(peers["rollout"], Assignment(0, 0, 7, "3+4=", "7", 4))
+    result = await expect(trainer, GroupResult)
+    assert (result.period, result.version, result.prompt_id) == (0, 0, 7)
+    assert len(result.completions) == 4 and all(0.0 <= r <= 1.0 for r in result.rewards)
+    assert result.prompt_tokens == tokenizer.encode("3+4=", bos=True)
+    assert result.load_s > 0 and worker.loaded == 0
+    # the engine now holds exactly the published bytes: same weights, same generation
+    again = make_engine(cfg, tokenizer)
+    stored = store.get(0)
+    assert stored is not None
+    again.load(stored.data)
+    prompt = tokenizer.encode("3+4=", bos=True)
+    assert [c.tokens for c in again.generate(prompt, [1, 2])] == [c.tokens for c in engine.generate(prompt, [1, 2])]
+    # an assignment for a version the publisher never had stops the worker with a named error
+    await dispatcher.send(peers["rollout"], Assignment(1, 1, 8, "1+1=", "2", 4))
+    with pytest.raises(WeightError, match="does not hold version 1"):
+        await asyncio.wait_for(tasks[1], 5)
+    assert worker.loaded == 0 and trainer.inbox.qsize() == 0
+    await dispatcher.send(peers["publisher"], Shutdown("test over"))
+    await asyncio.wait_for(tasks[0], 5)

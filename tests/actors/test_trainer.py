@@ -1,0 +1,122 @@
+"""The trainer on in-process channels: the version rule, deduplication, one step a period, sync mode."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from cadence.actors.trainer import Trainer
+from cadence.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
+from cadence.transport.inproc import InprocNetwork
+from tests.conftest import expect, tiny_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class RecordingLearner:
+    """Stands in for the model at the edge: records what the trainer asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+        self.calls.append(("train", rewards[0]))
+        return {}
+
+    def step(self, normaliser: float) -> dict[str, float]:
+        self.calls.append(("step", normaliser))
+        return {}
+
+    def weights(self) -> bytes:
+        return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
+
+    def save(self, directory: Path) -> str:
+        return "final-sha"
+
+
+def group(period: int, prompt_id: int, version: int | None = None, tag: float = 0.0) -> GroupResult:
+    return GroupResult(
+        period=period,
+        version=period if version is None else version,
+        prompt_id=prompt_id,
+        prompt_tokens=[1, 3, 4],
+        completions=[[5, 2], [6, 7, 2]],
+        logprobs=[[-1.0, -1.0], [-1.0, -1.0, -1.0]],
+        rewards=[tag, 0.0],
+        correct=[0.0, 0.0],
+        gen_s=0.01,
+        load_s=0.0,
+        finished_at=0.0,
+    )
+
+
+async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    cfg = tiny_config("periods=2", "transport.liveness=200", *overrides)
+    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
+    published: list[int] = []
+
+    async def publish(version: int, data: bytes) -> str:
+        published.append(version)
+        return f"sha{version}"
+
+    learner = RecordingLearner()
+    trainer = Trainer(
+        cfg,
+        network.bind("trainer", "inproc://trainer"),
+        network.connect("trainer", "inproc://dispatcher"),
+        learner,
+        publish,
+        time.time,
+        tmp_path,
+    )
+    task = asyncio.create_task(trainer.run())
+    worker = network.connect("w0", "inproc://trainer")
+    return cfg, dispatcher, worker, learner, published, task
+
+
+async def test_version_rule_duplicates_and_one_step_per_period(network: InprocNetwork, tmp_path: Path) -> None:
+    cfg, dispatcher, worker, learner, published, task = await start(network, tmp_path)
+    assert (await expect(dispatcher, Register)).role == "trainer"
+    assert (await expect(dispatcher, VersionReady)).version == 0
+    with structlog.testing.capture_logs() as logs:
+        await worker.send(group(0, 0, version=1))  # a version the trainer is not at: stale
+        await worker.send(group(0, 0, tag=1.0))
+        await worker.send(group(0, 0, tag=2.0))  # the same prompt again: duplicate
+        for pid in (1, 2, 3):
+            await worker.send(group(0, pid))
+        ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert ready.version == 1 and published == [0, 1]
+    assert ready.metrics["stale_dropped"] == 1 and ready.metrics["duplicates_dropped"] == 1
+    assert ready.metrics["groups"] == 4 and ready.metrics["samples"] == 8
+    assert [c[0] for c in learner.calls] == ["train"] * 4 + ["step"]
+    assert learner.calls[0] == ("train", 1.0)  # the first accepted copy, not the duplicate
+    assert learner.calls[-1] == ("step", 4 * 5.0)  # normaliser: response tokens of the period
+    assert {e["event"] for e in logs} >= {"stale_dropped", "duplicate_dropped"}
+    # a late copy of period 0 during period 1 is a duplicate, not stale
+    await worker.send(group(0, 2))
+    for pid in (4, 5, 6, 7):
+        await worker.send(group(1, pid))
+    ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert ready.version == 2 and ready.metrics["duplicates_dropped"] == 1 and ready.metrics["stale_dropped"] == 0
+    done = await expect(dispatcher, RunDone, skip=(Consumed,))
+    assert done.version == 2 and done.sha256 == "final-sha"
+    await dispatcher.send(b"trainer", Shutdown("run complete"))
+    await asyncio.wait_for(task, 5)
+
+
+async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwork, tmp_path: Path) -> None:
+    cfg, dispatcher, worker, learner, published, task = await start(network, tmp_path, "mode=sync")
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    for pid in (0, 1, 2):
+        await worker.send(group(0, pid))
+    consumed = [await expect(dispatcher, Consumed) for _ in range(3)]
+    assert [c.prompt_ids for c in consumed] == [[0], [1], [2]]
+    assert learner.calls == []  # three of four in: nothing trained yet
+    await worker.send(group(0, 3))
+    await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert [c[0] for c in learner.calls] == ["train"] * 4 + ["step"]
+    task.cancel()

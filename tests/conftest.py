@@ -1,0 +1,57 @@
+"""Shared fixtures: a tiny run configuration and in-process networks that are always closed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from cadence.config import RunConfig, load_config
+from cadence.messages import Envelope, Message
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.inproc import InprocNetwork
+
+M = TypeVar("M", bound=Message)
+
+
+def tiny_config(*overrides: str) -> RunConfig:
+    """A run small enough for a test: 3 periods of 4 prompts, 4 samples each, fast heartbeats."""
+    base = [
+        "periods=3",
+        "task.prompts_per_period=4",
+        "rollout.group_size=4",
+        "rollout.workers=1",
+        "model.hidden_size=32",
+        "model.intermediate_size=64",
+        "transport.heartbeat_s=0.05",
+        "transport.liveness=10",
+        "run_id='test'",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+@pytest.fixture
+def network() -> Iterator[InprocNetwork]:
+    net = InprocNetwork(run="test")
+    yield net
+    net.close()
+
+
+async def expect(endpoint: Client | Server, kind: type[M], timeout: float = 5.0, skip: Any = ()) -> M:
+    """The next message of type `kind` on `endpoint` (skipping heartbeats and `skip` types)."""
+
+    async def next_one() -> M:
+        while True:
+            got = await endpoint.recv()
+            env: Envelope = got if isinstance(got, Envelope) else got[1]
+            if isinstance(env.message, kind):
+                return env.message
+            from cadence.messages import Heartbeat
+
+            if isinstance(env.message, (Heartbeat, *skip)):
+                continue
+            raise AssertionError(f"expected {kind.__name__}, got {env.message!r}")
+
+    return await asyncio.wait_for(next_one(), timeout)

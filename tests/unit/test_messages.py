@@ -1,0 +1,336 @@
+"""The wire codec: every message round-trips, and every malformed frame is refused with a reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, get_args, get_origin
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cadence.messages import (
+    PROTOCOL_VERSION,
+    REGISTRY,
+    Assignment,
+    DecodeError,
+    Envelope,
+    Heartbeat,
+    Message,
+    WorkRequest,
+    decode,
+    encode,
+)
+
+
+def sample(hint: Any, salt: int = 0) -> Any:
+    """A non-default value of type `hint`, varied by `salt` so fields differ from each other."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return {"nested": [1, 2.5, "x", None, b"\x00"]}
+    if hint is bool:
+        return salt % 2 == 0
+    if hint is int:
+        return 1000 + salt
+    if hint is float:
+        return 0.5 + salt
+    if hint is str:
+        return f"text-{salt}-é"
+    if hint is bytes:
+        return bytes([salt % 256, 0, 255]) * 3
+    if origin is list:
+        (item,) = get_args(hint)
+        return [sample(item, salt + i) for i in range(3)]
+    if origin is dict:
+        key, item = get_args(hint)
+        return {sample(key, salt): sample(item, salt + 1), sample(key, salt + 7): sample(item, salt + 2)}
+    if origin in (typing.Union, types.UnionType):
+        return sample(get_args(hint)[0], salt)
+    raise TypeError(f"no sample for {hint!r}")
+
+
+def build(cls: type[Message]) -> Message:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    return cls(**{f.name: sample(hints[f.name], i) for i, f in enumerate(fields)})
+
+
+def frame(body: Any, **overrides: Any) -> bytes:
+    """A raw frame around `body`, as a work_request unless overridden; a key set to ... is left out."""
+    raw: dict[str, Any] = {
+        "type": "work_request",
+        "proto": PROTOCOL_VERSION,
+        "run": "r",
+        "sender": "w1",
+        "body": body,
+    }
+    raw.update(overrides)
+    raw = {k: v for k, v in raw.items() if v is not ...}
+    return msgpack.packb(raw, use_bin_type=True)
+
+
+def refusal(data: bytes, max_bytes: int | None = None) -> DecodeError:
+    with pytest.raises(DecodeError) as info:
+        decode(data) if max_bytes is None else decode(data, max_bytes)
+    return info.value
+
+
+def test_registry_is_not_empty_and_tags_match() -> None:
+    assert {"assignment", "group_result", "weight_chunk", "heartbeat"} <= set(REGISTRY)
+    for tag, cls in REGISTRY.items():
+        assert tag == cls.TAG
+
+
+@pytest.mark.parametrize("tag", sorted(REGISTRY))
+def test_every_message_round_trips(tag: str) -> None:
+    msg = build(REGISTRY[tag])
+    env = decode(encode(msg, sender="actor-7", run="run-x"))
+    assert env == Envelope(msg, "actor-7", "run-x")
+    assert type(env.message) is REGISTRY[tag]
+
+
+@pytest.mark.parametrize("tag", sorted(REGISTRY))
+def test_every_message_refuses_a_missing_required_field(tag: str) -> None:
+    cls = REGISTRY[tag]
+    required = [
+        f
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if not required:
+        pytest.skip(f"{tag} has no required field")
+    body = msgpack.unpackb(encode(build(cls), "s"), raw=False)["body"]
+    del body[required[0].name]
+    err = refusal(frame(body, type=tag))
+    assert f"missing field {required[0].name!r}" in err.reason
+    assert err.type_tag == tag and err.sender == "w1"
+
+
+def test_defaults_fill_in_omitted_optional_fields() -> None:
+    env = decode(frame({}, type="heartbeat"))
+    assert env.message == Heartbeat()
+
+
+def test_float_field_accepts_an_int_and_stores_a_float() -> None:
+    msg = decode(frame({"version": 1, "sha256": "ab", "nbytes": 3}, type="version_ready")).message
+    assert msg.metrics == {}  # type: ignore[attr-defined]
+    body = msgpack.unpackb(encode(build(REGISTRY["group_result"]), "s"), raw=False)["body"]
+    body["gen_s"] = 3
+    gen_s = decode(frame(body, type="group_result")).message.gen_s  # type: ignore[attr-defined]
+    assert gen_s == 3.0 and isinstance(gen_s, float)
+
+
+def test_refuses_bytes_that_are_not_msgpack() -> None:
+    assert "not msgpack" in refusal(b"\xc1\xc1 not a frame").reason
+
+
+def test_refuses_a_truncated_frame() -> None:
+    assert "not msgpack" in refusal(encode(WorkRequest(3), "s")[:-2]).reason
+
+
+def test_refuses_a_msgpack_list() -> None:
+    err = refusal(msgpack.packb(["work_request", 1, "", "s", {"credits": 1}]))
+    assert "list" in err.reason and "not a map" in err.reason
+
+
+def test_refuses_an_unknown_type() -> None:
+    err = refusal(frame({"credits": 1}, type="launch_missiles"))
+    assert "unknown message type 'launch_missiles'" in err.reason
+    assert err.sender == "w1"
+
+
+def test_refuses_a_frame_without_type() -> None:
+    assert "no string 'type'" in refusal(frame({"credits": 1}, type=...)).reason
+
+
+@pytest.mark.parametrize("proto", [0, 2, "1", None, ...])
+def test_refuses_a_wrong_protocol_version(proto: Any) -> None:
+    err = refusal(frame({"credits": 1}, proto=proto))
+    assert "protocol version" in err.reason and f"expected {PROTOCOL_VERSION}" in err.reason
+    assert err.type_tag == "work_request"
+
+
+@pytest.mark.xfail(
+    reason="messages.py:255 compares proto with != so True and 1.0 equal PROTOCOL_VERSION 1", strict=True
+)
+@pytest.mark.parametrize("proto", [True, 1.0])
+def test_refuses_a_protocol_version_of_the_wrong_type(proto: Any) -> None:
+    refusal(frame({"credits": 1}, proto=proto))
+
+
+def test_refuses_a_missing_sender() -> None:
+    err = refusal(frame({"credits": 1}, sender=...))
+    assert "no string 'sender'" in err.reason and err.sender is None
+
+
+def test_refuses_a_non_string_sender() -> None:
+    assert "no string 'sender'" in refusal(frame({"credits": 1}, sender=17)).reason
+
+
+def test_refuses_a_missing_run_and_a_missing_body() -> None:
+    assert "no string 'run'" in refusal(frame({"credits": 1}, run=...)).reason
+    assert "no map 'body'" in refusal(frame([1], run="r")).reason
+
+
+def test_refuses_a_missing_field() -> None:
+    err = refusal(frame({}))
+    assert "missing field 'credits'" in err.reason
+
+
+_VAGUE_NAME = pytest.mark.xfail(
+    reason="messages.py:329 _name(list[int]) is 'list' (GenericAlias forwards __name__), so the reason "
+    "reads 'should be list, got list' and does not say what was wrong inside",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize(
+    ("tag", "body", "field", "declared", "got"),
+    [
+        ("work_request", {"credits": "3"}, "credits", "int", "str"),
+        ("work_request", {"credits": True}, "credits", "int", "bool"),
+        ("work_request", {"credits": 2.0}, "credits", "int", "float"),
+        ("shutdown", {"reason": b"bytes"}, "reason", "str", "bytes"),
+        ("weight_chunk", {"version": 1, "index": 0, "data": "not bytes"}, "data", "bytes", "str"),
+        (
+            "weight_meta",
+            {"version": 1, "available": 1, "nbytes": 0, "sha256": "", "chunk_bytes": 1, "chunks": 0},
+            "available",
+            "bool",
+            "int",
+        ),
+        (
+            "version_ready",
+            {"version": 1, "sha256": "", "nbytes": 0, "metrics": [1]},
+            "metrics",
+            "dict",
+            "list",
+        ),
+        pytest.param(
+            "consumed",
+            {"period": 1, "prompt_ids": [1, "2", 3]},
+            "prompt_ids",
+            "list[int]",
+            "list",
+            marks=_VAGUE_NAME,
+        ),
+        pytest.param(
+            "consumed",
+            {"period": 1, "prompt_ids": [1, False]},
+            "prompt_ids",
+            "list[int]",
+            "list",
+            marks=_VAGUE_NAME,
+        ),
+    ],
+)
+def test_refuses_a_mistyped_field(
+    tag: str, body: dict[str, Any], field: str, declared: str, got: str
+) -> None:
+    err = refusal(frame(body, type=tag))
+    assert f"field {field!r} should be {declared}" in err.reason
+    assert err.reason.endswith(f"got {got}")
+    assert err.type_tag == tag and err.sender == "w1"
+
+
+def test_refuses_a_list_with_an_item_of_the_wrong_type() -> None:
+    for items in ([1, "2", 3], [1, False], [[1]]):
+        err = refusal(frame({"period": 1, "prompt_ids": items}, type="consumed"))
+        assert "field 'prompt_ids' should be" in err.reason
+
+    body = msgpack.unpackb(encode(build(REGISTRY["group_result"]), "s"), raw=False)["body"]
+    body["logprobs"] = [[0.5], [0.5, "x"]]
+    assert "field 'logprobs' should be" in refusal(frame(body, type="group_result")).reason
+    body["logprobs"] = [[0.5]]
+    body["rewards"] = 1.0
+    assert "field 'rewards' should be list, got float" in refusal(frame(body, type="group_result")).reason
+
+
+def test_refuses_an_unknown_extra_field() -> None:
+    err = refusal(frame({"credits": 1, "bonus": 2}))
+    assert "unknown fields ['bonus']" in err.reason
+
+
+@pytest.mark.xfail(
+    reason="messages.py:292 sorts the unknown field names; a str and a bytes key raise TypeError", strict=True
+)
+def test_refuses_unknown_fields_of_mixed_key_types() -> None:
+    refusal(frame({"credits": 1, "extra": 1, b"raw": 2}))
+
+
+def test_refuses_an_oversized_frame() -> None:
+    data = encode(WorkRequest(1), "s")
+    assert decode(data, max_bytes=len(data)).message == WorkRequest(1)
+    err = refusal(data, max_bytes=len(data) - 1)
+    assert f"frame of {len(data)} bytes exceeds the limit of {len(data) - 1}" in err.reason
+
+
+# ---------------------------------------------------------------- properties
+
+_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text() | st.binary()
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+_field_names = st.sampled_from(sorted({f.name for c in REGISTRY.values() for f in dataclasses.fields(c)}))  # type: ignore[arg-type]
+# Bodies with real field names and arbitrary values, so the schema checks are exercised, not just the envelope.
+_bodies = st.dictionaries(_field_names | st.text(max_size=8), _values, max_size=8)
+_frames = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(sorted(REGISTRY)) | _values,
+        "proto": st.just(PROTOCOL_VERSION) | _values,
+        "run": st.text(max_size=4) | _values,
+        "sender": st.text(max_size=4) | _values,
+        "body": _bodies | _values,
+    },
+)
+
+
+def _decodes_or_refuses(data: bytes) -> None:
+    try:
+        result = decode(data)
+    except DecodeError as err:
+        assert isinstance(err.reason, str) and err.reason
+    else:
+        assert isinstance(result, Envelope)
+        assert isinstance(result.message, Message)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.binary(max_size=256))
+def test_arbitrary_bytes_decode_or_refuse(data: bytes) -> None:
+    _decodes_or_refuses(data)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.dictionaries(st.text(max_size=8), _values, max_size=6))
+def test_arbitrary_maps_decode_or_refuse(raw: dict[str, Any]) -> None:
+    _decodes_or_refuses(msgpack.packb(raw, use_bin_type=True))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(_frames)
+def test_frame_shaped_maps_decode_or_refuse(raw: dict[str, Any]) -> None:
+    _decodes_or_refuses(msgpack.packb(raw, use_bin_type=True))
+
+
+_i64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(
+    st.builds(Assignment, _i64, _i64, _i64, st.text(), st.text(), _i64),
+    st.text(max_size=16),
+    st.text(max_size=16),
+)
+def test_assignments_round_trip_exactly(msg: Assignment, sender: str, run: str) -> None:
+    assert decode(encode(msg, sender, run)) == Envelope(msg, sender, run)
