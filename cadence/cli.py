@@ -9,13 +9,21 @@ from pathlib import Path
 
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--config", type=Path, required=required, help="TOML (or resolved JSON) run configuration")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
-    p.add_argument("--out", type=Path, default=Path("runs/actor"), help="run directory (logs, metrics, checkpoints)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="console level")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("runs/actor"), help="run directory (logs, metrics, checkpoints)"
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="console level"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="cadence", description="Periodic-asynchronous on-policy RL for language models.")
+    root = argparse.ArgumentParser(
+        prog="cadence", description="Periodic-asynchronous on-policy RL for language models."
+    )
     sub = root.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="the whole system on this machine, each actor its own process")
     run.add_argument("config", type=Path)
@@ -23,8 +31,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("runs/latest"))
     d = sub.add_parser("dispatcher", help="run the prompt dispatcher (binds)")
     _config_args(d)
-    d.add_argument("--bind", default=None, help="address to bind, e.g. tcp://0.0.0.0:5555 (default: a free port)")
-    for name, text in (("trainer", "the trainer"), ("publisher", "the weight publisher"), ("rollout", "a rollout worker")):
+    d.add_argument(
+        "--bind", default=None, help="address to bind, e.g. tcp://0.0.0.0:5555 (default: a free port)"
+    )
+    for name, text in (
+        ("trainer", "the trainer"),
+        ("publisher", "the weight publisher"),
+        ("rollout", "a rollout worker"),
+    ):
         a = sub.add_parser(name, help=f"run {text}, connecting to the dispatcher")
         _config_args(a)
         a.add_argument("--connect", required=True, help="the dispatcher's address, e.g. tcp://10.0.0.1:5555")

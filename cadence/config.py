@@ -30,7 +30,9 @@ class TaskConfig:
     name: Literal["digits"] = doc("digits", "the built-in prompt source and reward; see cadence/tasks/")
     prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
     digits: int = doc(2, "digits task: how many digits a prompt holds")
-    rule: Literal["sum", "copy", "max"] = doc("sum", "digits task: what the answer is (sum mod 10, last digit, largest)")
+    rule: Literal["sum", "copy", "max"] = doc(
+        "sum", "digits task: what the answer is (sum mod 10, last digit, largest)"
+    )
     format_weight: float = doc(0.25, "share of the reward for a well-formed answer (one digit, then end)")
     reward: Literal["exact", "distance"] = doc(
         "distance", "digits task: credit for a wrong digit: none, or by its distance to the answer"
@@ -61,7 +63,9 @@ class ModelConfigSection:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    learner: Literal["torch", "simulated"] = doc("torch", "what trains: the real model or a timed stand-in (bench)")
+    learner: Literal["torch", "simulated"] = doc(
+        "torch", "what trains: the real model or a timed stand-in (bench)"
+    )
     lr: float = doc(3e-3, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     clip_low: float = doc(0.2, "lower clip bound: ratio >= 1 - clip_low")
@@ -75,7 +79,9 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class SimulatedConfig:
-    gen_s_per_token: float = doc(0.0008, "simulated engine: seconds per generated token of the longest sample")
+    gen_s_per_token: float = doc(
+        0.0008, "simulated engine: seconds per generated token of the longest sample"
+    )
     length_median: int = doc(200, "simulated engine: median completion length")
     length_sigma: float = doc(0.6, "simulated engine: log-normal spread of completion lengths (long tail)")
     length_max: int = doc(1500, "simulated engine: completion length cap")
@@ -104,13 +110,23 @@ class RunConfig:
     seed: int = doc(0, "seeds data, sampling and everything random")
     periods: int = doc(40, "training periods, one optimizer step each")
     run_id: str = doc("", "identifies the run on the wire; `cadence run` fills it in")
-    task: TaskConfig = field(default_factory=TaskConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    model: ModelConfigSection = field(default_factory=ModelConfigSection)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    simulated: SimulatedConfig = field(default_factory=SimulatedConfig)
-    weights: WeightsConfig = field(default_factory=WeightsConfig)
-    transport: TransportConfig = field(default_factory=TransportConfig)
+    task: TaskConfig = field(default_factory=TaskConfig, metadata={"doc": "the prompt source and its reward"})
+    rollout: RolloutConfig = field(
+        default_factory=RolloutConfig, metadata={"doc": "rollout workers and sampling"}
+    )
+    model: ModelConfigSection = field(
+        default_factory=ModelConfigSection, metadata={"doc": "the transformer's shape"}
+    )
+    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "optimizer and GRPO loss"})
+    simulated: SimulatedConfig = field(
+        default_factory=SimulatedConfig, metadata={"doc": "costs of the simulated engine and learner (bench)"}
+    )
+    weights: WeightsConfig = field(
+        default_factory=WeightsConfig, metadata={"doc": "how weights are published and pulled"}
+    )
+    transport: TransportConfig = field(
+        default_factory=TransportConfig, metadata={"doc": "sockets and liveness"}
+    )
 
     def __post_init__(self) -> None:
         positive = {
@@ -123,12 +139,23 @@ class RunConfig:
             "weights.keep_versions": self.weights.keep_versions,
             "transport.heartbeat_s": self.transport.heartbeat_s,
             "transport.liveness": self.transport.liveness,
+            "transport.max_frame_bytes": self.transport.max_frame_bytes,
+            "task.digits": self.task.digits,
+            "trainer.lr": self.trainer.lr,
+            "model.hidden_size": self.model.hidden_size,
+            "model.num_layers": self.model.num_layers,
+            "model.num_heads": self.model.num_heads,
+            "model.num_kv_heads": self.model.num_kv_heads,
+            "model.intermediate_size": self.model.intermediate_size,
+            "model.max_position": self.model.max_position,
         }
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}")
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
+        if self.rollout.temperature < 0:
+            raise ConfigError(f"rollout.temperature must be >= 0, got {self.rollout.temperature}")
         if not 0 < self.rollout.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
 
@@ -179,11 +206,15 @@ def _check(hint: Any, value: Any, key: str) -> Any:
     if get_origin(hint) is Literal:
         allowed = get_args(hint)
         if value not in allowed:
-            raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+            raise ConfigError(
+                f"{key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+            )
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if hint in (int, float, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
+    if hint in (int, float, str, bool) and not (
+        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    ):
         raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
     return value
 

@@ -83,7 +83,9 @@ def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: floa
     raise LaunchError(f"dispatcher did not bind within {timeout_s:.0f}s")
 
 
-def _watch(cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float) -> None:
+def _watch(
+    cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float
+) -> None:
     shown = 0
     while True:
         rows = read_jsonl(out / "metrics.jsonl")
@@ -116,10 +118,8 @@ def _progress_line(row: dict[str, Any], periods: int) -> str:
 def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
     deadline = time.time() + timeout_s
     for proc in procs.values():
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(max(0.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -152,7 +152,9 @@ def run_command(cfg: RunConfig, out: Path) -> int:
         return 130
     keys = ("periods", "groups_trained", "reward_mean_first", "reward_mean_last", "stale_dropped", "wall_s")
     print("cadence: done  " + "  ".join(f"{k}={_fmt(summary[k])}" for k in keys), flush=True)
-    print(f"cadence: summary in {out / 'summary.json'}, weights in {out / 'checkpoints' / 'final'}", flush=True)
+    print(
+        f"cadence: summary in {out / 'summary.json'}, weights in {out / 'checkpoints' / 'final'}", flush=True
+    )
     return 0
 
 

@@ -25,7 +25,9 @@ from cadence.transport.weights import checksum
 
 
 class Learner(Protocol):
-    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]: ...
+    def train_group(
+        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+    ) -> dict[str, float]: ...
 
     def step(self, normaliser: float) -> dict[str, float]: ...
 
@@ -69,7 +71,9 @@ class TorchLearner:
         self.max_grad_norm = max_grad_norm
         self._sums: dict[str, float] = {}
 
-    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+    def train_group(
+        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+    ) -> dict[str, float]:
         inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32))
         logp = token_logprobs(self.model(inputs), targets)
@@ -92,7 +96,9 @@ class TorchLearner:
             if p.grad is not None:
                 p.grad.div_(normaliser)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         info = {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}

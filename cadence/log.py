@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,15 +31,17 @@ def configure_logging(actor: str, log_dir: Path | None, console_level: str = "in
     console_min = _LEVELS[console_level]
     render = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
-    def stamp(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    def stamp(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         now = time.time()
         event.setdefault("time", now)
-        event.setdefault("ts", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e3):03d}Z")
+        event.setdefault(
+            "ts", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e3):03d}Z"
+        )
         for key, value in static.items():
             event.setdefault(key, value)
         return event
 
-    def tee(_: Any, __: str, event: dict[str, Any]) -> str:
+    def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
         if sink is not None:
             sink.write(json.dumps(event, default=str) + "\n")
         if _LEVELS.get(event.get("level", "info"), logging.INFO) < console_min:

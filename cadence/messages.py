@@ -252,10 +252,9 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Envelope:
     tag = raw.get("type")
     if not isinstance(tag, str):
         raise DecodeError("frame has no string 'type'", sender=sender)
-    if raw.get("proto") != PROTOCOL_VERSION:
-        raise DecodeError(
-            f"protocol version {raw.get('proto')!r}, expected {PROTOCOL_VERSION}", tag, sender
-        )
+    proto = raw.get("proto")
+    if type(proto) is not int or proto != PROTOCOL_VERSION:
+        raise DecodeError(f"protocol version {raw.get('proto')!r}, expected {PROTOCOL_VERSION}", tag, sender)
     cls = REGISTRY.get(tag)
     if cls is None:
         raise DecodeError(f"unknown message type {tag!r}", tag, sender)
@@ -289,7 +288,7 @@ def _build(cls: type[Message], body: dict[str, Any], tag: str, sender: str) -> M
         kwargs[f.name] = float(value) if hints[f.name] is float else value
     extra = set(body) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     if extra:
-        raise DecodeError(f"{tag}: unknown fields {sorted(extra)}", tag, sender)
+        raise DecodeError(f"{tag}: unknown fields {sorted(map(str, extra))}", tag, sender)
     return cls(**kwargs)
 
 
@@ -317,7 +316,9 @@ def _matches(value: Any, hint: Any) -> bool:
         return isinstance(value, list) and all(_matches(v, item) for v in value)
     if origin is dict:
         key, item = get_args(hint)
-        return isinstance(value, dict) and all(_matches(k, key) and _matches(v, item) for k, v in value.items())
+        return isinstance(value, dict) and all(
+            _matches(k, key) and _matches(v, item) for k, v in value.items()
+        )
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, a) for a in get_args(hint))
     if hint is type(None):
@@ -326,4 +327,4 @@ def _matches(value: Any, hint: Any) -> bool:
 
 
 def _name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint)
+    return hint.__name__ if isinstance(hint, type) else str(hint)

@@ -81,7 +81,9 @@ async def trainer_main(cfg: RunConfig, connect: str, out: Path, publisher_addres
             async def publish(version: int, data: bytes) -> str:
                 return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
 
-        trainer = Trainer(cfg, server, net.connect("trainer", connect), learner, publish, time.time, out / "checkpoints")
+        trainer = Trainer(
+            cfg, server, net.connect("trainer", connect), learner, publish, time.time, out / "checkpoints"
+        )
         await first_of(trainer.run(), *jobs)
     finally:
         net.close()
@@ -120,7 +122,14 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str) -> None:
         tokenizer = make_tokenizer(cfg)
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
         worker = RolloutWorker(
-            cfg, name, net.connect(name, connect), net.connect, engine, make_task(cfg.task, cfg.seed), tokenizer, time.time
+            cfg,
+            name,
+            net.connect(name, connect),
+            net.connect,
+            engine,
+            make_task(cfg.task, cfg.seed),
+            tokenizer,
+            time.time,
         )
         await worker.run()
     finally:

@@ -52,7 +52,9 @@ class RunRecorder:
         return summary
 
 
-def summarize(rows: list[dict[str, Any]], mode: str, wall_s: float, version: int, sha256: str) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]], mode: str, wall_s: float, version: int, sha256: str
+) -> dict[str, Any]:
     """The run's figures from its period rows; first/last means are over a tenth of the periods."""
     n = len(rows)
     tenth = max(1, n // 10)

@@ -51,7 +51,9 @@ class SimulatedLearner:
         self.cfg = cfg
         self.steps = 0
 
-    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+    def train_group(
+        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+    ) -> dict[str, float]:
         tokens = sum(len(prompt) + len(c) for c in completions)
         time.sleep(self.cfg.train_s_per_token * tokens)
         return {"tokens": float(tokens)}

@@ -137,7 +137,14 @@ class Dispatcher:
             self._lost(self.peers[peer].name, 0.0, reason="re-registered")
             self.liveness.seen(sender)
         self.peers[peer] = Peer(sender, msg.role, msg.address)
-        log.info("peer_joined", peer=sender, role=msg.role, address=msg.address, pid=msg.pid, host=msg.host)
+        log.info(
+            "peer_joined",
+            peer=sender,
+            role=msg.role,
+            address=msg.address,
+            peer_pid=msg.pid,
+            peer_host=msg.host,
+        )
 
     def _consumed(self, msg: Consumed) -> None:
         for pid in msg.prompt_ids:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+
 import structlog
 
 from cadence.actors.base import first_of, keep_alive
@@ -38,7 +39,9 @@ class Publisher:
         return self.store.put(version, data).sha256
 
     async def run(self) -> None:
-        await self.dispatcher.send(Register("publisher", self.server.address, os.getpid(), socket.gethostname()))
+        await self.dispatcher.send(
+            Register("publisher", self.server.address, os.getpid(), socket.gethostname())
+        )
         self.liveness.seen("dispatcher")
         await first_of(self._serve(), self._listen(), keep_alive(self.dispatcher, "publisher", self.liveness))
 
@@ -83,4 +86,3 @@ class Publisher:
                 return
             if not isinstance(env.message, Heartbeat):
                 log.warning("unexpected_message", peer=env.sender, type=env.message.TAG)
-

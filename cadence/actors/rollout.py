@@ -123,7 +123,8 @@ class RolloutWorker:
         seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
         completions = await asyncio.to_thread(self.engine.generate, prompt, seeds)
         scores = [
-            self.task.score(job.prompt, self.tokenizer.decode_response(c.tokens), job.answer, c.finished) for c in completions
+            self.task.score(job.prompt, self.tokenizer.decode_response(c.tokens), job.answer, c.finished)
+            for c in completions
         ]
         return GroupResult(
             period=job.period,

@@ -63,7 +63,9 @@ class Trainer:
         self.stopped = asyncio.Event()
 
     async def run(self) -> None:
-        await self.dispatcher.send(Register("trainer", self.server.address, os.getpid(), socket.gethostname()))
+        await self.dispatcher.send(
+            Register("trainer", self.server.address, os.getpid(), socket.gethostname())
+        )
         self.liveness.seen("dispatcher")
         await first_of(self._periods(), self._listen(), keep_alive(self.dispatcher, "trainer", self.liveness))
 
@@ -117,7 +119,14 @@ class Trainer:
                 continue
             seen.add(msg.prompt_id)
             stats.arrived(
-                self.clock(), env.sender, msg.prompt_id, msg.completions, msg.rewards, msg.correct, msg.gen_s, msg.load_s
+                self.clock(),
+                env.sender,
+                msg.prompt_id,
+                msg.completions,
+                msg.rewards,
+                msg.correct,
+                msg.gen_s,
+                msg.load_s,
             )
             await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
             if self.cfg.mode == "periodic":

@@ -42,7 +42,6 @@ def grpo_loss_sum(
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)
-    maskf = mask.to(logp.dtype)
     per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     stats: dict[str, float] = {}
     with torch.no_grad():
@@ -52,5 +51,5 @@ def grpo_loss_sum(
     if ref_logp is not None and kl_beta > 0:
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + kl_beta * kl
-        stats["kl_sum"] = float((kl.detach() * maskf).sum())
-    return (per_token * maskf).sum(), stats
+        stats["kl_sum"] = float(torch.where(mask.bool(), kl.detach(), torch.zeros_like(kl)).sum())
+    return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum(), stats

@@ -76,8 +76,8 @@ class _Codec:
             self.refusals.refuse(peer, err)
             return None
         if self.run and env.run != self.run:
-            err = DecodeError(f"message of run {env.run!r}, this is run {self.run!r}", env.message.TAG, env.sender)
-            self.refusals.refuse(peer, err)
+            reason = f"message of run {env.run!r}, this is run {self.run!r}"
+            self.refusals.refuse(peer, DecodeError(reason, env.message.TAG, env.sender))
             return None
         return env
 

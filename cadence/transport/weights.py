@@ -15,7 +15,6 @@ from typing import TypeVar
 from cadence.messages import WeightChunk, WeightChunkRequest, WeightMeta, WeightQuery
 from cadence.transport.endpoint import Client
 
-
 T = TypeVar("T")
 
 
@@ -87,6 +86,10 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
         next_index += 1
     while len(parts) < meta.chunks:
         chunk = await _expect(client, WeightChunk, version, timeout_s)
+        if not 0 <= chunk.index < meta.chunks:
+            raise WeightError(
+                f"version {version} from {client.address}: chunk {chunk.index} of {meta.chunks}"
+            )
         parts[chunk.index] = chunk.data
         if next_index < meta.chunks:
             await client.send(WeightChunkRequest(version, next_index))
@@ -103,14 +106,16 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
             env = await asyncio.wait_for(client.recv(), timeout_s)
         except TimeoutError:
             raise WeightError(
-                f"publisher {client.address} silent for {timeout_s:.0f}s while sending version {version}"
+                f"publisher {client.address} silent for {timeout_s:.1f}s while sending version {version}"
             ) from None
         msg = env.message
         if isinstance(msg, kind) and getattr(msg, "version", None) == version:
             return msg
 
 
-async def upload_weights(client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float) -> str:
+async def upload_weights(
+    client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float
+) -> str:
     """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it."""
     from cadence.messages import WeightUpload
 

@@ -31,7 +31,9 @@ from tests.conftest import expect, tiny_config
 pytestmark = pytest.mark.timeout(30)
 
 
-async def start(network: InprocNetwork, tmp_path: Path, *overrides: str) -> tuple[Dispatcher, asyncio.Task[None]]:
+async def start(
+    network: InprocNetwork, tmp_path: Path, *overrides: str
+) -> tuple[Dispatcher, asyncio.Task[None]]:
     cfg = tiny_config("transport.liveness=200", *overrides)
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode, cfg.task.prompts_per_period)
@@ -45,7 +47,9 @@ async def join(network: InprocNetwork, name: str, role: str, address: str = "") 
     return client
 
 
-async def test_assigns_only_after_version_published_and_within_credits(network: InprocNetwork, tmp_path: Path) -> None:
+async def test_assigns_only_after_version_published_and_within_credits(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
     dispatcher, task = await start(network, tmp_path)
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     await join(network, "publisher", "publisher", "inproc://publisher")
@@ -124,10 +128,16 @@ async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_p
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(lines) == 1 and lines[0]["workers"] == 0 and lines[0]["reward_mean"] == 0.5
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["groups_trained"] == 4 and summary["weights_sha256"] == "sha1" and summary["final_version"] == 1
+    assert (
+        summary["groups_trained"] == 4
+        and summary["weights_sha256"] == "sha1"
+        and summary["final_version"] == 1
+    )
 
 
-async def test_malformed_frames_are_refused_and_the_dispatcher_goes_on(network: InprocNetwork, tmp_path: Path) -> None:
+async def test_malformed_frames_are_refused_and_the_dispatcher_goes_on(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
     dispatcher, task = await start(network, tmp_path)
     await join(network, "trainer", "trainer", "inproc://trainer")
     await join(network, "publisher", "publisher", "inproc://publisher")

@@ -56,7 +56,14 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
     )
     workers = [
         RolloutWorker(
-            cfg, f"w{i}", net.connect(f"w{i}", "inproc://d"), net.connect, make_engine(cfg, tokenizer), task, tokenizer, time.time
+            cfg,
+            f"w{i}",
+            net.connect(f"w{i}", "inproc://d"),
+            net.connect,
+            make_engine(cfg, tokenizer),
+            task,
+            tokenizer,
+            time.time,
         )
         for i in range(cfg.rollout.workers)
     ]

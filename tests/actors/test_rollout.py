@@ -68,7 +68,9 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     assert stored is not None
     again.load(stored.data)
     prompt = tokenizer.encode("3+4=", bos=True)
-    assert [c.tokens for c in again.generate(prompt, [1, 2])] == [c.tokens for c in engine.generate(prompt, [1, 2])]
+    assert [c.tokens for c in again.generate(prompt, [1, 2])] == [
+        c.tokens for c in engine.generate(prompt, [1, 2])
+    ]
     # an assignment for a version the publisher never had stops the worker with a named error
     await dispatcher.send(peers["rollout"], Assignment(1, 1, 8, "1+1=", "2", 4))
     with pytest.raises(WeightError, match="does not hold version 1"):

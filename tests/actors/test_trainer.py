@@ -23,7 +23,9 @@ class RecordingLearner:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    def train_group(self, prompt: list[int], completions: list[list[int]], rewards: list[float]) -> dict[str, float]:
+    def train_group(
+        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+    ) -> dict[str, float]:
         self.calls.append(("train", rewards[0]))
         return {}
 
@@ -78,7 +80,9 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
     return cfg, dispatcher, worker, learner, published, task
 
 
-async def test_version_rule_duplicates_and_one_step_per_period(network: InprocNetwork, tmp_path: Path) -> None:
+async def test_version_rule_duplicates_and_one_step_per_period(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
     cfg, dispatcher, worker, learner, published, task = await start(network, tmp_path)
     assert (await expect(dispatcher, Register)).role == "trainer"
     assert (await expect(dispatcher, VersionReady)).version == 0
@@ -101,7 +105,11 @@ async def test_version_rule_duplicates_and_one_step_per_period(network: InprocNe
     for pid in (4, 5, 6, 7):
         await worker.send(group(1, pid))
     ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
-    assert ready.version == 2 and ready.metrics["duplicates_dropped"] == 1 and ready.metrics["stale_dropped"] == 0
+    assert (
+        ready.version == 2
+        and ready.metrics["duplicates_dropped"] == 1
+        and ready.metrics["stale_dropped"] == 0
+    )
     done = await expect(dispatcher, RunDone, skip=(Consumed,))
     assert done.version == 2 and done.sha256 == "final-sha"
     await dispatcher.send(b"trainer", Shutdown("run complete"))

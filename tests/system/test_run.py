@@ -1,0 +1,166 @@
+"""The whole system from the command line: real processes, real sockets on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from cadence.run_dir import read_jsonl
+from tests.system.helpers import ROOT, SMALL, cadence, events, summary
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("quick")
+    cadence("run", "configs/quickstart.toml", "--out", str(out), "--set", "periods=5", *SMALL)
+    return out
+
+
+def test_run_directory_is_complete(quick_run: Path) -> None:
+    s = summary(quick_run)
+    for key in [
+        "periods",
+        "groups_trained",
+        "samples",
+        "tokens_generated",
+        "reward_mean_first",
+        "reward_mean_last",
+        "stale_dropped",
+        "duplicates_dropped",
+        "wall_s",
+        "mode",
+        "final_version",
+        "weights_sha256",
+    ]:
+        assert key in s, key
+    assert s["periods"] == 5 and s["groups_trained"] == 5 * 4 and s["samples"] == 5 * 4 * 4
+    assert s["stale_dropped"] == 0 and s["final_version"] == 5 and s["mode"] == "periodic"
+    assert 0.0 <= s["reward_mean_first"] <= 1.0 and 0.0 <= s["reward_mean_last"] <= 1.0
+    config = json.loads((quick_run / "config.json").read_text())
+    assert config["periods"] == 5 and config["run_id"]
+    rows = read_jsonl(quick_run / "metrics.jsonl")
+    assert [r["period"] for r in rows] == [0, 1, 2, 3, 4]
+    for key in (
+        "reward_mean",
+        "gen_s",
+        "train_s",
+        "overlap_s",
+        "weight_sync_s",
+        "tokens_per_s",
+        "stale_dropped",
+    ):
+        assert all(key in r for r in rows), key
+    final = quick_run / "checkpoints" / "final"
+    assert json.loads((final / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert load_file(str(final / "model.safetensors"))
+
+
+def test_every_actor_ran_in_its_own_process(quick_run: Path) -> None:
+    pids = {
+        actor: {e["pid"] for e in events(quick_run, actor)}
+        for actor in ("dispatcher", "trainer", "rollout-0", "rollout-1")
+    }
+    assert all(len(p) == 1 for p in pids.values())
+    assert len(set().union(*pids.values())) == 4
+    assert len({e["pid"] for e in events(quick_run, "trainer")} | {os.getpid()}) == 2
+
+
+def test_logs_merge_every_actor_in_time_order(quick_run: Path) -> None:
+    out = cadence("logs", str(quick_run)).stdout.splitlines()
+    actors = {line.split()[1] for line in out}
+    assert {"dispatcher", "trainer", "rollout-0", "rollout-1"} <= actors
+    stamps = [line.split()[0] for line in out]
+    assert stamps == sorted(stamps)
+
+
+def test_sync_and_periodic_processes_agree(tmp_path: Path) -> None:
+    rows, weights = {}, {}
+    for mode in ("sync", "periodic"):
+        out = tmp_path / mode
+        cadence(
+            "run",
+            "configs/quickstart.toml",
+            "--out",
+            str(out),
+            "--set",
+            f"mode={mode}",
+            "--set",
+            "periods=4",
+            "--set",
+            "rollout.workers=1",
+            "--set",
+            "seed=3",
+            *SMALL,
+        )
+        rows[mode] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
+        weights[mode] = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
+    assert rows["sync"] == rows["periodic"] and len(set(rows["sync"])) == 4
+    diff = max(float((weights["sync"][k] - weights["periodic"][k]).abs().max()) for k in weights["sync"])
+    assert diff <= 1e-5
+
+
+def test_bad_config_names_the_key() -> None:
+    proc = cadence("run", "configs/quickstart.toml", "--set", "rollout.wrokers=2", check=False)
+    assert proc.returncode == 2 and "rollout.wrokers" in proc.stderr
+    proc = cadence("run", "configs/quickstart.toml", "--set", "mode=fast", check=False)
+    assert proc.returncode == 2 and "'periodic'" in proc.stderr and "mode" in proc.stderr
+
+
+def _children_of(run_dir: Path) -> set[int]:
+    pids = set()
+    for path in (run_dir / "logs").glob("*.jsonl"):
+        pids |= {e["pid"] for e in events(run_dir, path.stem)}
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cadence",
+            "run",
+            "configs/quickstart.toml",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "periods=500",
+            *SMALL,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "metrics.jsonl").exists() or not read_jsonl(tmp_path / "metrics.jsonl"):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        children = _children_of(tmp_path)
+        assert len(children) == 4 and all(_alive(p) for p in children)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        proc.kill()
+    time.sleep(0.5)
+    assert not [p for p in children if _alive(p)]
+    assert not (tmp_path / "summary.json").exists()

@@ -1,0 +1,301 @@
+"""ZeroMQ channels and weight pulls on real loopback sockets.
+
+Every test binds `tcp://127.0.0.1:*` (a random port) and closes its sockets and context: a server
+that meets garbage, a hostile peer or a silent publisher keeps working or fails with `WeightError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+import structlog
+import zmq
+import zmq.asyncio
+
+from cadence.actors.publisher import Publisher
+from cadence.messages import (
+    Assignment,
+    Message,
+    Register,
+    Shutdown,
+    WeightChunk,
+    WeightChunkRequest,
+    WeightQuery,
+    WorkRequest,
+    encode,
+)
+from cadence.transport.endpoint import Server
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.weights import WeightError, WeightStore, checksum, pull_weights, upload_weights
+from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
+
+RUN = "run-a"
+ADDRESS = "tcp://127.0.0.1:*"
+WAIT = 5.0  # a bound on waiting for a message that should come; never a timing claim
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def net() -> AsyncIterator[ZmqNetwork]:
+    network = ZmqNetwork(run=RUN, max_frame_bytes=2048)
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+@pytest.fixture
+async def rogue(net: ZmqNetwork) -> AsyncIterator[zmq.asyncio.Socket]:
+    """A raw DEALER socket that bypasses the codec; its identity is b'rogue'."""
+    sock = net.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"rogue")
+    try:
+        yield sock
+    finally:
+        sock.close(linger=0)
+
+
+async def recv_from(server: Server) -> tuple[bytes, Any]:
+    return await asyncio.wait_for(server.recv(), WAIT)
+
+
+async def test_bound_address_has_a_real_port(net: ZmqNetwork) -> None:
+    server = net.bind("srv", ADDRESS)
+    assert server.address.startswith("tcp://127.0.0.1:")
+    assert int(server.address.rsplit(":", 1)[1]) > 0
+
+
+async def test_client_request_and_reply_routed_by_peer_id(net: ZmqNetwork) -> None:
+    server = net.bind("dispatcher", ADDRESS)
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(3))
+    peer, env = await recv_from(server)
+    assert peer == b"worker-1"
+    assert (env.message, env.sender, env.run) == (WorkRequest(3), "worker-1", RUN)
+
+    reply = Assignment(period=2, version=2, prompt_id=9, prompt="1+2=", answer="3", group_size=4)
+    await server.send(peer, reply)
+    got = await asyncio.wait_for(client.recv(), WAIT)
+    assert (got.message, got.sender, got.run) == (reply, "dispatcher", RUN)
+    assert server.refused == 0 and client.refused == 0
+
+
+async def test_two_clients_are_told_apart(net: ZmqNetwork) -> None:
+    server = net.bind("dispatcher", ADDRESS)
+    first = net.connect("worker-1", server.address)
+    second = net.connect("worker-2", server.address)
+    await first.send(WorkRequest(1))
+    await second.send(WorkRequest(2))
+    seen = {}
+    for _ in range(2):
+        peer, env = await recv_from(server)
+        seen[peer] = env.message
+    assert seen == {b"worker-1": WorkRequest(1), b"worker-2": WorkRequest(2)}
+
+    # answer in the opposite order: each reply reaches only its own client
+    await server.send(b"worker-2", Shutdown("for two"))
+    await server.send(b"worker-1", Shutdown("for one"))
+    assert (await asyncio.wait_for(first.recv(), WAIT)).message == Shutdown("for one")
+    assert (await asyncio.wait_for(second.recv(), WAIT)).message == Shutdown("for two")
+
+
+async def test_reply_to_an_unknown_peer_is_dropped_and_the_server_goes_on(net: ZmqNetwork) -> None:
+    server = net.bind("dispatcher", ADDRESS)
+    client = net.connect("worker-1", server.address)
+    await server.send(b"nobody", Shutdown("lost"))
+    await client.send(WorkRequest(1))
+    peer, _ = await recv_from(server)
+    await server.send(peer, Shutdown("found"))
+    assert (await asyncio.wait_for(client.recv(), WAIT)).message == Shutdown("found")
+
+
+async def test_hostile_frames_are_refused_logged_and_the_server_keeps_working(
+    net: ZmqNetwork, rogue: zmq.asyncio.Socket
+) -> None:
+    server = net.bind("dispatcher", ADDRESS)
+    rogue.connect(server.address)
+    wrong_proto = msgpack.packb(
+        {"type": "work_request", "proto": 99, "run": RUN, "sender": "rogue", "body": {"credits": 1}}
+    )
+    oversized = encode(WeightChunk(1, 0, b"\x00" * 3000), "rogue", RUN)
+    assert 2048 < len(oversized) < 4 * 2048  # above the codec's limit, below libzmq's cut-off
+    with structlog.testing.capture_logs() as logs:
+        await rogue.send(b"\x93garbage that is not msgpack")
+        await rogue.send_multipart([encode(WorkRequest(1), "rogue", RUN), b"second frame"])
+        await rogue.send(oversized)
+        await rogue.send(encode(WorkRequest(1), "rogue", "run-b"))
+        await rogue.send(wrong_proto)
+        await rogue.send(encode(WorkRequest(7), "rogue", RUN))
+        peer, env = await recv_from(server)
+
+    # frames of one peer arrive in order: all five bad ones were seen before the good one
+    assert (peer, env.message) == (b"rogue", WorkRequest(7))
+    assert server.refused == 5
+    refused = [e for e in logs if e["event"] == "message_refused"]
+    assert len(refused) == 5
+    assert {e["peer"] for e in refused} == {"rogue"}
+    assert all(e["channel"] == "dispatcher" for e in refused)
+    reasons = [e["reason"] for e in refused]
+    assert "not msgpack" in reasons[0]
+    assert "expected 1 frame, got 2" in reasons[1]
+    assert "exceeds the limit of 2048" in reasons[2]
+    assert "run 'run-b'" in reasons[3] and refused[3]["sender"] == "rogue"
+    assert "protocol version 99" in reasons[4]
+    assert [e["refused_total"] for e in refused] == [1, 2, 3, 4, 5]
+
+    # and an ordinary client is still served
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(2))
+    peer, env = await recv_from(server)
+    assert (peer, env.message) == (b"worker-1", WorkRequest(2))
+    assert server.refused == 5
+
+
+async def test_a_server_of_another_run_refuses_the_client(net: ZmqNetwork) -> None:
+    other = ZmqNetwork(run="run-b")
+    try:
+        server = other.bind("stranger", ADDRESS)
+        outsider = net.connect("worker-a", server.address)  # a client of run-a
+        insider = other.connect("worker-b", server.address)
+        await outsider.send(WorkRequest(1))
+        await asyncio.sleep(0.05)  # order only: let the outsider's frame arrive first if it can
+        await insider.send(WorkRequest(5))
+        peer, env = await recv_from(server)
+        assert (peer, env.message, env.run) == (b"worker-b", WorkRequest(5), "run-b")
+        if server.refused == 0:  # the insider's frame overtook the outsider's: wait for the refusal
+            receiving = asyncio.ensure_future(server.recv())
+            for _ in range(100):
+                if server.refused:
+                    break
+                await asyncio.sleep(0.01)
+            receiving.cancel()
+            await asyncio.gather(receiving, return_exceptions=True)
+        assert server.refused == 1
+    finally:
+        other.close()
+
+
+# ---------------------------------------------------------------- weights over sockets
+
+
+def payload(size: int = 5000) -> bytes:
+    return random.Random(size).randbytes(size)
+
+
+async def serve_weights(
+    server: ZmqServer, store: WeightStore, corrupt: int | None = None, misindex: bool = False
+) -> None:
+    """A minimal publisher: meta for queries, chunks for chunk requests; optionally one bad chunk."""
+    while True:
+        peer, env = await server.recv()
+        msg: Message = env.message
+        if isinstance(msg, WeightQuery):
+            await server.send(peer, store.meta(msg.version))
+        elif isinstance(msg, WeightChunkRequest):
+            chunk = store.chunk(msg.version, msg.index)
+            assert chunk is not None
+            if msg.index == corrupt:
+                flipped = bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:]
+                chunk = WeightChunk(chunk.version, chunk.index, flipped)
+            if misindex and msg.index == 1:
+                chunk = WeightChunk(chunk.version, 99, chunk.data)
+            await server.send(peer, chunk)
+
+
+async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytes:
+    network = ZmqNetwork(run=RUN)
+    task: asyncio.Future[None] | None = None
+    try:
+        server = network.bind("publisher", ADDRESS)
+        task = asyncio.ensure_future(serve_weights(server, store, **serve))
+        client = network.connect("worker-1", server.address)
+        return await pull_weights(client, version, timeout_s=timeout_s, window=3)
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        network.close()
+
+
+async def test_pull_weights_returns_the_published_bytes() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    data = payload()
+    store.put(4, data)
+    assert store.meta(4).chunks == 10
+    assert await pull_against(store, 4) == data
+
+
+async def test_pull_of_a_version_not_held_raises() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    with pytest.raises(WeightError, match="does not hold version 3"):
+        await pull_against(store, 3)
+
+
+async def test_a_corrupted_chunk_fails_the_checksum() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    with pytest.raises(WeightError, match="version 4 .* failed its checksum"):
+        await pull_against(store, 4, corrupt=6)
+
+
+async def test_a_chunk_with_a_wrong_index_raises_weight_error() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    with pytest.raises(WeightError):
+        await pull_against(store, 4, misindex=True)
+
+
+async def test_a_silent_publisher_raises_after_the_timeout() -> None:
+    network = ZmqNetwork(run=RUN)
+    try:
+        server = network.bind("publisher", ADDRESS)
+        client = network.connect("worker-1", server.address)
+        with pytest.raises(WeightError, match="silent"):
+            await pull_weights(client, 1, timeout_s=0.5)
+        # it was asked: the query reached the silent server
+        _, env = await recv_from(server)
+        assert env.message == WeightQuery(1)
+    finally:
+        network.close()
+
+
+async def test_upload_then_pull_through_a_real_publisher() -> None:
+    network = ZmqNetwork(run=RUN)
+    run: asyncio.Future[None] | None = None
+    try:
+        dispatcher = network.bind("dispatcher", ADDRESS)
+        server = network.bind("publisher", ADDRESS)
+        store = WeightStore(chunk_bytes=400, keep=2)
+        liveness = Liveness(interval_s=0.05, liveness=200, clock=time.monotonic)
+        publisher = Publisher(server, network.connect("publisher", dispatcher.address), store, liveness)
+        run = asyncio.ensure_future(publisher.run())
+
+        peer, env = await recv_from(dispatcher)
+        assert isinstance(env.message, Register) and env.message.address == server.address
+
+        data = payload(3000)
+        trainer = network.connect("trainer", server.address)
+        sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
+        assert sha == checksum(data)
+        assert store.latest == 2
+
+        worker = network.connect("worker-1", server.address)
+        assert await pull_weights(worker, 2, timeout_s=WAIT) == data
+
+        await dispatcher.send(peer, Shutdown("done"))
+        await asyncio.wait_for(run, WAIT)
+        assert server.refused == 0
+    finally:
+        if run is not None and not run.done():
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+        network.close()
