@@ -28,7 +28,16 @@ import structlog
 from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
 from cadence.learner import Learner
-from cadence.messages import Consumed, GroupResult, Heartbeat, Register, RunDone, Shutdown, VersionReady
+from cadence.messages import (
+    Consumed,
+    Envelope,
+    GroupResult,
+    Heartbeat,
+    Register,
+    RunDone,
+    Shutdown,
+    VersionReady,
+)
 from cadence.metrics import PeriodStats
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
@@ -59,6 +68,7 @@ class Trainer:
         self.B = cfg.task.prompts_per_period
         self.consumed: dict[int, set[int]] = {}
         self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
+        self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
 
@@ -67,7 +77,18 @@ class Trainer:
             Register("trainer", self.server.address, os.getpid(), socket.gethostname())
         )
         self.liveness.seen("dispatcher")
-        await first_of(self._periods(), self._listen(), keep_alive(self.dispatcher, "trainer", self.liveness))
+        await first_of(
+            self._periods(),
+            self._receive(),
+            self._listen(),
+            keep_alive(self.dispatcher, "trainer", self.liveness),
+        )
+
+    async def _receive(self) -> None:
+        """Take every frame off the socket as it comes, stamped with its arrival time, even mid-training."""
+        while True:
+            _, env = await self.server.recv()
+            self.arrivals.put_nowait((self.clock(), env))
 
     async def _periods(self) -> None:
         start, sha, nbytes = await self._publish(0)
@@ -104,7 +125,7 @@ class Trainer:
         self.consumed.pop(period - 3, None)
         held: list[GroupResult] = []
         while len(seen) < self.B:
-            _, env = await self.server.recv()
+            arrived, env = await self.arrivals.get()
             msg = env.message
             if not isinstance(msg, GroupResult):
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
@@ -119,7 +140,7 @@ class Trainer:
                 continue
             seen.add(msg.prompt_id)
             stats.arrived(
-                self.clock(),
+                arrived,
                 env.sender,
                 msg.prompt_id,
                 msg.completions,

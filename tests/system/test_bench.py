@@ -1,0 +1,30 @@
+"""`cadence bench pipeline --json` runs both modes on real processes and ends with its JSON line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cadence.run_dir import read_jsonl
+from tests.system.helpers import cadence
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+
+def test_bench_pipeline_prints_its_figures_as_json(tmp_path: Path) -> None:
+    small = ["periods=3", "rollout.workers=2", "task.prompts_per_period=8", "simulated.length_median=50"]
+    args = [a for s in small for a in ("--set", s)]
+    proc = cadence("bench", "pipeline", "--json", "--out", str(tmp_path), *args)
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("sync_period_s", "periodic_period_s", "speedup", "ideal_period_s", "efficiency"):
+        assert figures[key] > 0, key
+    assert figures["speedup"] == pytest.approx(figures["sync_period_s"] / figures["periodic_period_s"], rel=1e-3)
+    for mode in ("sync", "periodic"):
+        rows = read_jsonl(tmp_path / mode / "metrics.jsonl")
+        assert len(rows) == 3 and all(r["groups"] == 8 for r in rows)
+        assert json.loads((tmp_path / mode / "config.json").read_text())["mode"] == mode
+    # in sync mode training starts only after the last group is in: nothing overlaps
+    assert all(r["overlap_s"] == 0.0 for r in read_jsonl(tmp_path / "sync" / "metrics.jsonl"))
+    assert any(r["overlap_s"] > 0.0 for r in read_jsonl(tmp_path / "periodic" / "metrics.jsonl"))
