@@ -87,6 +87,7 @@ def _watch(
     cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float
 ) -> None:
     shown = 0
+    lost: set[str] = set()
     while True:
         rows = read_jsonl(out / "metrics.jsonl")
         for row in rows[shown:]:
@@ -95,8 +96,12 @@ def _watch(
         shown = len(rows)
         for name, proc in procs.items():
             code = proc.poll()
-            if code is not None and code != 0:
+            if code is None or code == 0 or name in lost:
+                continue
+            if not name.startswith("rollout-"):
                 raise LaunchError(f"{name} exited with status {code}; see {out / 'logs'}")
+            lost.add(name)  # the dispatcher hands its prompts to the other workers
+            print(f"cadence: {name} exited with status {code}; the run goes on without it", flush=True)
         if procs["dispatcher"].poll() == 0:
             if not (out / "summary.json").exists():
                 raise LaunchError("dispatcher finished without a summary")

@@ -20,7 +20,9 @@ def test_bench_pipeline_prints_its_figures_as_json(tmp_path: Path) -> None:
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("sync_period_s", "periodic_period_s", "speedup", "ideal_period_s", "efficiency"):
         assert figures[key] > 0, key
-    assert figures["speedup"] == pytest.approx(figures["sync_period_s"] / figures["periodic_period_s"], rel=1e-3)
+    assert figures["speedup"] == pytest.approx(
+        figures["sync_period_s"] / figures["periodic_period_s"], rel=1e-3
+    )
     for mode in ("sync", "periodic"):
         rows = read_jsonl(tmp_path / mode / "metrics.jsonl")
         assert len(rows) == 3 and all(r["groups"] == 8 for r in rows)

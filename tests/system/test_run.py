@@ -164,3 +164,71 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     time.sleep(0.5)
     assert not [p for p in children if _alive(p)]
     assert not (tmp_path / "summary.json").exists()
+
+
+def _start(out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cadence",
+            "run",
+            "configs/quickstart.toml",
+            "--out",
+            str(out),
+            *SMALL,
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _pid_of(run_dir: Path, actor: str, deadline: float) -> int:
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and read_jsonl(run_dir / "metrics.jsonl"):
+            return int(events(run_dir, actor)[0]["pid"])
+        time.sleep(0.1)
+    raise AssertionError("the run did not reach its first period")
+
+
+def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Path) -> None:
+    periods = 40
+    proc = _start(
+        tmp_path,
+        "--set",
+        f"periods={periods}",
+        "--set",
+        "transport.heartbeat_s=0.1",
+        "--set",
+        "transport.liveness=10",
+    )
+    try:
+        os.kill(_pid_of(tmp_path, "rollout-1", time.time() + 120), signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "rollout-1 exited" in out
+    s = summary(tmp_path)
+    assert s["groups_trained"] == periods * 4 and s["stale_dropped"] == 0
+    lost = [e for e in events(tmp_path, "dispatcher") if e["event"] == "worker_lost"]
+    assert [e["peer"] for e in lost] == ["rollout-1"]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows[-1]["workers_active"] == 1
+
+
+def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--set", "periods=500")
+    try:
+        victim = _pid_of(tmp_path, "trainer", time.time() + 120)
+        children = _children_of(tmp_path)
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "trainer exited" in err
+    time.sleep(0.5)
+    assert not [p for p in children if _alive(p)]
