@@ -31,11 +31,11 @@ class TaskConfig:
     prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
     digits: int = doc(2, "digits task: how many digits a prompt holds")
     rule: Literal["sum", "copy", "max"] = doc(
-        "sum", "digits task: what the answer is (sum mod 10, last digit, largest)"
+        "max", "digits task: what the answer is (sum mod 10, last digit, largest)"
     )
     format_weight: float = doc(0.25, "share of the reward for a well-formed answer (one digit, then end)")
     reward: Literal["exact", "distance"] = doc(
-        "distance", "digits task: credit for a wrong digit: none, or by its distance to the answer"
+        "exact", "digits task: credit for a wrong digit: none, or by its distance to the answer"
     )
 
 
@@ -66,7 +66,7 @@ class TrainerConfig:
     learner: Literal["torch", "simulated"] = doc(
         "torch", "what trains: the real model or a timed stand-in (bench)"
     )
-    lr: float = doc(3e-3, "AdamW learning rate")
+    lr: float = doc(1e-3, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     clip_low: float = doc(0.2, "lower clip bound: ratio >= 1 - clip_low")
     clip_high: float = doc(0.28, "upper clip bound: ratio <= 1 + clip_high")

@@ -52,7 +52,7 @@ async def dispatcher_main(cfg: RunConfig, bind: str, out: Path) -> None:
     server = net.bind("dispatcher", bind)
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
-        recorder = RunRecorder(out, cfg.mode, cfg.task.prompts_per_period)
+        recorder = RunRecorder(out, cfg.mode)
         await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time).run()
     finally:
         net.close()

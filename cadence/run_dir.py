@@ -29,10 +29,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 class RunRecorder:
     """Writes the per-period metrics and the run summary of one run directory."""
 
-    def __init__(self, out: Path, mode: str, prompts_per_period: int) -> None:
+    def __init__(self, out: Path, mode: str) -> None:
         self.out = out
         self.mode = mode
-        self.prompts_per_period = prompts_per_period
         self.rows: list[dict[str, Any]] = []
         self.started = 0.0
         out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -37,6 +36,7 @@ from cadence.messages import (
     Welcome,
     WorkRequest,
 )
+from cadence.run_dir import RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
@@ -60,7 +60,7 @@ class Dispatcher:
         cfg: RunConfig,
         server: Server,
         task: Task,
-        recorder: Any,
+        recorder: RunRecorder,
         clock: Callable[[], float],
     ) -> None:
         self.cfg = cfg

@@ -36,7 +36,7 @@ async def start(
 ) -> tuple[Dispatcher, asyncio.Task[None]]:
     cfg = tiny_config("transport.liveness=200", *overrides)
     server = network.bind("dispatcher", "inproc://dispatcher")
-    recorder = RunRecorder(tmp_path, cfg.mode, cfg.task.prompts_per_period)
+    recorder = RunRecorder(tmp_path, cfg.mode)
     dispatcher = Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time)
     return dispatcher, asyncio.create_task(dispatcher.run())
 

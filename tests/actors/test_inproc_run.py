@@ -37,7 +37,7 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
     tokenizer = make_tokenizer(cfg)
     task = make_task(cfg.task, cfg.seed)
     dispatcher = Dispatcher(
-        cfg, net.bind("dispatcher", "inproc://d"), task, RunRecorder(out, cfg.mode, 4), time.time
+        cfg, net.bind("dispatcher", "inproc://d"), task, RunRecorder(out, cfg.mode), time.time
     )
     publisher = Publisher(
         net.bind("publisher", "inproc://p"),

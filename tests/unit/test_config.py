@@ -45,9 +45,10 @@ def test_every_shipped_config_parses(path: Path) -> None:
 
 def test_quickstart_values_are_read() -> None:
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml")
-    assert cfg.periods == 60
+    assert cfg.periods == 600
     assert cfg.mode == "periodic"
-    assert cfg.rollout.group_size == 8
+    assert cfg.rollout.group_size == 16
+    assert cfg.task.rule == "max"
     assert cfg.trainer.clip_high == 0.28
     assert isinstance(cfg.trainer.lr, float)
 
