@@ -46,3 +46,24 @@ def events(run_dir: Path, actor: str) -> list[dict[str, Any]]:
 
 def summary(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
+    """`cadence run` of the quick start, shrunk, in the background."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cadence",
+            "run",
+            "configs/quickstart.toml",
+            "--out",
+            str(out),
+            *SMALL,
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 import zmq
 
 from cadence.messages import PROTOCOL_VERSION
-from tests.system.helpers import ROOT, SMALL, events, summary
+from tests.system.helpers import events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -48,24 +46,7 @@ def _addresses(run_dir: Path, deadline: float) -> dict[str, str]:
 
 def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     periods = 30
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cadence",
-            "run",
-            "configs/quickstart.toml",
-            "--out",
-            str(tmp_path),
-            "--set",
-            f"periods={periods}",
-            *SMALL,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_run(tmp_path, "--set", f"periods={periods}")
     ctx = zmq.Context()
     try:
         addresses = _addresses(tmp_path, time.time() + 120)

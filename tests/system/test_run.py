@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cadence.run_dir import read_jsonl
-from tests.system.helpers import ROOT, SMALL, cadence, events, summary
+from tests.system.helpers import SMALL, cadence, events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -132,24 +130,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cadence",
-            "run",
-            "configs/quickstart.toml",
-            "--out",
-            str(tmp_path),
-            "--set",
-            "periods=500",
-            *SMALL,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_run(tmp_path, "--set", "periods=500")
     try:
         deadline = time.time() + 120
         while not (tmp_path / "metrics.jsonl").exists() or not read_jsonl(tmp_path / "metrics.jsonl"):
@@ -166,26 +147,6 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     assert not (tmp_path / "summary.json").exists()
 
 
-def _start(out: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cadence",
-            "run",
-            "configs/quickstart.toml",
-            "--out",
-            str(out),
-            *SMALL,
-            *extra,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _pid_of(run_dir: Path, actor: str, deadline: float) -> int:
     while time.time() < deadline:
         if (run_dir / "metrics.jsonl").exists() and read_jsonl(run_dir / "metrics.jsonl"):
@@ -196,7 +157,7 @@ def _pid_of(run_dir: Path, actor: str, deadline: float) -> int:
 
 def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Path) -> None:
     periods = 40
-    proc = _start(
+    proc = start_run(
         tmp_path,
         "--set",
         f"periods={periods}",
@@ -221,7 +182,7 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
 
 
 def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "--set", "periods=500")
+    proc = start_run(tmp_path, "--set", "periods=500")
     try:
         victim = _pid_of(tmp_path, "trainer", time.time() + 120)
         children = _children_of(tmp_path)
