@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import RunConfig, to_dict
-from cadence.run_dir import read_jsonl, write_json
+from cadence.run_dir import read_new_lines, write_json
 
 
 class LaunchError(RuntimeError):
@@ -86,14 +86,13 @@ def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: floa
 def _watch(
     cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float
 ) -> None:
-    shown = 0
+    offset = 0
     lost: set[str] = set()
     while True:
-        rows = read_jsonl(out / "metrics.jsonl")
-        for row in rows[shown:]:
+        rows, offset = read_new_lines(out / "metrics.jsonl", offset)
+        for row in rows:
             if progress:
                 print(_progress_line(row, cfg.periods), flush=True)
-        shown = len(rows)
         for name, proc in procs.items():
             code = proc.poll()
             if code is None or code == 0 or name in lost:

@@ -26,6 +26,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The complete JSON lines written to `path` after byte `offset`, and the offset after them."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+
 class RunRecorder:
     """Writes the per-period metrics and the run summary of one run directory."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -114,11 +115,16 @@ def test_bad_config_names_the_key() -> None:
     assert proc.returncode == 2 and "'periodic'" in proc.stderr and "mode" in proc.stderr
 
 
-def _children_of(run_dir: Path) -> set[int]:
-    pids = set()
-    for path in (run_dir / "logs").glob("*.jsonl"):
-        pids |= {e["pid"] for e in events(run_dir, path.stem)}
-    return pids
+def _wait_up(run_dir: Path, proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
+    """Once every actor has logged and the first period is done: each actor's pid."""
+    deadline = time.time() + timeout
+    while True:
+        assert time.time() < deadline and proc.poll() is None, "the run did not come up"
+        logs = sorted((run_dir / "logs").glob("*.jsonl")) if (run_dir / "logs").is_dir() else []
+        pids = {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
+        if len(pids) == 4 and read_jsonl(run_dir / "metrics.jsonl"):
+            return pids
+        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:
@@ -130,29 +136,18 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
-    proc = start_run(tmp_path, "--set", "periods=500")
+    proc = start_run(tmp_path, "--set", "periods=1000000")  # never ends by itself
     try:
-        deadline = time.time() + 120
-        while not (tmp_path / "metrics.jsonl").exists() or not read_jsonl(tmp_path / "metrics.jsonl"):
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.2)
-        children = _children_of(tmp_path)
+        children = set(_wait_up(tmp_path, proc).values())
         assert len(children) == 4 and all(_alive(p) for p in children)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
+        proc.communicate(timeout=30)  # reads the pipes, so a full pipe cannot block the launcher
+        assert proc.returncode == 130
     finally:
         proc.kill()
     time.sleep(0.5)
     assert not [p for p in children if _alive(p)]
     assert not (tmp_path / "summary.json").exists()
-
-
-def _pid_of(run_dir: Path, actor: str, deadline: float) -> int:
-    while time.time() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and read_jsonl(run_dir / "metrics.jsonl"):
-            return int(events(run_dir, actor)[0]["pid"])
-        time.sleep(0.1)
-    raise AssertionError("the run did not reach its first period")
 
 
 def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Path) -> None:
@@ -167,7 +162,7 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
         "transport.liveness=10",
     )
     try:
-        os.kill(_pid_of(tmp_path, "rollout-1", time.time() + 120), signal.SIGKILL)
+        os.kill(_wait_up(tmp_path, proc)["rollout-1"], signal.SIGKILL)
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
@@ -182,10 +177,10 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
 
 
 def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> None:
-    proc = start_run(tmp_path, "--set", "periods=500")
+    proc = start_run(tmp_path, "--set", "periods=1000000")  # never ends by itself
     try:
-        victim = _pid_of(tmp_path, "trainer", time.time() + 120)
-        children = _children_of(tmp_path)
+        pids = _wait_up(tmp_path, proc)
+        victim, children = pids["trainer"], set(pids.values())
         os.kill(victim, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -1,0 +1,146 @@
+"""`cadence bench packing`: forward + backward of one period's groups, shared-prompt packed against
+unpacked (one [P | Ri] row per sample, as ``pad_group`` builds them), on CPU.
+
+Invariant: both variants run the same model, groups and advantages, each in a fresh spawned process
+(so each peak RSS is its own), timed as the median of ``repeats`` after one warm-up step; the packed
+log-probs are checked against the unpacked ones.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cadence.learner import pad_group
+from cadence.model.config import ModelConfig
+from cadence.model.transformer import init_model
+from cadence.ops.logprobs import token_logprobs
+from cadence.ops.packing import Group, pack_groups, packed_logprobs
+
+PAD = 0
+MODEL = ModelConfig(
+    vocab_size=512,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=768,
+    max_position=2048,
+)
+
+
+def make_groups(prompt_len: int, response_len: int, group_size: int, groups: int) -> list[Group]:
+    rng = random.Random(0)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(1, MODEL.vocab_size) for _ in range(n)]
+
+    return [(tokens(prompt_len), [tokens(response_len) for _ in range(group_size)]) for _ in range(groups)]
+
+
+def _rss_mib() -> float:
+    scale = 1024 * 1024 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def _run_variant(variant: str, groups: list[Group], repeats: int) -> dict[str, Any]:
+    """Build the model and inputs, then time ``1 + repeats`` forward + backward steps (in a child)."""
+    model = init_model(MODEL, seed=0)
+    num_samples = sum(len(c) for _, c in groups)
+    advantages = torch.randn(num_samples, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([len(c) for _, cs in groups for c in cs])
+    token_adv = torch.repeat_interleave(advantages, lengths)
+    if variant == "packed":
+        batch = pack_groups(groups, PAD)
+        tokens = batch.num_tokens
+
+        def flat_logprobs() -> Tensor:
+            return packed_logprobs(model(batch.input_ids, batch.position_ids, batch.attn_mask), batch)
+
+    else:
+        rows = [pad_group(prompt, completions, PAD) for prompt, completions in groups]
+        width = max(r[0].shape[1] for r in rows)  # groups of unequal widths share one batch
+
+        def cat(i: int) -> Tensor:
+            return torch.cat([torch.nn.functional.pad(r[i], (0, width - r[i].shape[1])) for r in rows])
+
+        inputs, targets, mask = cat(0), cat(1), cat(2)
+        tokens = inputs.numel()
+
+        def flat_logprobs() -> Tensor:
+            return token_logprobs(model(inputs), targets)[mask]
+
+    baseline = _rss_mib()
+    times = []
+    for _ in range(1 + repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        logp = flat_logprobs()
+        (logp * token_adv).sum().backward()
+        times.append(time.perf_counter() - start)
+    return {
+        "tokens": tokens,
+        "time_s": statistics.median(times[1:]),
+        "peak_rss_mib": _rss_mib(),
+        "baseline_rss_mib": baseline,
+        "logprobs": logp.detach(),
+    }
+
+
+def bench_packing(
+    as_json: bool,
+    prompt_len: int = 512,
+    response_len: int = 128,
+    group_size: int = 8,
+    groups: int = 1,
+    repeats: int = 3,
+) -> int:
+    """Print both variants' figures, then (last line) the JSON summary; returns an exit status."""
+    work = make_groups(prompt_len, response_len, group_size, groups)
+    results: dict[str, dict[str, Any]] = {}
+    for variant in ("unpacked", "packed"):
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            results[variant] = pool.submit(_run_variant, variant, work, repeats).result()
+        r = results[variant]
+        if not as_json:
+            print(
+                f"{variant:>8}: tokens {r['tokens']}  time {r['time_s']:.3f}s  "
+                f"peak rss {r['peak_rss_mib']:.0f} MiB (baseline {r['baseline_rss_mib']:.0f})",
+                flush=True,
+            )
+    unpacked, packed = results["unpacked"], results["packed"]
+    summary = {
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "group_size": group_size,
+        "groups": groups,
+        "unpacked_tokens": unpacked["tokens"],
+        "packed_tokens": packed["tokens"],
+        "token_ratio": round(unpacked["tokens"] / packed["tokens"], 4),
+        "unpacked_s": round(unpacked["time_s"], 4),
+        "packed_s": round(packed["time_s"], 4),
+        "speedup": round(unpacked["time_s"] / packed["time_s"], 4),
+        "unpacked_peak_rss_mib": round(unpacked["peak_rss_mib"], 1),
+        "packed_peak_rss_mib": round(packed["peak_rss_mib"], 1),
+        "peak_rss_ratio": round(unpacked["peak_rss_mib"] / packed["peak_rss_mib"], 4),
+        "step_rss_ratio": round(
+            (unpacked["peak_rss_mib"] - unpacked["baseline_rss_mib"])
+            / max(packed["peak_rss_mib"] - packed["baseline_rss_mib"], 1e-9),
+            4,
+        ),
+        "logprob_max_abs_diff": float((unpacked["logprobs"] - packed["logprobs"]).abs().max()),
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(summary), flush=True)
+    return 0

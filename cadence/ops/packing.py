@@ -1,0 +1,143 @@
+"""Shared-prompt packing: several GRPO groups in one row, each prompt computed once.
+
+A group (P, [R1 .. RG]) packs as ``[P[:-1] | p R1[:-1] | p R2[:-1] | ... | p RG[:-1]]`` with
+``p = P[-1]``: the prompt body once, then one segment per response that starts with its own copy of
+the last prompt token. The copy sits at position |P| - 1 and attends P[:-1] and itself, so its hidden
+state is the unpacked last prompt token's, and it predicts R_i[0] from its own position; response
+tokens continue at positions |P|, |P| + 1, ... as if alone. A segment attends the prompt body of its
+group and its own earlier tokens, never another segment or another group.
+
+Invariant: every packed position's next-token target lies in its own sequence, so
+``token_logprobs(logits, targets)[loss_mask]`` is, in order (groups, then samples, then tokens), the
+log-probs that ``pad_group`` selects with its mask, equal to the unpacked computation up to float
+summation order. A group costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an empty response none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cadence.ops.logprobs import token_logprobs
+
+Group = tuple[list[int], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One packed row of whole groups; samples are numbered across groups in order."""
+
+    input_ids: Tensor  # [1, T] long
+    position_ids: Tensor  # [1, T] long, restarting from 0 at each group's prompt
+    attn_mask: Tensor  # [1, 1, T, T] bool, True = may attend
+    targets: Tensor  # [1, T] long, the next token of a loss position; pad_id elsewhere
+    loss_mask: Tensor  # [1, T] bool, True where a response token's log-prob is read
+    sample_index: Tensor  # [1, T] long, the sample read at a loss position; -1 elsewhere
+    group_index: Tensor  # [1, T] long, the group each position belongs to
+    lengths: list[int]  # response length of each sample
+    group_sizes: list[int]  # samples in each group
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def packed_length(prompt: Sequence[int], completions: Sequence[Sequence[int]]) -> int:
+    """Tokens one group occupies in a packed row: |P| - 1 + sum |Ri|."""
+    return len(prompt) - 1 + sum(len(c) for c in completions)
+
+
+def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
+    """Pack whole groups into one row; each group attends only within itself."""
+    ids: list[int] = []
+    pos: list[int] = []
+    tgt: list[int] = []
+    sample: list[int] = []
+    group: list[int] = []
+    segment: list[int] = []  # -1 on a prompt body, else the sample of the segment
+    lengths: list[int] = []
+    s = 0
+    for g, (prompt, completions) in enumerate(groups):
+        if not prompt:
+            raise ValueError(f"group {g} has an empty prompt; a response needs a token to be read from")
+        body = len(prompt) - 1
+        ids += prompt[:-1]
+        pos += range(body)
+        tgt += [pad_id] * body
+        sample += [-1] * body
+        group += [g] * body
+        segment += [-1] * body
+        for completion in completions:
+            n = len(completion)
+            ids += [prompt[-1], *completion[:-1]][:n]
+            pos += range(body, body + n)
+            tgt += completion
+            sample += [s] * n
+            group += [g] * n
+            segment += [s] * n
+            lengths.append(n)
+            s += 1
+    if not ids:
+        raise ValueError("nothing to pack: every group has a one-token prompt and empty responses")
+    seg, grp = torch.tensor(segment), torch.tensor(group)
+    idx = torch.arange(len(ids))
+    mask = (
+        (grp[:, None] == grp[None, :])
+        & (idx[None, :] <= idx[:, None])
+        & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
+    )
+    sample_index = torch.tensor(sample).unsqueeze(0)
+    return PackedBatch(
+        input_ids=torch.tensor(ids).unsqueeze(0),
+        position_ids=torch.tensor(pos).unsqueeze(0),
+        attn_mask=mask.view(1, 1, len(ids), len(ids)),
+        targets=torch.tensor(tgt).unsqueeze(0),
+        loss_mask=sample_index >= 0,
+        sample_index=sample_index,
+        group_index=grp.unsqueeze(0),
+        lengths=lengths,
+        group_sizes=[len(c) for _, c in groups],
+    )
+
+
+def packed_logprobs(logits: Tensor, batch: PackedBatch) -> Tensor:
+    """Flat [N] log-probs of every response token: groups, samples, tokens in order (differentiable)."""
+    return token_logprobs(logits, batch.targets)[batch.loss_mask]
+
+
+def per_sample(values: Tensor, batch: PackedBatch) -> list[Tensor]:
+    """Split flat [N] per-token values into one [|Ri|] tensor per sample."""
+    return list(torch.split(values, batch.lengths))
+
+
+def to_padded(values: Tensor, batch: PackedBatch, fill: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Flat [N] values as [S, R_max] right-padded with ``fill``, and the bool mask of real tokens.
+
+    The pair feeds ``grpo_loss_sum(logp, old_logp, advantages [S], mask)`` as ``pad_group``'s does.
+    """
+    lengths = torch.tensor(batch.lengths)
+    width = max(batch.lengths, default=0)
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    padded = values.new_full((len(batch.lengths), width), fill)
+    return padded.masked_scatter(mask, values), mask
+
+
+def micro_batches(groups: Sequence[Group], token_budget: int) -> list[list[int]]:
+    """Indices of whole groups, in order, filled into micro-batches of at most ``token_budget`` packed
+    tokens; a group larger than the budget goes alone."""
+    if token_budget <= 0:
+        raise ValueError(f"token_budget must be positive, got {token_budget}")
+    batches: list[list[int]] = []
+    used = 0
+    for i, (prompt, completions) in enumerate(groups):
+        size = packed_length(prompt, completions)
+        if batches and used + size <= token_budget:
+            batches[-1].append(i)
+            used += size
+        else:
+            batches.append([i])
+            used = size
+    return batches

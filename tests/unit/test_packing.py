@@ -1,0 +1,166 @@
+"""Shared-prompt packing: packed log-probs and gradients equal the unpacked ones; mask; micro-batches."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import Tensor
+
+from cadence.learner import pad_group
+from cadence.model.config import ModelConfig
+from cadence.model.transformer import Transformer, init_model
+from cadence.ops.logprobs import token_logprobs
+from cadence.ops.packing import (
+    Group,
+    micro_batches,
+    pack_groups,
+    packed_length,
+    packed_logprobs,
+    per_sample,
+    to_padded,
+)
+
+PAD = 0
+CFG = ModelConfig(
+    vocab_size=20,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=64,
+    max_position=256,
+)
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(2)
+
+
+def make_groups(seed: int = 0) -> list[Group]:
+    """3 groups, prompts of different lengths, G=4, responses of lengths 1..9."""
+    rng = random.Random(seed)
+    groups: list[Group] = []
+    for prompt_len in (5, 11, 2):
+        prompt = [rng.randrange(1, 20) for _ in range(prompt_len)]
+        completions = [[rng.randrange(1, 20) for _ in range(rng.randint(1, 9))] for _ in range(4)]
+        groups.append((prompt, completions))
+    groups[0][1][0] = [7]  # at least one one-token response
+    groups[1][1][1] = [rng.randrange(1, 20) for _ in range(9)]
+    return groups
+
+
+def unpacked_logprobs(model: Transformer, groups: list[Group]) -> Tensor:
+    flat = []
+    for prompt, completions in groups:
+        inputs, targets, mask = pad_group(prompt, completions, PAD)
+        flat.append(token_logprobs(model(inputs), targets)[mask])
+    return torch.cat(flat)
+
+
+def packed_flat(model: Transformer, groups: list[Group]) -> Tensor:
+    batch = pack_groups(groups, PAD)
+    return packed_logprobs(model(batch.input_ids, batch.position_ids, batch.attn_mask), batch)
+
+
+def test_packed_logprobs_and_gradients_equal_unpacked() -> None:
+    groups = make_groups()
+    model = init_model(CFG, seed=3)
+    num_samples = sum(len(c) for _, c in groups)
+    advantages = torch.randn(num_samples, generator=torch.Generator().manual_seed(1))
+    lengths = [len(c) for _, cs in groups for c in cs]
+    per_token_adv = torch.repeat_interleave(advantages, torch.tensor(lengths))
+
+    grads = []
+    flats = []
+    for compute in (unpacked_logprobs, packed_flat):
+        model.zero_grad(set_to_none=True)
+        flat = compute(model, groups)
+        (flat * per_token_adv).sum().backward()
+        flats.append(flat.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    unpacked, packed = flats
+    assert packed.shape == unpacked.shape == (sum(lengths),)
+    assert (packed - unpacked).abs().max() <= 1e-5
+    relative = (grads[1] - grads[0]).abs().max() / grads[0].abs().max()
+    assert relative <= 1e-5
+
+
+def test_per_sample_and_padded_follow_pad_group_order() -> None:
+    groups = make_groups(seed=2)
+    batch = pack_groups(groups, PAD)
+    values = torch.arange(int(batch.loss_mask.sum()), dtype=torch.float32)
+    pieces = per_sample(values, batch)
+    assert [len(p) for p in pieces] == [len(c) for _, cs in groups for c in cs]
+    padded, mask = to_padded(values, batch)
+    assert padded.shape == (len(batch.lengths), max(batch.lengths))
+    assert torch.equal(padded[mask], values)
+    for i, piece in enumerate(pieces):
+        assert torch.equal(padded[i, : len(piece)], piece)
+    # each sample's targets are its completion, in order
+    completions = [c for _, cs in groups for c in cs]
+    for s, completion in enumerate(completions):
+        assert batch.targets[batch.sample_index == s].tolist() == completion
+
+
+def test_mask_isolates_responses_and_groups_and_positions_continue() -> None:
+    groups = make_groups(seed=4)
+    batch = pack_groups(groups, PAD)
+    mask, sample, group = batch.attn_mask[0, 0], batch.sample_index[0], batch.group_index[0]
+    query, key = torch.nonzero(mask, as_tuple=True)
+    assert torch.all(key <= query)  # causal in row order
+    assert torch.all(group[query] == group[key])  # never another group
+    crossing = (sample[query] >= 0) & (sample[key] >= 0) & (sample[query] != sample[key])
+    assert not crossing.any()  # a response never attends another
+    start = 0
+    for g, (prompt, completions) in enumerate(groups):
+        size = packed_length(prompt, completions)
+        body = len(prompt) - 1
+        assert batch.position_ids[0, start : start + body].tolist() == list(range(body))
+        at = start + body
+        for completion in completions:
+            n = len(completion)
+            assert batch.input_ids[0, at] == prompt[-1]  # the segment's copy of the last prompt token
+            assert batch.position_ids[0, at : at + n].tolist() == list(range(body, body + n))
+            # a segment's token sees the whole prompt body, its own earlier tokens, nothing else
+            for q in range(at, at + n):
+                assert mask[q].nonzero().flatten().tolist() == [
+                    *range(start, start + body),
+                    *range(at, q + 1),
+                ]
+            at += n
+        assert at == start + size and bool((group[start:at] == g).all())
+        start = at
+    assert start == batch.num_tokens
+
+
+def test_token_count_of_a_packed_group() -> None:
+    prompt, completions = [1, 2, 3, 4, 5], [[6], [7, 8, 9], [], [10, 11]]
+    batch = pack_groups([(prompt, completions)], PAD)
+    assert batch.num_tokens == packed_length(prompt, completions) == len(prompt) - 1 + 6
+    assert int(batch.loss_mask.sum()) == 6
+    groups = make_groups()
+    assert pack_groups(groups, PAD).num_tokens == sum(packed_length(p, c) for p, c in groups)
+
+
+def test_micro_batches_respect_budget_keep_order_and_whole_groups() -> None:
+    sizes = [10, 30, 25, 100, 5, 5, 60, 40]
+    groups: list[Group] = [([1] * (s - 3), [[2], [3], [4]]) for s in sizes]  # packed_length = s - 1
+    budget = 64
+    batches = micro_batches(groups, budget)
+    assert [i for b in batches for i in b] == list(range(len(groups)))
+    for b in batches:
+        total = sum(packed_length(*groups[i]) for i in b)
+        assert total <= budget or len(b) == 1
+    assert [3] in batches  # larger than the budget: alone
+    assert any(len(b) > 1 for b in batches)  # several groups when they fit
+    assert batches == [[0, 1, 2], [3], [4, 5], [6], [7]]
+    with pytest.raises(ValueError, match="token_budget"):
+        micro_batches(groups, 0)
+
+
+def test_empty_prompt_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty prompt"):
+        pack_groups([([], [[1, 2]])], PAD)
