@@ -78,4 +78,5 @@ def make_learner(cfg: RunConfig, tokenizer: CharTokenizer) -> Learner:
         clip_high=t.clip_high,
         kl_beta=t.kl_beta,
         max_grad_norm=t.max_grad_norm,
+        packing=t.packing,
     )

@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "rollout":
             a.add_argument("--name", default=None, help="this worker's name (default: rollout-HOST-PID)")
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
-    bench.add_argument("name", choices=["pipeline"])
+    bench.add_argument("name", choices=["pipeline", "packing"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             from cadence.launcher import run_command
 
             return run_command(load_config(args.config, args.overrides), args.out)
+        if args.command == "bench" and args.name == "packing":
+            from cadence.bench.packing import bench_packing
+
+            return bench_packing(args.json)
         if args.command == "bench":
             from cadence.bench.pipeline import bench_pipeline
 

@@ -1,5 +1,8 @@
 """The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on one group.
 
+With `packing = "shared_prompt"` a group is one row, the prompt computed once (see ops/packing.py);
+with `"padded"` each sample is its own right-padded row. Both give the same log-probs.
+
 Invariant: `train_group` only adds to the gradients (a summed loss, never a mean); `step` divides
 them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
 do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from cadence.model.checkpoint import save_checkpoint, state_dict_to_bytes
 from cadence.model.config import ModelConfig
@@ -21,6 +25,7 @@ from cadence.model.transformer import Transformer
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
+from cadence.ops.packing import pack_groups, packed_logprobs, to_padded
 from cadence.transport.weights import checksum
 
 
@@ -60,7 +65,9 @@ class TorchLearner:
         clip_high: float,
         kl_beta: float,
         max_grad_norm: float,
+        packing: str = "shared_prompt",
     ) -> None:
+        self.packing = packing
         self.model = model
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
@@ -74,13 +81,8 @@ class TorchLearner:
     def train_group(
         self, prompt: list[int], completions: list[list[int]], rewards: list[float]
     ) -> dict[str, float]:
-        inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32))
-        logp = token_logprobs(self.model(inputs), targets)
-        ref_logp = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self.reference(inputs), targets)
+        logp, mask, ref_logp = self._logprobs(prompt, completions)
         loss, stats = grpo_loss_sum(
             logp, logp.detach(), advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
         )
@@ -90,6 +92,26 @@ class TorchLearner:
         for key, value in stats.items():
             self._sums[key] = self._sums.get(key, 0.0) + value
         return stats
+
+    def _logprobs(
+        self, prompt: list[int], completions: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Policy log-probs [G, R] with gradient, their mask, and the reference's (or None)."""
+        if self.packing == "shared_prompt":
+            batch = pack_groups([(prompt, completions)], self.tokenizer.pad_id)
+            args = (batch.input_ids, batch.position_ids, batch.attn_mask)
+            logp, mask = to_padded(packed_logprobs(self.model(*args), batch), batch)
+            if self.reference is None:
+                return logp, mask, None
+            with torch.no_grad():
+                ref_logp, _ = to_padded(packed_logprobs(self.reference(*args), batch), batch)
+            return logp, mask, ref_logp
+        inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
+        logp = token_logprobs(self.model(inputs), targets)
+        if self.reference is None:
+            return logp, mask, None
+        with torch.no_grad():
+            return logp, mask, token_logprobs(self.reference(inputs), targets)
 
     def step(self, normaliser: float) -> dict[str, float]:
         for p in self.model.parameters():

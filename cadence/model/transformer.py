@@ -1,14 +1,16 @@
-"""A compact Llama/Qwen2-family decoder-only transformer.
+"""A compact Llama/Qwen2/Qwen3-family decoder-only transformer.
 
-Invariant: the parameter names and the arithmetic are those of Hugging Face ``LlamaForCausalLM``
-(RMSNorm, rotate-half rotary embeddings, grouped-query attention, SwiGLU, optional tied head), so a
-state dict moves between this model and transformers unchanged; an explicit ``attn_mask`` is
-honoured exactly, and a forward with a ``KVCache`` gives the logits of the full forward.
+Invariant: the parameter names and the arithmetic are those of Hugging Face ``LlamaForCausalLM``,
+``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` (RMSNorm, rotate-half rotary embeddings with optional
+linear/llama3 scaling, grouped-query attention, optional q/k/v(/o) biases, optional per-head q/k
+RMS norms, SwiGLU, optional tied head), so a state dict moves between this model and transformers
+unchanged; an explicit ``attn_mask`` is honoured exactly, and a forward with a ``KVCache`` gives the
+logits of the full forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +18,11 @@ from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
 from cadence.model.config import ModelConfig
+from cadence.model.rope import rope_cos_sin, rope_inv_freq
 
 TIED_HEAD_KEY = "lm_head.weight"
+EMBED_KEY = "model.embed_tokens.weight"
+IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq",)  # stored by some older HF checkpoints; recomputed here
 
 
 class KVCache:
@@ -80,8 +85,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def _linear(d_in: int, d_out: int) -> nn.Linear:
-    return skip_init(nn.Linear, d_in, d_out, bias=False)  # no global RNG draw; init_model fills it
+def _linear(d_in: int, d_out: int, bias: bool = False) -> nn.Linear:
+    # no global RNG draw (init_model or a load fills it); honours `with torch.device("meta")`
+    return skip_init(nn.Linear, d_in, d_out, bias=bias, device=torch.get_default_device())
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -98,17 +104,26 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
-        self.q_proj = _linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim)
-        self.k_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
-        self.v_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
-        self.o_proj = _linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        bias = cfg.attention_bias
+        self.q_proj = _linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias)
+        self.k_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias)
+        self.v_proj = _linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias)
+        self.o_proj = _linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_proj_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if cfg.qk_norm:  # Qwen3: RMS norm over each head's vector, before rotary
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
     ) -> Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -151,32 +166,45 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = skip_init(nn.Embedding, cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = skip_init(
+            nn.Embedding, cfg.vocab_size, cfg.hidden_size, device=torch.get_default_device()
+        )
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Transformer(nn.Module):
-    """``LlamaForCausalLM`` in miniature: ``forward`` returns float32 logits [B, T, V]."""
+    """``LlamaForCausalLM`` (or Qwen2/Qwen3) in miniature: ``forward`` returns float32 logits [B, T, V].
+
+    Built under ``with torch.device("meta")`` it allocates no weights (a loader assigns them); the
+    rotary frequencies stay a real float32 buffer whatever the device or a later ``.to(dtype)``.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = Backbone(cfg)
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         with torch.no_grad():  # defined values until init_model or a load
             for name, p in self.named_parameters():
                 p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-        dim = cfg.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.rope_cos: Tensor
-        self.rope_sin: Tensor
-        self.register_buffer("rope_cos", emb.cos(), persistent=False)
-        self.register_buffer("rope_sin", emb.sin(), persistent=False)
+        device = torch.get_default_device()
+        self.inv_freq: Tensor
+        self.register_buffer(
+            "inv_freq", rope_inv_freq(cfg, "cpu" if device.type == "meta" else device), persistent=False
+        )
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Transformer:
+        super()._apply(fn, recurse)
+        # recomputed on the new device: a .to(dtype) must not round them, nor to_empty() erase them
+        self.inv_freq = rope_inv_freq(self.cfg, self.inv_freq.device)
+        return self
+
+    def tie_weights(self) -> None:
+        """Make ``lm_head.weight`` the embedding matrix itself when the config ties them."""
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
         self,
@@ -191,8 +219,7 @@ class Transformer(nn.Module):
             position_ids = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
         mask = self._attention_mask(attn_mask, b, t, past, input_ids.device)
         x = self.model.embed_tokens(input_ids)
-        cos = self.rope_cos[position_ids].to(x.dtype).unsqueeze(1)  # [B, 1, T, D]
-        sin = self.rope_sin[position_ids].to(x.dtype).unsqueeze(1)
+        cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)  # [B, 1, T, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache)
         if cache is not None:
@@ -240,10 +267,15 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     return state
 
 
-def load_hf_state_dict(model: Transformer, state: Mapping[str, Tensor]) -> None:
-    """Copy ``state`` into ``model`` in place (strict); a tied head may be present or absent."""
-    state = dict(state)
+def load_hf_state_dict(model: Transformer, state: Mapping[str, Tensor], assign: bool = False) -> None:
+    """Copy ``state`` into ``model`` in place (strict); a tied head may be present or absent.
+
+    With ``assign`` the tensors themselves become the parameters (for a model built on ``meta``).
+    """
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_KEY_SUFFIXES)}
     if model.cfg.tie_embeddings:
         state.pop(TIED_HEAD_KEY, None)
-        state[TIED_HEAD_KEY] = state.get("model.embed_tokens.weight", model.lm_head.weight)
-    model.load_state_dict(state, strict=True)
+        state[TIED_HEAD_KEY] = state.get(EMBED_KEY, model.lm_head.weight)
+    model.load_state_dict(state, strict=True, assign=assign)
+    if assign:
+        model.tie_weights()

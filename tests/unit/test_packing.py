@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from cadence.learner import pad_group
 from cadence.model.config import ModelConfig
 from cadence.model.transformer import Transformer, init_model
 from cadence.ops.logprobs import token_logprobs
+from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import (
     Group,
     micro_batches,
@@ -35,8 +37,12 @@ CFG = ModelConfig(
 
 
 @pytest.fixture(autouse=True)
-def _threads() -> None:
-    torch.set_num_threads(2)
+def _threads() -> Iterator[None]:
+    """One thread: the tensors are tiny, and idle OpenMP workers spin on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def make_groups(seed: int = 0) -> list[Group]:
@@ -164,3 +170,20 @@ def test_micro_batches_respect_budget_keep_order_and_whole_groups() -> None:
 def test_empty_prompt_is_refused() -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         pack_groups([([], [[1, 2]])], PAD)
+
+
+def test_grpo_loss_on_padded_packed_logprobs_equals_per_group_loss() -> None:
+    groups = make_groups(seed=5)
+    model = init_model(CFG, seed=6)
+    advantages = torch.randn(sum(len(c) for _, c in groups), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logp, mask = to_padded(packed_flat(model, groups), pack_groups(groups, PAD))
+        packed_loss, _ = grpo_loss_sum(logp, logp - 0.1, advantages, mask, 0.2, 0.28)
+        expected, start = 0.0, 0
+        for prompt, completions in groups:
+            inputs, targets, group_mask = pad_group(prompt, completions, PAD)
+            group_logp = token_logprobs(model(inputs), targets)
+            adv = advantages[start : start + len(completions)]
+            loss, _ = grpo_loss_sum(group_logp, group_logp - 0.1, adv, group_mask, 0.2, 0.28)
+            expected, start = expected + float(loss), start + len(completions)
+    assert abs(float(packed_loss) - expected) <= 1e-5 * max(1.0, abs(expected))
