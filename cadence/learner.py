@@ -26,6 +26,7 @@ from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import pack_groups, packed_logprobs, to_padded
+from cadence.ops.prefix import prefix_logprobs
 from cadence.transport.weights import checksum
 
 
@@ -67,6 +68,9 @@ class TorchLearner:
         max_grad_norm: float,
         packing: str = "shared_prompt",
     ) -> None:
+        packings = ("shared_prompt", "prefix_cache", "padded")
+        if packing not in packings:
+            raise ValueError(f"trainer.packing must be one of {list(packings)}, got {packing!r}")
         self.packing = packing
         self.model = model
         self.model_cfg = model_cfg
@@ -97,6 +101,13 @@ class TorchLearner:
         self, prompt: list[int], completions: list[list[int]]
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Policy log-probs [G, R] with gradient, their mask, and the reference's (or None)."""
+        if self.packing == "prefix_cache":
+            logp, mask = prefix_logprobs(self.model, prompt, completions, self.tokenizer.pad_id)
+            if self.reference is None:
+                return logp, mask, None
+            with torch.no_grad():
+                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, self.tokenizer.pad_id)
+            return logp, mask, ref_logp
         if self.packing == "shared_prompt":
             batch = pack_groups([(prompt, completions)], self.tokenizer.pad_id)
             args = (batch.input_ids, batch.position_ids, batch.attn_mask)

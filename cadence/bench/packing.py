@@ -1,9 +1,12 @@
-"""`cadence bench packing`: forward + backward of one period's groups, shared-prompt packed against
-unpacked (one [P | Ri] row per sample, as ``pad_group`` builds them), on CPU.
+"""`cadence bench packing`: forward + backward of one period's groups on CPU, three ways: unpacked
+(one [P | Ri] row per sample, as ``pad_group`` builds them), the packed row (ops/packing.py, a bool
+mask over the whole row) and the prefix cache (ops/prefix.py, the prompt once, the responses batched
+against its repeated KV cache).
 
-Invariant: both variants run the same model, groups and advantages, each in a fresh spawned process
-(so each peak RSS is its own), timed as the median of ``repeats`` after one warm-up step; the packed
-log-probs are checked against the unpacked ones.
+Invariant: every variant runs the same model, groups and advantages, each in a fresh spawned process
+(so each peak RSS is its own), timed as the median of ``repeats`` after one warm-up step; each
+shared-prompt variant's log-probs are checked against the unpacked ones. ``speedup`` and
+``peak_rss_ratio`` are those of the fastest shared-prompt variant, named by ``method``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from cadence.learner import pad_group
 from cadence.model.config import ModelConfig
 from cadence.model.transformer import init_model
 from cadence.ops.logprobs import token_logprobs
-from cadence.ops.packing import Group, pack_groups, packed_logprobs
+from cadence.ops.packing import Group, pack_groups, packed_length, packed_logprobs
+from cadence.ops.prefix import prefix_logprobs
 
 PAD = 0
 # head_dim 64 and an MLP 3x wide, as in real checkpoints: hidden 256 with head_dim 32 would make the
@@ -62,12 +66,22 @@ def _run_variant(variant: str, groups: list[Group], repeats: int) -> dict[str, A
     advantages = torch.randn(num_samples, generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor([len(c) for _, cs in groups for c in cs])
     token_adv = torch.repeat_interleave(advantages, lengths)
-    if variant == "packed":
+    if variant == "packed_row":
         batch = pack_groups(groups, PAD)
         tokens = batch.num_tokens
 
         def flat_logprobs() -> Tensor:
             return packed_logprobs(model(batch.input_ids, batch.position_ids, batch.attn_mask), batch)
+
+    elif variant == "prefix_cache":
+        tokens = sum(len(p) + len(cs) * (max(len(c) for c in cs) - 1) for p, cs in groups)
+
+        def flat_logprobs() -> Tensor:
+            flat = []
+            for prompt, completions in groups:
+                logp, mask = prefix_logprobs(model, prompt, completions, PAD)
+                flat.append(logp[mask])
+            return torch.cat(flat)
 
     else:
         rows = [pad_group(prompt, completions, PAD) for prompt, completions in groups]
@@ -101,6 +115,10 @@ def _run_variant(variant: str, groups: list[Group], repeats: int) -> dict[str, A
     }
 
 
+VARIANTS = ("unpacked", "packed_row", "prefix_cache")
+SHARED = VARIANTS[1:]
+
+
 def bench_packing(
     as_json: bool,
     prompt_len: int = 512,
@@ -109,42 +127,57 @@ def bench_packing(
     groups: int = 1,
     repeats: int = 3,
 ) -> int:
-    """Print both variants' figures, then (last line) the JSON summary; returns an exit status."""
+    """Print each variant's figures, then (last line) the JSON summary; returns an exit status."""
     work = make_groups(prompt_len, response_len, group_size, groups)
     results: dict[str, dict[str, Any]] = {}
-    for variant in ("unpacked", "packed"):
+    for variant in VARIANTS:
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
             results[variant] = pool.submit(_run_variant, variant, work, repeats).result()
         r = results[variant]
         if not as_json:
             print(
-                f"{variant:>8}: tokens {r['tokens']}  time {r['time_s']:.3f}s  "
+                f"{variant:>12}: tokens {r['tokens']}  time {r['time_s']:.3f}s  cpu {r['cpu_s']:.3f}s  "
                 f"peak rss {r['peak_rss_mib']:.0f} MiB (baseline {r['baseline_rss_mib']:.0f})",
                 flush=True,
             )
-    unpacked, packed = results["unpacked"], results["packed"]
+    unpacked = results["unpacked"]
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / max(b, 1e-9), 4)
+
+    per_variant: dict[str, Any] = {"unpacked_s": round(unpacked["time_s"], 4)}
+    per_variant["unpacked_cpu_s"] = round(unpacked["cpu_s"], 4)
+    per_variant["unpacked_peak_rss_mib"] = round(unpacked["peak_rss_mib"], 1)
+    for v in SHARED:
+        r = results[v]
+        per_variant[f"{v}_tokens"] = r["tokens"]
+        per_variant[f"{v}_s"] = round(r["time_s"], 4)
+        per_variant[f"{v}_cpu_s"] = round(r["cpu_s"], 4)
+        per_variant[f"{v}_speedup"] = ratio(unpacked["time_s"], r["time_s"])
+        per_variant[f"{v}_cpu_speedup"] = ratio(unpacked["cpu_s"], r["cpu_s"])
+        per_variant[f"{v}_peak_rss_mib"] = round(r["peak_rss_mib"], 1)
+        per_variant[f"{v}_peak_rss_ratio"] = ratio(unpacked["peak_rss_mib"], r["peak_rss_mib"])
+        per_variant[f"{v}_step_rss_ratio"] = ratio(
+            unpacked["peak_rss_mib"] - unpacked["baseline_rss_mib"], r["peak_rss_mib"] - r["baseline_rss_mib"]
+        )
+        per_variant[f"{v}_logprob_max_abs_diff"] = float((unpacked["logprobs"] - r["logprobs"]).abs().max())
+    method = min(SHARED, key=lambda v: results[v]["time_s"])
     summary = {
         "prompt_len": prompt_len,
         "response_len": response_len,
         "group_size": group_size,
         "groups": groups,
+        "method": method,
         "unpacked_tokens": unpacked["tokens"],
-        "packed_tokens": packed["tokens"],
-        "token_ratio": round(unpacked["tokens"] / packed["tokens"], 4),
-        "unpacked_s": round(unpacked["time_s"], 4),
-        "packed_s": round(packed["time_s"], 4),
-        "speedup": round(unpacked["time_s"] / packed["time_s"], 4),
-        "cpu_speedup": round(unpacked["cpu_s"] / packed["cpu_s"], 4),
-        "unpacked_peak_rss_mib": round(unpacked["peak_rss_mib"], 1),
-        "packed_peak_rss_mib": round(packed["peak_rss_mib"], 1),
-        "peak_rss_ratio": round(unpacked["peak_rss_mib"] / packed["peak_rss_mib"], 4),
-        "step_rss_ratio": round(
-            (unpacked["peak_rss_mib"] - unpacked["baseline_rss_mib"])
-            / max(packed["peak_rss_mib"] - packed["baseline_rss_mib"], 1e-9),
-            4,
-        ),
-        "logprob_max_abs_diff": float((unpacked["logprobs"] - packed["logprobs"]).abs().max()),
+        "packed_tokens": sum(packed_length(p, c) for p, c in work),
+        "token_ratio": ratio(unpacked["tokens"], sum(packed_length(p, c) for p, c in work)),
+        "speedup": per_variant[f"{method}_speedup"],
+        "cpu_speedup": per_variant[f"{method}_cpu_speedup"],
+        "peak_rss_ratio": per_variant[f"{method}_peak_rss_ratio"],
+        "step_rss_ratio": per_variant[f"{method}_step_rss_ratio"],
+        "logprob_max_abs_diff": max(per_variant[f"{v}_logprob_max_abs_diff"] for v in SHARED),
+        **per_variant,
         "threads": torch.get_num_threads(),
     }
     print(json.dumps(summary), flush=True)

@@ -48,22 +48,39 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((run_dir / "summary.json").read_text()))
 
 
-def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
-    """`cadence run` of the quick start, shrunk, in the background."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cadence",
-            "run",
-            "configs/quickstart.toml",
-            "--out",
-            str(out),
-            *SMALL,
-            *extra,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+class Launched:
+    """`cadence run` in the background; its output goes to files, so no pipe can fill or stay open."""
+
+    def __init__(self, out: Path, *extra: str) -> None:
+        self.stdout_path = out.with_name(out.name + ".stdout")
+        self.stderr_path = out.with_name(out.name + ".stderr")
+        with self.stdout_path.open("w") as stdout, self.stderr_path.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cadence",
+                    "run",
+                    "configs/quickstart.toml",
+                    "--out",
+                    str(out),
+                    *SMALL,
+                    *extra,
+                ],
+                cwd=ROOT,
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        """Wait for the launcher; its exit status, stdout and stderr."""
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            self.proc.kill()
+        return code, self.stdout_path.read_text(), self.stderr_path.read_text()
+
+
+def start_run(out: Path, *extra: str) -> Launched:
+    return Launched(out, *extra)

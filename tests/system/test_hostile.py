@@ -58,13 +58,13 @@ def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path
             sockets.append(sock)
             for frames in GARBAGE:
                 sock.send_multipart(frames)
-        out, err = proc.communicate(timeout=240)
+        code, out, err = proc.finish(timeout=240)
         for sock in sockets:
             sock.close()
     finally:
-        proc.kill()
+        proc.proc.kill()
         ctx.destroy(linger=0)
-    assert proc.returncode == 0, err
+    assert code == 0, err
     s = summary(tmp_path)
     assert s["groups_trained"] == periods * 4 and s["stale_dropped"] == 0
     for actor, channels in (("dispatcher", {"dispatcher"}), ("trainer", {"trainer", "publisher"})):

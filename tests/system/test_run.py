@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cadence.run_dir import read_jsonl
-from tests.system.helpers import SMALL, cadence, events, start_run, summary
+from tests.system.helpers import SMALL, Launched, cadence, events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -115,11 +114,11 @@ def test_bad_config_names_the_key() -> None:
     assert proc.returncode == 2 and "'periodic'" in proc.stderr and "mode" in proc.stderr
 
 
-def _wait_up(run_dir: Path, proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
+def _wait_up(run_dir: Path, run: Launched, timeout: float = 120) -> dict[str, int]:
     """Once every actor has logged and the first period is done: each actor's pid."""
     deadline = time.time() + timeout
     while True:
-        assert time.time() < deadline and proc.poll() is None, "the run did not come up"
+        assert time.time() < deadline and run.proc.poll() is None, "the run did not come up"
         logs = sorted((run_dir / "logs").glob("*.jsonl")) if (run_dir / "logs").is_dir() else []
         pids = {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
         if len(pids) == 4 and read_jsonl(run_dir / "metrics.jsonl"):
@@ -140,11 +139,12 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     try:
         children = set(_wait_up(tmp_path, proc).values())
         assert len(children) == 4 and all(_alive(p) for p in children)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)  # reads the pipes, so a full pipe cannot block the launcher
-        assert proc.returncode == 130
+        proc.proc.send_signal(signal.SIGINT)
+        code, out, err = proc.finish(timeout=60)
     finally:
-        proc.kill()
+        proc.proc.kill()
+    assert code == 130, (out, err)
+    assert "interrupted; every process stopped" in err
     time.sleep(0.5)
     assert not [p for p in children if _alive(p)]
     assert not (tmp_path / "summary.json").exists()
@@ -163,10 +163,10 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
     )
     try:
         os.kill(_wait_up(tmp_path, proc)["rollout-1"], signal.SIGKILL)
-        out, err = proc.communicate(timeout=240)
+        code, out, err = proc.finish(timeout=240)
     finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+        proc.proc.kill()
+    assert code == 0, err
     assert "rollout-1 exited" in out
     s = summary(tmp_path)
     assert s["groups_trained"] == periods * 4 and s["stale_dropped"] == 0
@@ -182,9 +182,9 @@ def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> 
         pids = _wait_up(tmp_path, proc)
         victim, children = pids["trainer"], set(pids.values())
         os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
+        code, out, err = proc.finish(timeout=60)
     finally:
-        proc.kill()
-    assert proc.returncode == 1 and "trainer exited" in err
+        proc.proc.kill()
+    assert code == 1 and "trainer exited" in err, (out, err)
     time.sleep(0.5)
     assert not [p for p in children if _alive(p)]
