@@ -72,7 +72,9 @@ class TrainerConfig:
     clip_high: float = doc(0.28, "upper clip bound: ratio <= 1 + clip_high")
     kl_beta: float = doc(0.0, "weight of the k3 KL penalty to the frozen reference; 0 skips the reference")
     packing: Literal["shared_prompt", "prefix_cache", "padded"] = doc(
-        "shared_prompt", "a group as one row with its prompt once, or each sample its own padded row"
+        "shared_prompt",
+        "shared_prompt: a group as one row, its prompt once (bool mask); prefix_cache: the prompt once"
+        " through the KV cache, then the responses as a batch; padded: each sample its own row",
     )
     max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
     normaliser: Literal["tokens", "samples"] = doc(

@@ -54,7 +54,9 @@ def launch(cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(name: str, args: list[str]) -> None:
-        procs[name] = subprocess.Popen(base + args + common, env=env, start_new_session=True)
+        procs[name] = subprocess.Popen(
+            base + args + common, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
 
     begin = time.time()
     try:
@@ -70,6 +72,19 @@ def launch(cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 
         _stop_all(procs)
     summary: dict[str, Any] = read_json(out / "summary.json")
     return summary
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills it if the launcher dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
@@ -146,13 +161,14 @@ def read_json(path: Path) -> Any:
 
 
 def run_command(cfg: RunConfig, out: Path) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` of the launcher stops the run like Ctrl-C
     try:
         summary = launch(cfg, out, progress=True)
     except LaunchError as err:
         print(f"cadence: run failed: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("cadence: interrupted; every process stopped", file=sys.stderr)
+        print("cadence: interrupted; every process stopped", file=sys.stderr, flush=True)
         return 130
     keys = ("periods", "groups_trained", "reward_mean_first", "reward_mean_last", "stale_dropped", "wall_s")
     print("cadence: done  " + "  ".join(f"{k}={_fmt(summary[k])}" for k in keys), flush=True)

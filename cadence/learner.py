@@ -1,7 +1,8 @@
 """The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on one group.
 
-With `packing = "shared_prompt"` a group is one row, the prompt computed once (see ops/packing.py);
-with `"padded"` each sample is its own right-padded row. Both give the same log-probs.
+With `packing = "shared_prompt"` a group is one row, the prompt computed once (ops/packing.py); with
+`"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
+(ops/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Invariant: `train_group` only adds to the gradients (a summed loss, never a mean); `step` divides
 them by the period's normaliser once, clips, steps and clears them. Between two steps the weights

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,7 @@ class Launched:
     """`cadence run` in the background; its output goes to files, so no pipe can fill or stay open."""
 
     def __init__(self, out: Path, *extra: str) -> None:
+        self.out = out
         self.stdout_path = out.with_name(out.name + ".stdout")
         self.stderr_path = out.with_name(out.name + ".stderr")
         with self.stdout_path.open("w") as stdout, self.stderr_path.open("w") as stderr:
@@ -77,9 +79,21 @@ class Launched:
         """Wait for the launcher; its exit status, stdout and stderr."""
         try:
             code = self.proc.wait(timeout)
-        finally:
-            self.proc.kill()
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
         return code, self.stdout_path.read_text(), self.stderr_path.read_text()
+
+    def kill(self) -> None:
+        """The launcher and every process of this run, whatever state the test left them in."""
+        self.proc.kill()
+        self.proc.wait()
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if str(self.out) in cmdline.read_bytes().decode(errors="replace"):
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
 
 
 def start_run(out: Path, *extra: str) -> Launched:

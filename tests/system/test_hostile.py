@@ -62,7 +62,7 @@ def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path
         for sock in sockets:
             sock.close()
     finally:
-        proc.proc.kill()
+        proc.kill()
         ctx.destroy(linger=0)
     assert code == 0, err
     s = summary(tmp_path)

@@ -134,20 +134,21 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_stops_every_process(tmp_path: Path, signum: int) -> None:
     proc = start_run(tmp_path, "--set", "periods=1000000")  # never ends by itself
     try:
         children = set(_wait_up(tmp_path, proc).values())
         assert len(children) == 4 and all(_alive(p) for p in children)
-        proc.proc.send_signal(signal.SIGINT)
+        proc.proc.send_signal(signum)
         code, out, err = proc.finish(timeout=60)
+        assert code == 130, (out, err)
+        assert "interrupted; every process stopped" in err
+        time.sleep(0.5)
+        assert not [p for p in children if _alive(p)]
+        assert not (tmp_path / "summary.json").exists()
     finally:
-        proc.proc.kill()
-    assert code == 130, (out, err)
-    assert "interrupted; every process stopped" in err
-    time.sleep(0.5)
-    assert not [p for p in children if _alive(p)]
-    assert not (tmp_path / "summary.json").exists()
+        proc.kill()
 
 
 def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Path) -> None:
@@ -165,7 +166,7 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
         os.kill(_wait_up(tmp_path, proc)["rollout-1"], signal.SIGKILL)
         code, out, err = proc.finish(timeout=240)
     finally:
-        proc.proc.kill()
+        proc.kill()
     assert code == 0, err
     assert "rollout-1 exited" in out
     s = summary(tmp_path)
@@ -183,8 +184,22 @@ def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> 
         victim, children = pids["trainer"], set(pids.values())
         os.kill(victim, signal.SIGKILL)
         code, out, err = proc.finish(timeout=60)
+        assert code == 1 and "trainer exited" in err, (out, err)
+        time.sleep(0.5)
+        assert not [p for p in children if _alive(p)]
     finally:
-        proc.proc.kill()
-    assert code == 1 and "trainer exited" in err, (out, err)
-    time.sleep(0.5)
-    assert not [p for p in children if _alive(p)]
+        proc.kill()
+
+
+def test_a_launcher_killed_outright_takes_its_actors_with_it(tmp_path: Path) -> None:
+    proc = start_run(tmp_path, "--set", "periods=1000000")  # never ends by itself
+    try:
+        children = set(_wait_up(tmp_path, proc).values())
+        proc.proc.kill()  # SIGKILL: no clean-up code runs in the launcher
+        proc.proc.wait(30)
+        deadline = time.time() + 30
+        while [p for p in children if _alive(p)] and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in children if _alive(p)]
+    finally:
+        proc.kill()
