@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -34,15 +33,6 @@ CFG = ModelConfig(
     intermediate_size=64,
     max_position=256,
 )
-
-
-@pytest.fixture(autouse=True)
-def _threads() -> Iterator[None]:
-    """One thread: the tensors are tiny, and idle OpenMP workers spin on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_groups(seed: int = 0) -> list[Group]:
