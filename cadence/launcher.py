@@ -161,7 +161,10 @@ def read_json(path: Path) -> Any:
 
 
 def run_command(cfg: RunConfig, out: Path) -> int:
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` of the launcher stops the run like Ctrl-C
+    # Ctrl-C and `kill` stop the run and every actor. Set both explicitly: a shell that starts a
+    # command in the background without job control leaves it with SIGINT ignored.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = launch(cfg, out, progress=True)
     except LaunchError as err:
