@@ -6,25 +6,39 @@ so weights published by the trainer always fit every worker's engine.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from cadence.actors.rollout import RolloutEngine
 from cadence.config import RunConfig
 from cadence.learner import Learner, TorchLearner
-from cadence.model.checkpoint import state_dict_from_bytes
+from cadence.model.checkpoint import load_checkpoint, state_dict_from_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams, TorchEngine
-from cadence.model.tokenizer import CharTokenizer
-from cadence.model.transformer import init_model
+from cadence.model.tokenizer import CharTokenizer, TextTokenizer
+from cadence.model.transformer import Transformer, init_model
 from cadence.simulated import SimulatedEngine, SimulatedLearner
-from cadence.tasks.digits import make_task
+from cadence.tasks.registry import make_task
 
 
-def make_tokenizer(cfg: RunConfig) -> CharTokenizer:
+def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
+    if cfg.model.checkpoint:
+        from cadence.model.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(Path(cfg.model.checkpoint).expanduser())
     return CharTokenizer(make_task(cfg.task, cfg.seed).alphabet)
 
 
-def make_model_config(cfg: RunConfig, tokenizer: CharTokenizer) -> ModelConfig:
+def make_model(cfg: RunConfig, tokenizer: TextTokenizer) -> tuple[Transformer, ModelConfig]:
+    """The checkpoint's model when the config names one, else a random one of the config's shape."""
+    if cfg.model.checkpoint:
+        return load_checkpoint(Path(cfg.model.checkpoint).expanduser())
+    model_cfg = make_model_config(cfg, tokenizer)
+    return init_model(model_cfg, cfg.model.init_seed), model_cfg
+
+
+def make_model_config(cfg: RunConfig, tokenizer: TextTokenizer) -> ModelConfig:
     m = cfg.model
     return ModelConfig(
         vocab_size=tokenizer.vocab_size,
@@ -51,25 +65,25 @@ class TorchRolloutEngine:
         return self.engine.generate(prompt, seeds, self.params)
 
 
-def make_engine(cfg: RunConfig, tokenizer: CharTokenizer) -> RolloutEngine:
+def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if cfg.rollout.engine == "simulated":
         digits = tokenizer.encode("0123456789")
         return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits)
     torch.set_num_threads(1)
-    model = init_model(make_model_config(cfg, tokenizer), cfg.model.init_seed).eval()
+    model = make_model(cfg, tokenizer)[0].eval()
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
     return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id), params)
 
 
-def make_learner(cfg: RunConfig, tokenizer: CharTokenizer) -> Learner:
+def make_learner(cfg: RunConfig, tokenizer: TextTokenizer) -> Learner:
     if cfg.trainer.learner == "simulated":
         return SimulatedLearner(cfg.simulated)
     torch.set_num_threads(1)
-    model_cfg = make_model_config(cfg, tokenizer)
+    model, model_cfg = make_model(cfg, tokenizer)
     t = cfg.trainer
     return TorchLearner(
-        init_model(model_cfg, cfg.model.init_seed),
+        model,
         model_cfg,
         tokenizer,
         lr=t.lr,

@@ -27,7 +27,10 @@ def doc(default: Any, text: str) -> Any:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: Literal["digits"] = doc("digits", "the built-in prompt source and reward; see cadence/tasks/")
+    name: Literal["digits", "arithmetic"] = doc(
+        "digits", "the prompt source and reward: digits (char tokenizer) or arithmetic (for a checkpoint)"
+    )
+    max_operand: int = doc(50, "arithmetic task: operands are drawn from 0..max_operand")
     prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
     digits: int = doc(2, "digits task: how many digits a prompt holds")
     rule: Literal["sum", "copy", "max"] = doc(
@@ -59,6 +62,9 @@ class ModelConfigSection:
     intermediate_size: int = doc(128, "SwiGLU hidden width")
     max_position: int = doc(64, "longest sequence the model handles")
     init_seed: int = doc(0, "seed of the random initialisation")
+    checkpoint: str = doc(
+        "", "a Hugging Face checkpoint folder to start from (its shape and tokenizer); empty: a random model"
+    )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ do not change, so the old-policy log-probs are the detached policy log-probs (ra
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -21,7 +20,7 @@ from torch import Tensor
 
 from cadence.model.checkpoint import save_checkpoint, state_dict_to_bytes
 from cadence.model.config import ModelConfig
-from cadence.model.tokenizer import CharTokenizer
+from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
@@ -60,7 +59,7 @@ class TorchLearner:
         self,
         model: Transformer,
         model_cfg: ModelConfig,
-        tokenizer: CharTokenizer,
+        tokenizer: TextTokenizer,
         lr: float,
         weight_decay: float,
         clip_low: float,
@@ -144,7 +143,5 @@ class TorchLearner:
         return state_dict_to_bytes(self.model)
 
     def save(self, directory: Path) -> str:
-        save_checkpoint(
-            self.model, self.model_cfg, directory, {"tokenizer.json": json.dumps(self.tokenizer.to_dict())}
-        )
+        save_checkpoint(self.model, self.model_cfg, directory, self.tokenizer.files())
         return checksum(self.weights())

@@ -46,7 +46,7 @@ def _bind_address(cfg: RunConfig) -> str:
 async def dispatcher_main(cfg: RunConfig, bind: str, out: Path) -> None:
     from cadence.actors.dispatcher import Dispatcher
     from cadence.run_dir import RunRecorder
-    from cadence.tasks.digits import make_task
+    from cadence.tasks.registry import make_task
 
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
     server = net.bind("dispatcher", bind)
@@ -115,7 +115,7 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
 async def rollout_main(cfg: RunConfig, connect: str, name: str) -> None:
     from cadence.actors.rollout import RolloutWorker
     from cadence.build import make_engine, make_tokenizer
-    from cadence.tasks.digits import make_task
+    from cadence.tasks.registry import make_task
 
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
     try:

@@ -26,7 +26,7 @@ from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
 from cadence.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
 from cadence.model.engine import Completion, sample_seed
-from cadence.model.tokenizer import CharTokenizer
+from cadence.model.tokenizer import TextTokenizer
 from cadence.tasks.base import Task
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
@@ -50,7 +50,7 @@ class RolloutWorker:
         connect: Callable[[str, str], Client],
         engine: RolloutEngine,
         task: Task,
-        tokenizer: CharTokenizer,
+        tokenizer: TextTokenizer,
         clock: Callable[[], float],
     ) -> None:
         self.cfg = cfg
@@ -119,7 +119,7 @@ class RolloutWorker:
             load_s = self.clock() - begin
             log.info("weights_loaded", version=job.version, nbytes=len(data), load_s=round(load_s, 4))
         begin = self.clock()
-        prompt = self.tokenizer.encode(job.prompt, bos=True)
+        prompt = self.tokenizer.encode_prompt(job.prompt)
         seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
         completions = await asyncio.to_thread(self.engine.generate, prompt, seeds)
         scores = [

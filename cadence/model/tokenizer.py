@@ -7,10 +7,34 @@ tokenizer rebuilt from ``to_dict()`` assigns the same ids.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+
+
+class TextTokenizer(Protocol):
+    """What the workers and the trainer need of a tokenizer (CharTokenizer, HFTokenizer)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    def encode(self, text: str, bos: bool = False) -> list[int]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str: ...
+
+    def decode_response(self, ids: Sequence[int]) -> str: ...
+
+    def files(self) -> dict[str, str]: ...
 
 
 class CharTokenizer:
@@ -65,6 +89,14 @@ class CharTokenizer:
             elif not skip_special:
                 parts.append(SPECIAL_TOKENS[token])
         return "".join(parts)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as the model sees it: bos, then its characters."""
+        return self.encode(text, bos=True)
+
+    def files(self) -> dict[str, str]:
+        """The files to save beside a checkpoint so that it loads with this tokenizer."""
+        return {"tokenizer.json": json.dumps(self.to_dict())}
 
     def decode_response(self, ids: Sequence[int]) -> str:
         """A completion as text for scoring: one trailing eos dropped, any other special token shown."""

@@ -54,9 +54,3 @@ class DigitsTask:
         if self.cfg.rule == "copy":
             return str(digits[-1])
         return str(max(digits))
-
-
-def make_task(cfg: TaskConfig, seed: int) -> DigitsTask:
-    if cfg.name == "digits":
-        return DigitsTask(cfg, seed)
-    raise ValueError(f"task.name {cfg.name!r} is unknown; known: 'digits'")

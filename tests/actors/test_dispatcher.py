@@ -24,7 +24,7 @@ from cadence.messages import (
     encode,
 )
 from cadence.run_dir import RunRecorder, read_jsonl
-from cadence.tasks.digits import make_task
+from cadence.tasks.registry import make_task
 from cadence.transport.inproc import InprocClient, InprocNetwork
 from tests.conftest import expect, tiny_config
 

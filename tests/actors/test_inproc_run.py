@@ -23,7 +23,7 @@ from cadence.actors.trainer import Trainer
 from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.config import RunConfig
 from cadence.run_dir import RunRecorder, read_jsonl
-from cadence.tasks.digits import make_task
+from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightStore
@@ -102,3 +102,55 @@ async def test_two_workers_share_the_work_and_every_group_is_trained_once(tmp_pa
     assert all(r["groups"] == 6 and r["stale_dropped"] == 0 for r in rows)
     assert max(r["workers_active"] for r in rows) == 2
     assert torch.isfinite(torch.tensor([r["reward_mean"] for r in rows])).all()
+
+
+def make_checkpoint(directory: Path) -> Path:
+    """A tiny random Llama in Hugging Face layout with a word-level tokenizer and a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from cadence.model.checkpoint import save_checkpoint
+    from cadence.model.config import ModelConfig
+    from cadence.model.transformer import init_model
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "\n": 3}
+    for token in [
+        *"0123456789+?.",
+        *["What", "is", "Answer", "with", "the", "number", "only", "user", "assistant"],
+    ]:
+        vocab.setdefault(token, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Whitespace(), pre_tokenizers.Digits(True)]
+    )
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    directory.mkdir(parents=True)
+    tok.save(str(directory / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}"
+    )
+    config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    model_cfg = ModelConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, max_position=128)
+    save_checkpoint(init_model(model_cfg, 5), model_cfg, directory)
+    return directory
+
+
+async def test_a_run_from_a_checkpoint_with_its_own_tokenizer(tmp_path: Path) -> None:
+    from cadence.model.checkpoint import load_checkpoint, state_dict_to_bytes
+    from cadence.model.hf_tokenizer import HFTokenizer
+    from cadence.transport.weights import checksum
+
+    source = make_checkpoint(tmp_path / "source")
+    cfg = tiny_config("task.name='arithmetic'", f"model.checkpoint='{source}'", "rollout.max_new_tokens=3")
+    summary = await run_inproc(cfg, tmp_path / "run")
+    assert summary["groups_trained"] == 3 * 4 and summary["stale_dropped"] == 0
+    final = tmp_path / "run" / "checkpoints" / "final"
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"} <= {
+        p.name for p in final.iterdir()
+    }
+    tokenizer = HFTokenizer(final)
+    assert tokenizer.encode_prompt("What is 1 + 2?")[:1] == [1]  # the chat template came along
+    trained, _ = load_checkpoint(final)
+    assert checksum(state_dict_to_bytes(trained)) == summary["weights_sha256"]
+    assert (final / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()

@@ -11,7 +11,7 @@ from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
-from cadence.tasks.digits import make_task
+from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightError, WeightStore

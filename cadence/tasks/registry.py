@@ -1,0 +1,17 @@
+"""Tasks by name: the one place `task.name` is turned into a prompt source and a scorer."""
+
+from __future__ import annotations
+
+from cadence.config import TaskConfig
+from cadence.tasks.base import Task
+from cadence.tasks.digits import DigitsTask
+
+
+def make_task(cfg: TaskConfig, seed: int) -> Task:
+    if cfg.name == "digits":
+        return DigitsTask(cfg, seed)
+    if cfg.name == "arithmetic":
+        from cadence.tasks.arithmetic import ArithmeticTask
+
+        return ArithmeticTask(cfg, seed)
+    raise ValueError(f"task.name {cfg.name!r} is unknown; known: 'digits', 'arithmetic'")
