@@ -82,6 +82,11 @@ class TrainerConfig:
         "shared_prompt: a group as one row, its prompt once (bool mask); prefix_cache: the prompt once"
         " through the KV cache, then the responses as a batch; padded: each sample its own row",
     )
+    steps_per_period: int = doc(
+        1,
+        "optimizer steps a period, each after B/steps groups; above 1 the old-policy log-probs are the"
+        " engine's sampling log-probs, and later steps train on slightly off-policy samples",
+    )
     max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
     normaliser: Literal["tokens", "samples"] = doc(
         "tokens", "the period's summed loss is divided by its response tokens or its samples"
@@ -163,6 +168,12 @@ class RunConfig:
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}")
+        steps = self.trainer.steps_per_period
+        if steps < 1 or self.task.prompts_per_period % steps:
+            raise ConfigError(
+                f"trainer.steps_per_period = {steps} must be >= 1 and divide task.prompts_per_period"
+                f" = {self.task.prompts_per_period}"
+            )
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
         if self.rollout.temperature < 0:

@@ -32,7 +32,11 @@ from cadence.transport.weights import checksum
 
 class Learner(Protocol):
     def train_group(
-        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+        self,
+        prompt: list[int],
+        completions: list[list[int]],
+        rewards: list[float],
+        old_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]: ...
 
     def step(self, normaliser: float) -> dict[str, float]: ...
@@ -40,6 +44,13 @@ class Learner(Protocol):
     def weights(self) -> bytes: ...
 
     def save(self, directory: Path) -> str: ...
+
+
+def _padded(rows: list[list[float]], shape: torch.Size) -> Tensor:
+    out = torch.zeros(shape)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
 
 
 def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -83,12 +94,19 @@ class TorchLearner:
         self._sums: dict[str, float] = {}
 
     def train_group(
-        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+        self,
+        prompt: list[int],
+        completions: list[list[int]],
+        rewards: list[float],
+        old_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]:
+        """Add this group's summed loss to the gradients. Old-policy log-probs: the detached policy's
+        (ratio exactly 1) unless `old_logprobs` (the sampler's, one list a completion) are given."""
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32))
         logp, mask, ref_logp = self._logprobs(prompt, completions)
+        old = logp.detach() if old_logprobs is None else _padded(old_logprobs, logp.shape)
         loss, stats = grpo_loss_sum(
-            logp, logp.detach(), advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
+            logp, old, advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
         )
         loss.backward()
         stats["loss_sum"] = float(loss.detach())

@@ -39,7 +39,7 @@ class PeriodStats:
     workers: set[str] = field(default_factory=set)
     stale_dropped: int = 0
     duplicates_dropped: int = 0
-    step_span: tuple[float, float] = (0.0, 0.0)
+    step_s: float = 0.0  # optimizer steps of the period, summed
 
     completions: dict[int, list[list[int]]] = field(default_factory=dict)
 
@@ -68,7 +68,7 @@ class PeriodStats:
         period_s = end - self.start
         last_arrival = max(self.arrivals) if self.arrivals else self.start
         group_train = [b - a for a, b in self.spans]
-        train_s = sum(group_train) + (self.step_span[1] - self.step_span[0])
+        train_s = sum(group_train) + self.step_s
         n = len(self.rewards)
         mean = sum(self.rewards) / n if n else 0.0
         std = (sum((r - mean) ** 2 for r in self.rewards) / n) ** 0.5 if n else 0.0
@@ -99,7 +99,7 @@ class PeriodStats:
             "workers_active": len(self.workers),
             "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
             "group_train_s": [round(c, 6) for c in group_train],
-            "step_s": self.step_span[1] - self.step_span[0],
+            "step_s": self.step_s,
             "samples_sha256": samples_digest(self.completions),
         }
 

@@ -52,7 +52,11 @@ class SimulatedLearner:
         self.steps = 0
 
     def train_group(
-        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+        self,
+        prompt: list[int],
+        completions: list[list[int]],
+        rewards: list[float],
+        old_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]:
         tokens = sum(len(prompt) + len(c) for c in completions)
         time.sleep(self.cfg.train_s_per_token * tokens)

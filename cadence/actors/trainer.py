@@ -11,7 +11,8 @@
 ```
 
 Invariant: each (period, prompt id) enters the gradient at most once, only with weights of the
-period's version, and every period ends in exactly one optimizer step. The version rule lives here
+period's version, and every period ends in exactly `trainer.steps_per_period` optimizer steps (one by
+default), each after B / steps accepted groups; the new version is published after the last. The version rule lives here
 and nowhere else.
 """
 
@@ -67,6 +68,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.B = cfg.task.prompts_per_period
         self.consumed: dict[int, set[int]] = {}
+        self._batch: list[GroupResult] = []  # accepted groups since the last optimizer step
         self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
@@ -156,16 +158,26 @@ class Trainer:
                 held.append(msg)
         for msg in held:
             await self._train(msg, stats)
-        normaliser = sum(stats.lengths) if self.cfg.trainer.normaliser == "tokens" else len(stats.lengths)
-        begin = self.clock()
-        info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
-        stats.step_span = (begin, self.clock())
-        log.info("optimizer_step", period=period, normaliser=normaliser, **info)
 
     async def _train(self, msg: GroupResult, stats: PeriodStats) -> None:
+        """Accumulate one group; after every B / steps_per_period groups, normalise and step."""
+        steps = self.cfg.trainer.steps_per_period
+        old = msg.logprobs if steps > 1 else None
         begin = self.clock()
-        await asyncio.to_thread(self.learner.train_group, msg.prompt_tokens, msg.completions, msg.rewards)
+        await asyncio.to_thread(
+            self.learner.train_group, msg.prompt_tokens, msg.completions, msg.rewards, old
+        )
         stats.spans.append((begin, self.clock()))
+        self._batch.append(msg)
+        if len(self._batch) < self.B // steps:
+            return
+        lengths = [len(c) for g in self._batch for c in g.completions]
+        normaliser = sum(lengths) if self.cfg.trainer.normaliser == "tokens" else len(lengths)
+        begin = self.clock()
+        info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
+        stats.step_s += self.clock() - begin
+        self._batch = []
+        log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
         data = await asyncio.to_thread(self.learner.weights)

@@ -72,10 +72,13 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
     return dict(json.loads((out / "summary.json").read_text()))
 
 
-async def test_sync_and_periodic_generate_the_same_tokens_and_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("steps", [1, 2])
+async def test_sync_and_periodic_generate_the_same_tokens_and_weights(tmp_path: Path, steps: int) -> None:
     results = {}
     for mode in ("sync", "periodic"):
-        cfg = tiny_config(f"mode={mode}", "periods=4", "transport.liveness=100")
+        cfg = tiny_config(
+            f"mode={mode}", "periods=4", "transport.liveness=100", f"trainer.steps_per_period={steps}"
+        )
         summary = await run_inproc(cfg, tmp_path / mode)
         rows = read_jsonl(tmp_path / mode / "metrics.jsonl")
         weights = load_file(str(tmp_path / mode / "checkpoints" / "final" / "model.safetensors"))

@@ -22,11 +22,17 @@ class RecordingLearner:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.old: list[list[list[float]] | None] = []
 
     def train_group(
-        self, prompt: list[int], completions: list[list[int]], rewards: list[float]
+        self,
+        prompt: list[int],
+        completions: list[list[int]],
+        rewards: list[float],
+        old_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]:
         self.calls.append(("train", rewards[0]))
+        self.old.append(old_logprobs)
         return {}
 
     def step(self, normaliser: float) -> dict[str, float]:
@@ -127,4 +133,21 @@ async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwo
     await worker.send(group(0, 3))
     await expect(dispatcher, VersionReady, skip=(Consumed,))
     assert [c[0] for c in learner.calls] == ["train"] * 4 + ["step"]
+    task.cancel()
+
+
+async def test_several_steps_a_period_use_the_sampler_log_probs(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    cfg, dispatcher, worker, learner, published, task = await start(
+        network, tmp_path, "trainer.steps_per_period=2"
+    )
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    for pid in (0, 1, 2, 3):
+        await worker.send(group(0, pid))
+    ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert ready.version == 1 and published == [0, 1]  # still one version a period
+    assert [c[0] for c in learner.calls] == ["train", "train", "step", "train", "train", "step"]
+    assert [c[1] for c in learner.calls if c[0] == "step"] == [10.0, 10.0]  # each step its own tokens
+    assert learner.old == [group(0, 0).logprobs] * 4
     task.cancel()

@@ -57,7 +57,7 @@ def _stats() -> PeriodStats:
     stats.arrived(102.0, "w1", 7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0], gen_s=1.5, load_s=0.2)
     stats.arrived(105.0, "w2", 8, [[4, 5, 6], [7, 8, 9]], [0.5, 0.5], [0.0, 1.0], gen_s=2.5, load_s=0.4)
     stats.spans = [(102.5, 104.0), (105.0, 106.0)]
-    stats.step_span = (106.0, 106.5)
+    stats.step_s = 0.5
     stats.stale_dropped = 2
     return stats
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from cadence.build import make_learner, make_tokenizer
 from cadence.learner import TorchLearner, pad_group
 from cadence.model.config import ModelConfig
+from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import KVCache, Transformer, init_model
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
@@ -140,3 +141,22 @@ def test_learner_prefix_cache_matches_padded_and_refuses_unknown_packing() -> No
         TorchLearner(
             learner.model, learner.model_cfg, learner.tokenizer, 1e-3, 0.0, 0.2, 0.28, 0.0, 1.0, "rows"
         )
+
+
+def test_sampler_log_probs_as_old_policy_give_the_same_first_loss() -> None:
+    """Before any step the engine's sampling log-probs are the policy's: same loss, same layout."""
+    from cadence.model.engine import SamplingParams, TorchEngine
+
+    model = init_model(CONFIGS["llama"], 3)
+    prompt = [4, 5, 6, 7]
+    completions = TorchEngine(model, eos_id=2).generate(
+        prompt, [1, 2, 3, 4], SamplingParams(max_new_tokens=6)
+    )
+    learner = TorchLearner(
+        model, CONFIGS["llama"], CharTokenizer(), 1e-3, 0.0, 0.2, 0.28, 0.0, 1.0, packing="shared_prompt"
+    )
+    rewards = [1.0, 0.0, 0.5, 0.0]
+    tokens = [c.tokens for c in completions]
+    own = learner.train_group(prompt, tokens, rewards)["loss_sum"]
+    sampled = learner.train_group(prompt, tokens, rewards, [c.logprobs for c in completions])["loss_sum"]
+    assert sampled == pytest.approx(own, abs=1e-5)
