@@ -6,11 +6,12 @@ Invariant: events are printed in order of their `time` field across all actors' 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from cadence.run_dir import read_new_lines
 
 _SHOWN_FIRST = ("ts", "actor", "level", "event")
 _HIDDEN = ("time", "host", "pid")
@@ -20,18 +21,8 @@ def read_events(files: dict[Path, int]) -> list[dict[str, Any]]:
     """New complete lines of each file since its offset (offsets are advanced), as events."""
     events = []
     for path in sorted(files):
-        with path.open("rb") as f:
-            f.seek(files[path])
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        files[path] += end
-        for line in data[:end].splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
+        new, files[path] = read_new_lines(path, files[path])
+        events.extend(new)
     events.sort(key=lambda e: e.get("time", 0.0))
     return events
 

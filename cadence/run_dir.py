@@ -27,14 +27,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """The complete JSON lines written to `path` after byte `offset`, and the offset after them."""
+    """The JSON objects on complete lines written to `path` after byte `offset`, and the offset after
+    them; a line that is not a JSON object is skipped."""
     if not path.exists():
         return [], offset
     with path.open("rb") as f:
         f.seek(offset)
         data = f.read()
     end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+    rows = []
+    for line in data[:end].splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows, offset + end
 
 
 class RunRecorder:

@@ -13,6 +13,14 @@ from cadence.messages import DEFAULT_MAX_FRAME_BYTES
 from cadence.transport.endpoint import Client, Server
 
 
+def _socket(ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int) -> zmq.asyncio.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    # libzmq drops peers far beyond the limit; frames just above it reach the codec and are logged.
+    sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
+    return sock
+
+
 class ZmqServer(Server):
     def __init__(
         self,
@@ -23,11 +31,8 @@ class ZmqServer(Server):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
         super().__init__(name, run, max_frame_bytes)
-        self._sock = ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        # libzmq drops peers far beyond the limit; frames just above it reach the codec and are logged.
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
         self._sock.bind(address)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -52,10 +57,8 @@ class ZmqClient(Client):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
         super().__init__(name, address, run, max_frame_bytes)
-        self._sock = ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = _socket(ctx, zmq.DEALER, max_frame_bytes)
         self._sock.setsockopt(zmq.IDENTITY, name.encode())
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
         self._sock.connect(address)
 
     async def _recv_raw(self) -> list[bytes]:
