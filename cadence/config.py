@@ -82,6 +82,11 @@ class TrainerConfig:
         "shared_prompt: a group as one row, its prompt once (bool mask); prefix_cache: the prompt once"
         " through the KV cache, then the responses as a batch; padded: each sample its own row",
     )
+    micro_batch_tokens: int = doc(
+        4096,
+        "packed tokens a forward may hold: groups that have arrived are trained together up to this"
+        " budget (a larger group alone); 0 trains each group on its own",
+    )
     steps_per_period: int = doc(
         1,
         "optimizer steps a period, each after B/steps groups; above 1 the old-policy log-probs are the"
@@ -173,6 +178,10 @@ class RunConfig:
             raise ConfigError(
                 f"trainer.steps_per_period = {steps} must be >= 1 and divide task.prompts_per_period"
                 f" = {self.task.prompts_per_period}"
+            )
+        if self.trainer.micro_batch_tokens < 0:
+            raise ConfigError(
+                f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"
             )
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")

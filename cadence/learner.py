@@ -1,10 +1,12 @@
-"""The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on one group.
+"""The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on a micro-batch.
 
-With `packing = "shared_prompt"` a group is one row, the prompt computed once (ops/packing.py); with
+A micro-batch is one or more whole groups. With `packing = "shared_prompt"` they share one row, each
+prompt computed once and every group attending only within itself (ops/packing.py): one forward of
+the policy (with gradient; detached, it is also the old policy) and one of the reference. With
 `"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
 (ops/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
-Invariant: `train_group` only adds to the gradients (a summed loss, never a mean); `step` divides
+Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
 them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
 do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
 """
@@ -12,6 +14,8 @@ do not change, so the old-policy log-probs are the detached policy log-probs (ra
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -30,14 +34,19 @@ from cadence.ops.prefix import prefix_logprobs
 from cadence.transport.weights import checksum
 
 
+@dataclass(frozen=True)
+class TrainGroup:
+    """One GRPO group as the learner needs it; `old_logprobs` are the sampler's, one list a completion,
+    or None to take the detached policy's."""
+
+    prompt: list[int]
+    completions: list[list[int]]
+    rewards: list[float]
+    old_logprobs: list[list[float]] | None = None
+
+
 class Learner(Protocol):
-    def train_group(
-        self,
-        prompt: list[int],
-        completions: list[list[int]],
-        rewards: list[float],
-        old_logprobs: list[list[float]] | None = None,
-    ) -> dict[str, float]: ...
+    def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]: ...
 
     def step(self, normaliser: float) -> dict[str, float]: ...
 
@@ -46,11 +55,9 @@ class Learner(Protocol):
     def save(self, directory: Path) -> str: ...
 
 
-def _padded(rows: list[list[float]], shape: torch.Size) -> Tensor:
-    out = torch.zeros(shape)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
+def _widen(values: Tensor, width: int) -> Tensor:
+    """Right-pad [S, R] with zeros (False) to [S, width]."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -100,11 +107,25 @@ class TorchLearner:
         rewards: list[float],
         old_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]:
-        """Add this group's summed loss to the gradients. Old-policy log-probs: the detached policy's
-        (ratio exactly 1) unless `old_logprobs` (the sampler's, one list a completion) are given."""
-        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32))
-        logp, mask, ref_logp = self._logprobs(prompt, completions)
-        old = logp.detach() if old_logprobs is None else _padded(old_logprobs, logp.shape)
+        """`train_groups` of this one group."""
+        return self.train_groups([TrainGroup(prompt, completions, rewards, old_logprobs)])
+
+    def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
+        """Add the micro-batch's summed loss to the gradients. Old-policy log-probs: the detached
+        policy's (ratio exactly 1) unless a group carries the sampler's."""
+        if not groups:
+            raise ValueError("an empty micro-batch")
+        advantages = torch.cat(
+            [group_advantages(torch.tensor(g.rewards, dtype=torch.float32)) for g in groups]
+        )
+        logp, mask, ref_logp = self._logprobs(groups)
+        old = logp.detach().clone()
+        row = 0
+        for g in groups:
+            for given in g.old_logprobs or []:
+                old[row, : len(given)] = torch.tensor(given, dtype=old.dtype)
+                row += 1
+            row += 0 if g.old_logprobs else len(g.completions)
         loss, stats = grpo_loss_sum(
             logp, old, advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
         )
@@ -115,19 +136,11 @@ class TorchLearner:
             self._sums[key] = self._sums.get(key, 0.0) + value
         return stats
 
-    def _logprobs(
-        self, prompt: list[int], completions: list[list[int]]
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Policy log-probs [G, R] with gradient, their mask, and the reference's (or None)."""
-        if self.packing == "prefix_cache":
-            logp, mask = prefix_logprobs(self.model, prompt, completions, self.tokenizer.pad_id)
-            if self.reference is None:
-                return logp, mask, None
-            with torch.no_grad():
-                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, self.tokenizer.pad_id)
-            return logp, mask, ref_logp
+    def _logprobs(self, groups: Sequence[TrainGroup]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Policy log-probs [S, R_max] over every sample of the micro-batch (groups in order) with
+        gradient, their mask, and the reference's (or None)."""
         if self.packing == "shared_prompt":
-            batch = pack_groups([(prompt, completions)], self.tokenizer.pad_id)
+            batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
             args = (batch.input_ids, batch.position_ids, batch.attn_mask)
             logp, mask = to_padded(packed_logprobs(self.model(*args), batch), batch)
             if self.reference is None:
@@ -135,12 +148,32 @@ class TorchLearner:
             with torch.no_grad():
                 ref_logp, _ = to_padded(packed_logprobs(self.reference(*args), batch), batch)
             return logp, mask, ref_logp
+        parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
+        width = max(p[0].shape[1] for p in parts)
+        logp = torch.cat([_widen(p[0], width) for p in parts])
+        mask = torch.cat([_widen(p[1], width) for p in parts])
+        refs = [_widen(p[2], width) for p in parts if p[2] is not None]
+        return logp, mask, torch.cat(refs) if refs else None
+
+    def _group_logprobs(
+        self, prompt: list[int], completions: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One group's policy log-probs [G, R] aligned to the responses, mask, reference (or None)."""
+        if self.packing == "prefix_cache":
+            logp, mask = prefix_logprobs(self.model, prompt, completions, self.tokenizer.pad_id)
+            if self.reference is None:
+                return logp, mask, None
+            with torch.no_grad():
+                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, self.tokenizer.pad_id)
+            return logp, mask, ref_logp
         inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
-        logp = token_logprobs(self.model(inputs), targets)
+        start = len(prompt) - 1
+        logp = token_logprobs(self.model(inputs), targets)[:, start:]
+        mask = mask[:, start:]
         if self.reference is None:
             return logp, mask, None
         with torch.no_grad():
-            return logp, mask, token_logprobs(self.reference(inputs), targets)
+            return logp, mask, token_logprobs(self.reference(inputs), targets)[:, start:]
 
     def step(self, normaliser: float) -> dict[str, float]:
         for p in self.model.parameters():

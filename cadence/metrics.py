@@ -30,7 +30,7 @@ class PeriodStats:
     period: int
     start: float
     arrivals: list[float] = field(default_factory=list)
-    spans: list[tuple[float, float]] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # one per trained micro-batch
     rewards: list[float] = field(default_factory=list)
     correct: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -98,7 +98,8 @@ class PeriodStats:
             "duplicates_dropped": self.duplicates_dropped,
             "workers_active": len(self.workers),
             "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
-            "group_train_s": [round(c, 6) for c in group_train],
+            "micro_batches": len(self.spans),
+            "micro_batch_train_s": [round(c, 6) for c in group_train],
             "step_s": self.step_s,
             "samples_sha256": samples_digest(self.completions),
         }

@@ -12,9 +12,11 @@ import hashlib
 import math
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from cadence.config import SimulatedConfig
+from cadence.learner import TrainGroup
 from cadence.model.engine import Completion
 from cadence.run_dir import write_json
 from cadence.transport.weights import checksum
@@ -51,14 +53,8 @@ class SimulatedLearner:
         self.cfg = cfg
         self.steps = 0
 
-    def train_group(
-        self,
-        prompt: list[int],
-        completions: list[list[int]],
-        rewards: list[float],
-        old_logprobs: list[list[float]] | None = None,
-    ) -> dict[str, float]:
-        tokens = sum(len(prompt) + len(c) for c in completions)
+    def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
+        tokens = sum(len(g.prompt) + len(c) for g in groups for c in g.completions)
         time.sleep(self.cfg.train_s_per_token * tokens)
         return {"tokens": float(tokens)}
 

@@ -4,7 +4,8 @@
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
               ─► version != k?              stale_dropped
-              ─► accept: Consumed(k, id) ─► periodic: forward/backward now (summed loss)
+              ─► accept: Consumed(k, id) ─► periodic: forward/backward now (summed loss), packed
+                                            with the groups that arrived meanwhile (token budget)
                                             sync: hold until all B are in, then the same
    B accepted ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► VersionReady(k+1, metrics)
  last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
@@ -28,7 +29,7 @@ import structlog
 
 from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
-from cadence.learner import Learner
+from cadence.learner import Learner, TrainGroup
 from cadence.messages import (
     Consumed,
     Envelope,
@@ -40,6 +41,7 @@ from cadence.messages import (
     VersionReady,
 )
 from cadence.metrics import PeriodStats
+from cadence.ops.packing import packed_length
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
 
@@ -68,7 +70,9 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.B = cfg.task.prompts_per_period
         self.consumed: dict[int, set[int]] = {}
-        self._batch: list[GroupResult] = []  # accepted groups since the last optimizer step
+        self._batch: list[GroupResult] = []  # trained groups since the last optimizer step
+        self._micro: list[GroupResult] = []  # accepted groups not yet trained
+        self._micro_tokens = 0
         self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
@@ -128,17 +132,8 @@ class Trainer:
         held: list[GroupResult] = []
         while len(seen) < self.B:
             arrived, env = await self.arrivals.get()
-            msg = env.message
-            if not isinstance(msg, GroupResult):
-                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
-                continue
-            if msg.prompt_id in self.consumed.get(msg.period, ()):
-                stats.duplicates_dropped += 1
-                log.info("duplicate_dropped", peer=env.sender, period=msg.period, prompt_id=msg.prompt_id)
-                continue
-            if msg.version != period or msg.period != period:
-                stats.stale_dropped += 1
-                log.warning("stale_dropped", peer=env.sender, version=msg.version, current=period)
+            msg = self._accept(period, env, stats)
+            if msg is None:
                 continue
             seen.add(msg.prompt_id)
             stats.arrived(
@@ -153,22 +148,57 @@ class Trainer:
             )
             await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
             if self.cfg.mode == "periodic":
-                await self._train(msg, stats)
+                # train now, together with whatever else has arrived meanwhile (up to the budget)
+                await self._add(msg, stats, flush=self.arrivals.empty())
             else:
                 held.append(msg)
         for msg in held:
-            await self._train(msg, stats)
+            await self._add(msg, stats, flush=False)
+        await self._flush(stats)
 
-    async def _train(self, msg: GroupResult, stats: PeriodStats) -> None:
-        """Accumulate one group; after every B / steps_per_period groups, normalise and step."""
+    def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
+        """The version rule: a group of this period's version, never seen before, or None."""
+        msg = env.message
+        if not isinstance(msg, GroupResult):
+            log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+            return None
+        if msg.prompt_id in self.consumed.get(msg.period, ()):
+            stats.duplicates_dropped += 1
+            log.info("duplicate_dropped", peer=env.sender, period=msg.period, prompt_id=msg.prompt_id)
+            return None
+        if msg.version != period or msg.period != period:
+            stats.stale_dropped += 1
+            log.warning("stale_dropped", peer=env.sender, version=msg.version, current=period)
+            return None
+        return msg
+
+    async def _add(self, msg: GroupResult, stats: PeriodStats, flush: bool) -> None:
+        """Put a group in the micro-batch: trained when the token budget or the optimizer step's
+        share of groups would be exceeded, or when `flush` (nothing else is waiting)."""
+        budget = self.cfg.trainer.micro_batch_tokens
+        size = packed_length(msg.prompt_tokens, msg.completions)
+        if self._micro and (budget == 0 or self._micro_tokens + size > budget):
+            await self._flush(stats)
+        self._micro.append(msg)
+        self._micro_tokens += size
+        if flush or len(self._batch) + len(self._micro) >= self.B // self.cfg.trainer.steps_per_period:
+            await self._flush(stats)
+
+    async def _flush(self, stats: PeriodStats) -> None:
+        """Train the micro-batch (one packed forward and backward, summed loss); after every
+        B / steps_per_period groups, normalise and step."""
+        if not self._micro:
+            return
+        micro, self._micro, self._micro_tokens = self._micro, [], 0
         steps = self.cfg.trainer.steps_per_period
-        old = msg.logprobs if steps > 1 else None
+        groups = [
+            TrainGroup(m.prompt_tokens, m.completions, m.rewards, m.logprobs if steps > 1 else None)
+            for m in micro
+        ]
         begin = self.clock()
-        await asyncio.to_thread(
-            self.learner.train_group, msg.prompt_tokens, msg.completions, msg.rewards, old
-        )
+        await asyncio.to_thread(self.learner.train_groups, groups)
         stats.spans.append((begin, self.clock()))
-        self._batch.append(msg)
+        self._batch.extend(micro)
         if len(self._batch) < self.B // steps:
             return
         lengths = [len(c) for g in self._batch for c in g.completions]

@@ -27,12 +27,13 @@ DEFAULTS = [
     "rollout.inflight=1",
     "simulated.gen_s_per_token=0.0004",
     "simulated.train_s_per_token=0.000025",
+    "trainer.micro_batch_tokens=0",  # a micro-batch a group: the ideal below takes per-group costs
 ]
 
 
 def ideal_period(row: dict[str, Any]) -> float:
     """A serial trainer fed by this period's measured arrivals and per-group costs, plus its step."""
-    return serial_finish(0.0, row["group_arrival_s"], row["group_train_s"]) + row["step_s"]
+    return serial_finish(0.0, row["group_arrival_s"], row["micro_batch_train_s"]) + row["step_s"]
 
 
 def measure(rows: list[dict[str, Any]]) -> dict[str, float]:

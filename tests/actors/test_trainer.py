@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import structlog
 
 from cadence.actors.trainer import Trainer
+from cadence.learner import TrainGroup
 from cadence.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
 from cadence.transport.inproc import InprocNetwork
 from tests.conftest import expect, tiny_config
@@ -21,18 +24,20 @@ class RecordingLearner:
     """Stands in for the model at the edge: records what the trainer asks of it."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
+        self.calls: list[tuple[str, object]] = []  # ("train", group tag) each group, ("step", normaliser)
+        self.micro: list[list[float]] = []  # the tags of each micro-batch, in order
         self.old: list[list[list[float]] | None] = []
+        self.gate = threading.Event()  # the first micro-batch waits for it
+        self.gate.set()
+        self.entered = threading.Event()  # set when a micro-batch is being trained
 
-    def train_group(
-        self,
-        prompt: list[int],
-        completions: list[list[int]],
-        rewards: list[float],
-        old_logprobs: list[list[float]] | None = None,
-    ) -> dict[str, float]:
-        self.calls.append(("train", rewards[0]))
-        self.old.append(old_logprobs)
+    def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
+        self.entered.set()
+        self.gate.wait(10)
+        self.micro.append([g.rewards[0] for g in groups])
+        for g in groups:
+            self.calls.append(("train", g.rewards[0]))
+            self.old.append(g.old_logprobs)
         return {}
 
     def step(self, normaliser: float) -> dict[str, float]:
@@ -83,13 +88,13 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
     )
     task = asyncio.create_task(trainer.run())
     worker = network.connect("w0", "inproc://trainer")
-    return cfg, dispatcher, worker, learner, published, task
+    return cfg, dispatcher, worker, learner, published, task, trainer
 
 
 async def test_version_rule_duplicates_and_one_step_per_period(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    cfg, dispatcher, worker, learner, published, task = await start(network, tmp_path)
+    cfg, dispatcher, worker, learner, published, task, _ = await start(network, tmp_path)
     assert (await expect(dispatcher, Register)).role == "trainer"
     assert (await expect(dispatcher, VersionReady)).version == 0
     with structlog.testing.capture_logs() as logs:
@@ -123,7 +128,7 @@ async def test_version_rule_duplicates_and_one_step_per_period(
 
 
 async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwork, tmp_path: Path) -> None:
-    cfg, dispatcher, worker, learner, published, task = await start(network, tmp_path, "mode=sync")
+    cfg, dispatcher, worker, learner, published, task, _ = await start(network, tmp_path, "mode=sync")
     await expect(dispatcher, VersionReady, skip=(Register,))
     for pid in (0, 1, 2):
         await worker.send(group(0, pid))
@@ -139,7 +144,7 @@ async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwo
 async def test_several_steps_a_period_use_the_sampler_log_probs(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    cfg, dispatcher, worker, learner, published, task = await start(
+    cfg, dispatcher, worker, learner, published, task, _ = await start(
         network, tmp_path, "trainer.steps_per_period=2"
     )
     await expect(dispatcher, VersionReady, skip=(Register,))
@@ -150,4 +155,47 @@ async def test_several_steps_a_period_use_the_sampler_log_probs(
     assert [c[0] for c in learner.calls] == ["train", "train", "step", "train", "train", "step"]
     assert [c[1] for c in learner.calls if c[0] == "step"] == [10.0, 10.0]  # each step its own tokens
     assert learner.old == [group(0, 0).logprobs] * 4
+    task.cancel()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    ("budget", "micro"),
+    [(14, [[0.0], [1.0, 2.0], [3.0]]), (4096, [[0.0], [1.0, 2.0, 3.0]]), (0, [[0.0], [1.0], [2.0], [3.0]])],
+)
+async def test_groups_that_arrive_while_training_share_a_micro_batch(
+    network: InprocNetwork, tmp_path: Path, budget: int, micro: list[list[float]]
+) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(
+        network, tmp_path, f"trainer.micro_batch_tokens={budget}"
+    )
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    learner.gate.clear()
+    await worker.send(group(0, 0, tag=0.0))
+    await until(learner.entered.is_set)  # the first group is being trained, alone
+    for pid in (1, 2, 3):  # a group packs to 7 tokens: 2 prompt + 5 response
+        await worker.send(group(0, pid, tag=float(pid)))
+    await until(lambda: trainer.arrivals.qsize() == 3)
+    learner.gate.set()
+    ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert ready.version == 1 and ready.metrics["micro_batches"] == len(micro)
+    assert learner.micro == micro
+    assert [c for c in learner.calls if c[0] == "step"] == [("step", 20.0)]
+    task.cancel()
+
+
+async def test_a_micro_batch_never_spans_two_optimizer_steps(network: InprocNetwork, tmp_path: Path) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(
+        network, tmp_path, "trainer.steps_per_period=2", "mode=sync"
+    )
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    for pid in (0, 1, 2, 3):
+        await worker.send(group(0, pid, tag=float(pid)))
+    await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert learner.micro == [[0.0, 1.0], [2.0, 3.0]]
+    assert [c[0] for c in learner.calls] == ["train", "train", "step", "train", "train", "step"]
     task.cancel()

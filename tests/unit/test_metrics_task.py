@@ -99,7 +99,7 @@ def test_period_finish_keys_and_values() -> None:
     assert row["workers_active"] == 2
     assert row["stale_dropped"] == 2
     assert row["group_arrival_s"] == [2.0, 5.0]
-    assert row["group_train_s"] == [1.5, 1.0]
+    assert row["micro_batch_train_s"] == [1.5, 1.0] and row["micro_batches"] == 2
     assert row["step_s"] == pytest.approx(0.5)
 
 

@@ -1,0 +1,74 @@
+"""The learner on a micro-batch of several groups: the same loss and gradients as group by group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from cadence.learner import TorchLearner, TrainGroup
+from cadence.model.tokenizer import CharTokenizer
+from cadence.model.transformer import init_model
+from tests.unit.test_prefix import CONFIGS, make_groups
+
+REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.8]]
+
+
+def learner(packing: str, kl_beta: float = 0.1) -> TorchLearner:
+    cfg = CONFIGS["qwen3"]
+    model = init_model(cfg, seed=5)
+    return TorchLearner(model, cfg, CharTokenizer(), 1e-3, 0.0, 0.2, 0.28, kl_beta, 1.0, packing=packing)
+
+
+def grads(learner: TorchLearner) -> Tensor:
+    return torch.cat([p.grad.flatten() for p in learner.model.parameters() if p.grad is not None])
+
+
+def micro_batch() -> list[TrainGroup]:
+    return [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
+
+
+def one_by_one() -> tuple[float, Tensor]:
+    reference = learner("padded")
+    loss = sum(reference.train_group(g.prompt, g.completions, g.rewards)["loss_sum"] for g in micro_batch())
+    return loss, grads(reference)
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "prefix_cache", "padded"])
+def test_a_micro_batch_of_unequal_groups_equals_group_by_group(packing: str) -> None:
+    loss, expected = one_by_one()
+    packed = learner(packing)
+    stats = packed.train_groups(micro_batch())
+    assert stats["tokens"] == sum(len(c) for g in micro_batch() for c in g.completions)
+    assert stats["loss_sum"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    assert expected.abs().max() > 0  # the check has teeth: there is a gradient
+    assert (grads(packed) - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_sampler_log_probs_on_some_groups_only_line_up_with_their_samples() -> None:
+    """Old log-probs given for one group of a micro-batch: the others keep the detached policy's."""
+    batch = micro_batch()
+    plain = learner("shared_prompt", kl_beta=0.0)
+    base = plain.train_groups(batch)["loss_sum"]
+    # the policy's own log-probs of group 1 as its sampler's: nothing changes
+    own = learner("shared_prompt", kl_beta=0.0)
+    logp, mask, _ = own._logprobs(batch)
+    start = len(batch[0].completions)
+    rows = [logp[start + i, : len(c)].tolist() for i, c in enumerate(batch[1].completions)]
+    given = [batch[0], TrainGroup(batch[1].prompt, batch[1].completions, batch[1].rewards, rows), *batch[2:]]
+    own.model.zero_grad(set_to_none=True)
+    assert own.train_groups(given)["loss_sum"] == pytest.approx(base, abs=1e-5)
+    # shifted old log-probs of group 1 alone change the loss: the rows are really read
+    shifted = [[v - 0.5 for v in row] for row in rows]
+    moved = [
+        batch[0],
+        TrainGroup(batch[1].prompt, batch[1].completions, batch[1].rewards, shifted),
+        *batch[2:],
+    ]
+    other = learner("shared_prompt", kl_beta=0.0).train_groups(moved)["loss_sum"]
+    assert abs(other - base) > 1e-3
+
+
+def test_an_empty_micro_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty micro-batch"):
+        learner("shared_prompt").train_groups([])
