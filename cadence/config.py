@@ -21,15 +21,27 @@ class ConfigError(ValueError):
 
 
 def doc(default: Any, text: str) -> Any:
-    """A field with a default and its documentation."""
+    """A field with a default and its documentation (a list or table default is copied per instance)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": text})
     return field(default=default, metadata={"doc": text})
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: Literal["digits", "arithmetic"] = doc(
-        "digits", "the prompt source and reward: digits (char tokenizer) or arithmetic (for a checkpoint)"
+    name: Literal["digits", "arithmetic", "file", "reasoning_gym"] = doc(
+        "digits",
+        "the prompt source: digits (char tokenizer), arithmetic (for a checkpoint), file (JSONL or Parquet"
+        " at task.path), reasoning_gym (a reasoning-gym generator, task.gym_dataset)",
     )
+    path: str = doc("", "file task: a .jsonl or .parquet file, one problem a record")
+    prompt_field: str = doc("question", "file task: the record field holding the prompt text")
+    answer_field: str = doc("answer", "file task: the record field holding the reference answer")
+    prompt_template: str = doc(
+        "{prompt}", "file and reasoning_gym tasks: the user message, `{prompt}` replaced by the problem"
+    )
+    gym_dataset: str = doc("basic_arithmetic", "reasoning_gym task: the generator's name")
+    gym_size: int = doc(1000, "reasoning_gym task: problems generated (seeded by the run seed)")
     max_operand: int = doc(50, "arithmetic task: operands are drawn from 0..max_operand")
     prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
     digits: int = doc(2, "digits task: how many digits a prompt holds")
@@ -40,6 +52,34 @@ class TaskConfig:
     reward: Literal["exact", "distance"] = doc(
         "exact", "digits task: credit for a wrong digit: none, or by its distance to the answer"
     )
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    weights: dict[str, float] = doc(
+        {},
+        "reward functions by registered name and their weights, e.g. {math = 1.0, format = 0.1};"
+        " empty: the task's own reward",
+    )
+    modules: list[str] = doc([], "Python modules imported first, so reward functions they register exist")
+    format_pattern: str = doc(
+        r"\\boxed\{.+\}", "format reward: a regular expression the response must contain"
+    )
+    length_limit: int = doc(0, "length reward: responses longer than this many characters are penalised")
+    length_penalty: float = doc(0.001, "length reward: penalty per character beyond the limit")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    samples_fraction: float = doc(
+        0.25, "share of each period's groups written to samples/period-K.jsonl (prompt, responses, rewards)"
+    )
+    stream_logs: bool = doc(True, "actors also send their log events to the dispatcher (one place sees all)")
+    tensorboard: bool = doc(
+        False, "write metrics as TensorBoard events under tensorboard/ (extra: tensorboard)"
+    )
+    wandb: bool = doc(False, "log metrics to Weights & Biases in offline mode (extra: wandb)")
+    wandb_project: str = doc("cadence", "Weights & Biases project name")
 
 
 @dataclass(frozen=True)
@@ -132,6 +172,12 @@ class RunConfig:
     periods: int = doc(40, "training periods, one optimizer step each")
     run_id: str = doc("", "identifies the run on the wire; `cadence run` fills it in")
     task: TaskConfig = field(default_factory=TaskConfig, metadata={"doc": "the prompt source and its reward"})
+    rewards: RewardsConfig = field(
+        default_factory=RewardsConfig, metadata={"doc": "reward functions by name, and their settings"}
+    )
+    monitor: MonitorConfig = field(
+        default_factory=MonitorConfig, metadata={"doc": "samples, log streaming and metric writers"}
+    )
     rollout: RolloutConfig = field(
         default_factory=RolloutConfig, metadata={"doc": "rollout workers and sampling"}
     )
@@ -241,6 +287,16 @@ def _check(hint: Any, value: Any, key: str) -> Any:
                 f"{key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
             )
         return value
+    if get_origin(hint) is dict:
+        key_type, value_type = get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return {_check(key_type, k, key): _check(value_type, v, f"{key}.{k}") for k, v in value.items()}
+    if get_origin(hint) is list:
+        (item_type,) = get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_check(item_type, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not (

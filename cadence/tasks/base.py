@@ -6,7 +6,7 @@ are unique across the run (`period * count + index`), so any actor can regenerat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -21,6 +21,7 @@ class Prompt:
 class Score:
     reward: float  # in 0..1
     correct: float  # 1.0 when the answer is right
+    parts: dict[str, float] = field(default_factory=dict)  # each reward function's value, by name
 
 
 class Task(Protocol):

@@ -1,0 +1,1 @@
+"""Reward functions: typed, registered by name, combined by weight (see base.py)."""
