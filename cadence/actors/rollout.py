@@ -116,8 +116,10 @@ class RolloutWorker:
             data = await pull_weights(publisher, job.version, self.liveness.timeout_s)
             await asyncio.to_thread(self.engine.load, data)
             self.loaded = job.version
-            load_s = self.clock() - begin
+            end = self.clock()
+            load_s = end - begin
             log.info("weights_loaded", version=job.version, nbytes=len(data), load_s=round(load_s, 4))
+            log.debug("span", kind="load", start=begin, end=end, period=job.period, version=job.version)
         begin = self.clock()
         prompt = self.tokenizer.encode_prompt(job.prompt)
         seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
@@ -126,6 +128,8 @@ class RolloutWorker:
             self.task.score(job.prompt, self.tokenizer.decode_response(c.tokens), job.answer, c.finished)
             for c in completions
         ]
+        end = self.clock()
+        log.debug("span", kind="generate", start=begin, end=end, period=job.period, prompt_id=job.prompt_id)
         return GroupResult(
             period=job.period,
             version=job.version,
@@ -135,7 +139,7 @@ class RolloutWorker:
             logprobs=[c.logprobs for c in completions],
             rewards=[s.reward for s in scores],
             correct=[s.correct for s in scores],
-            gen_s=self.clock() - begin,
+            gen_s=end - begin,
             load_s=load_s,
-            finished_at=self.clock(),
+            finished_at=end,
         )

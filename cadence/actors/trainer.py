@@ -197,7 +197,9 @@ class Trainer:
         ]
         begin = self.clock()
         await asyncio.to_thread(self.learner.train_groups, groups)
-        stats.spans.append((begin, self.clock()))
+        end = self.clock()
+        stats.spans.append((begin, end))
+        log.debug("span", kind="train", start=begin, end=end, period=stats.period, groups=len(groups))
         self._batch.extend(micro)
         if len(self._batch) < self.B // steps:
             return
@@ -205,15 +207,20 @@ class Trainer:
         normaliser = sum(lengths) if self.cfg.trainer.normaliser == "tokens" else len(lengths)
         begin = self.clock()
         info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
-        stats.step_s += self.clock() - begin
+        end = self.clock()
+        stats.step_s += end - begin
+        log.debug("span", kind="step", start=begin, end=end, period=stats.period)
         self._batch = []
         log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
+        begin = self.clock()
         data = await asyncio.to_thread(self.learner.weights)
         sha = await self.publish(version, data)
+        end = self.clock()
         log.info("version_published", version=version, nbytes=len(data), sha256=sha)
-        return self.clock(), sha, len(data)
+        log.debug("span", kind="publish", start=begin, end=end, period=version - 1, version=version)
+        return end, sha, len(data)
 
     async def _listen(self) -> None:
         while True:
