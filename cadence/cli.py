@@ -60,10 +60,52 @@ def parser() -> argparse.ArgumentParser:
     gguf.add_argument(
         "--out", type=Path, default=None, help="folder (default: ~/.cache/cadence/smollm2-135m-instruct)"
     )
+    data = sub.add_parser("data", help="problem files for the file task")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    gym = data_sub.add_parser("reasoning-gym", help="write a reasoning-gym generator's problems as JSONL")
+    gym.add_argument("name", help="the generator, e.g. basic_arithmetic")
+    gym.add_argument("--size", type=int, default=1000, help="problems to write")
+    gym.add_argument("--seed", type=int, default=0, help="the generator's seed")
+    gym.add_argument("-o", "--out", type=Path, required=True, help="JSONL file (fields question, answer)")
     logs = sub.add_parser("logs", help="the merged structured logs of every actor of a run")
-    logs.add_argument("dir", type=Path)
-    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("dir", type=Path, nargs="?", help="a run folder (or use --connect)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing events as they come")
+    logs.add_argument("--connect", default=None, help="follow a live run through its dispatcher's address")
+    logs.add_argument("--run-id", default=None, help="with --connect: the run's id (or give --config)")
+    logs.add_argument(
+        "--config", type=Path, default=None, help="with --connect: the run's config (its run_id)"
+    )
+    logs.add_argument("--actor", action="append", default=[], help="only actors named so (a prefix)")
+    logs.add_argument("--event", action="append", default=[], help="only these events (glob patterns)")
+    logs.add_argument("--period", default=None, help="only events of period N, or A:B")
+    logs.add_argument("--level", default="info", choices=["debug", "info", "warning", "error"])
+    logs.add_argument("--json", action="store_true", help="one JSON object a line")
+    logs.add_argument(
+        "--backlog", type=int, default=1000, help="with --connect: earlier events to show first"
+    )
+    timeline = sub.add_parser("timeline", help="draw who works when: a row per actor, a bar per span")
+    timeline.add_argument("dir", type=Path, help="a run folder")
+    timeline.add_argument("-o", "--out", type=Path, required=True, help="picture file, .png or .svg")
+    timeline.add_argument(
+        "--periods",
+        type=_periods,
+        default=None,
+        metavar="A:B",
+        help="show periods A to B, or A alone (default: 4 periods from the middle of the run)",
+    )
+    plot = sub.add_parser("plot", help="draw reward, accuracy, response length and throughput a period")
+    plot.add_argument("dir", type=Path, help="a run folder")
+    plot.add_argument("-o", "--out", type=Path, required=True, help="picture file, .png or .svg")
     return root
+
+
+def _periods(text: str) -> tuple[int, int]:
+    from cadence.pictures.spans import parse_periods
+
+    try:
+        return parse_periods(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +131,28 @@ def main(argv: list[str] | None = None) -> int:
             out = import_gguf(args.gguf or smollm2_gguf(), args.out or default_cache())
             print(f"cadence: checkpoint in {out}")
             return 0
-        if args.command == "logs":
-            from cadence.logview import show_logs
+        if args.command == "data":
+            from cadence.tasks.export import export_reasoning_gym
 
-            return show_logs(args.dir, args.follow)
+            try:
+                count = export_reasoning_gym(args.name, args.size, args.seed, args.out)
+            except ValueError as err:
+                print(f"cadence: {err}", file=sys.stderr)
+                return 2
+            print(f"cadence: wrote {count} problems to {args.out}")
+            return 0
+        if args.command == "logs":
+            return _logs(args)
+        if args.command == "timeline":
+            from cadence.pictures import write_picture
+            from cadence.pictures.timeline import draw_timeline
+
+            return write_picture(lambda: draw_timeline(args.dir, args.out, args.periods))
+        if args.command == "plot":
+            from cadence.pictures import write_picture
+            from cadence.pictures.plot import draw_plot
+
+            return write_picture(lambda: draw_plot(args.dir, args.out))
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"cadence: configuration error: {err}", file=sys.stderr)
@@ -100,21 +160,53 @@ def main(argv: list[str] | None = None) -> int:
     return _actor(args, cfg)
 
 
+def _logs(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from cadence.config import load_config
+    from cadence.logview import Filter, follow_remote, parse_periods, show_logs
+
+    try:
+        periods = parse_periods(args.period) if args.period is not None else None
+    except ValueError as err:
+        print(f"cadence: {err}", file=sys.stderr)
+        return 2
+    where = Filter(tuple(args.actor), tuple(args.event), periods, args.level)
+    if args.connect is None:
+        if args.dir is None:
+            print("cadence: logs wants a run folder or --connect ADDRESS", file=sys.stderr)
+            return 2
+        return show_logs(args.dir, args.follow, where=where, as_json=args.json)
+    run_id = args.run_id
+    if run_id is None and args.config is not None:
+        run_id = load_config(args.config).run_id
+    if not run_id:
+        print("cadence: --connect needs the run's id: --run-id ID or --config FILE", file=sys.stderr)
+        return 2
+    return asyncio.run(
+        follow_remote(args.connect, run_id, args.follow, where, args.json, backlog=args.backlog)
+    )
+
+
 def _actor(args: argparse.Namespace, cfg: object) -> int:
     from cadence import processes
     from cadence.config import RunConfig
-    from cadence.log import configure_logging
+    from cadence.log import LogStream, configure_logging
 
     assert isinstance(cfg, RunConfig)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     name = args.command if args.command != "rollout" else (args.name or processes.default_name("rollout"))
-    configure_logging(name, out / "logs", args.log_level)
+    own_file = (out / "logs" / f"{name}.jsonl").resolve()
+    stream = LogStream(name, str(own_file)) if cfg.monitor.stream_logs else None
+    configure_logging(name, out / "logs", args.log_level, stream)
     if args.command == "dispatcher":
         bind = args.bind or f"tcp://{cfg.transport.host}:*"
-        return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out))
+        return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream))
     if args.command == "trainer":
-        return processes.run_async(lambda: processes.trainer_main(cfg, args.connect, out, args.publisher))
+        return processes.run_async(
+            lambda: processes.trainer_main(cfg, args.connect, out, args.publisher, stream)
+        )
     if args.command == "publisher":
-        return processes.run_async(lambda: processes.publisher_main(cfg, args.connect, out))
-    return processes.run_async(lambda: processes.rollout_main(cfg, args.connect, name))
+        return processes.run_async(lambda: processes.publisher_main(cfg, args.connect, out, stream))
+    return processes.run_async(lambda: processes.rollout_main(cfg, args.connect, name, stream))

@@ -1,7 +1,9 @@
 """Structured logs: one event name and key-value fields, to a JSON-lines file and the console.
 
 Invariant: every event an actor logs reaches `logs/<actor>.jsonl` as one JSON object a line with
-`time` (epoch seconds), `ts`, `actor`, `host`, `pid`, `level` and `event`, whatever the console shows.
+`time` (epoch seconds), `ts`, `actor`, `host`, `pid`, `level` and `event`, whatever the console shows;
+with a `LogStream`, the same line is also queued for the dispatcher (bounded: the oldest lines give
+way and are counted when nobody drains it).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
@@ -21,8 +24,32 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure_logging(actor: str, log_dir: Path | None, console_level: str = "info") -> None:
-    """Send this process's structlog events to `log_dir/<actor>.jsonl` and to stderr."""
+class LogStream:
+    """This process's log lines waiting to be sent to the dispatcher."""
+
+    def __init__(self, actor: str, path: str, capacity: int = 50_000) -> None:
+        self.actor = actor
+        self.host = socket.gethostname()
+        self.path = path
+        self.lines: deque[str] = deque(maxlen=capacity)
+        self.dropped = 0
+
+    def put(self, line: str) -> None:
+        if len(self.lines) == self.lines.maxlen:
+            self.dropped += 1
+        self.lines.append(line)
+
+    def take(self, limit: int) -> tuple[list[str], int]:
+        """Up to `limit` lines, oldest first, and the count dropped since the last take."""
+        out = [self.lines.popleft() for _ in range(min(limit, len(self.lines)))]
+        dropped, self.dropped = self.dropped, 0
+        return out, dropped
+
+
+def configure_logging(
+    actor: str, log_dir: Path | None, console_level: str = "info", stream: LogStream | None = None
+) -> None:
+    """Send this process's structlog events to `log_dir/<actor>.jsonl`, to stderr, and to `stream`."""
     sink: IO[str] | None = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -42,8 +69,11 @@ def configure_logging(actor: str, log_dir: Path | None, console_level: str = "in
         return event
 
     def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
+        line = json.dumps(event, default=str)
         if sink is not None:
-            sink.write(json.dumps(event, default=str) + "\n")
+            sink.write(line + "\n")
+        if stream is not None:
+            stream.put(line)
         if _LEVELS.get(event.get("level", "info"), logging.INFO) < console_min:
             raise structlog.DropEvent
         shown = {k: v for k, v in event.items() if k not in ("time", "host", "pid")}

@@ -95,6 +95,31 @@ class Shutdown(Message):
     reason: str
 
 
+# ---------------------------------------------------------------- logs
+
+
+@message("log_batch")
+@dataclass(frozen=True)
+class LogBatch(Message):
+    """Log events of one actor, each a JSON object text, sent to the dispatcher and on to followers.
+    `path` is the file the actor writes them to itself; `dropped` counts events lost to a full buffer."""
+
+    actor: str
+    host: str
+    path: str
+    lines: list[str]
+    dropped: int = 0
+
+
+@message("subscribe")
+@dataclass(frozen=True)
+class Subscribe(Message):
+    """A follower asks the dispatcher for the run's log events (the last `backlog` first); sent again
+    every heartbeat to stay subscribed."""
+
+    backlog: int = 0
+
+
 # ---------------------------------------------------------------- work
 
 

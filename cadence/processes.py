@@ -22,6 +22,7 @@ from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
+    from cadence.log import LogStream
 
 log = structlog.get_logger()
 
@@ -43,22 +44,41 @@ def _bind_address(cfg: RunConfig) -> str:
     return f"tcp://{cfg.transport.host}:*"
 
 
-async def dispatcher_main(cfg: RunConfig, bind: str, out: Path) -> None:
+async def _with_log_stream(
+    actor: Awaitable[None], net: ZmqNetwork, name: str, connect: str, stream: LogStream | None
+) -> None:
+    """Run the actor; with a stream, send this process's log lines to the dispatcher meanwhile."""
+    if stream is None:
+        await actor
+        return
+    from cadence.actors.base import first_of
+    from cadence.logstream import stream_logs
+
+    await first_of(actor, stream_logs(net.connect(f"{name}.logs", connect), stream))  # type: ignore[arg-type]
+
+
+async def dispatcher_main(cfg: RunConfig, bind: str, out: Path, stream: LogStream | None = None) -> None:
     from cadence.actors.dispatcher import Dispatcher
+    from cadence.logstream import LogHub
     from cadence.run_dir import RunRecorder
     from cadence.tasks.registry import make_task
 
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
     server = net.bind("dispatcher", bind)
+    lease = cfg.transport.heartbeat_s * cfg.transport.liveness
+    hub = LogHub(server, out / "logs", time.time, lease, own=stream)
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
         recorder = RunRecorder(out, cfg.mode)
-        await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time).run()
+        await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time, hub).run()
     finally:
+        hub.close()
         net.close()
 
 
-async def trainer_main(cfg: RunConfig, connect: str, out: Path, publisher_address: str | None) -> None:
+async def trainer_main(
+    cfg: RunConfig, connect: str, out: Path, publisher_address: str | None, stream: LogStream | None = None
+) -> None:
     """The trainer; with `publisher_address` None it hosts the weight publisher in this process."""
     from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
@@ -84,17 +104,17 @@ async def trainer_main(cfg: RunConfig, connect: str, out: Path, publisher_addres
         trainer = Trainer(
             cfg, server, net.connect("trainer", connect), learner, publish, time.time, out / "checkpoints"
         )
-        await first_of(trainer.run(), *jobs)
+        await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:
         net.close()
 
 
-async def publisher_main(cfg: RunConfig, connect: str, out: Path) -> None:
+async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStream | None = None) -> None:
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
     try:
         publisher = _publisher(cfg, net, connect)
         (out / "publisher.addr").write_text(publisher.server.address + "\n")
-        await publisher.run()
+        await _with_log_stream(publisher.run(), net, "publisher", connect, stream)
     finally:
         net.close()
 
@@ -112,7 +132,7 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
     )
 
 
-async def rollout_main(cfg: RunConfig, connect: str, name: str) -> None:
+async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
     from cadence.build import make_engine, make_tokenizer
     from cadence.tasks.registry import make_task
@@ -131,7 +151,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str) -> None:
             tokenizer,
             time.time,
         )
-        await worker.run()
+        await _with_log_stream(worker.run(), net, name, connect, stream)
     finally:
         net.close()
 

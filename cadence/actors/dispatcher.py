@@ -24,14 +24,17 @@ import structlog
 
 from cadence.actors.base import first_of
 from cadence.config import RunConfig
+from cadence.logstream import LogHub
 from cadence.messages import (
     Assignment,
     Consumed,
     Heartbeat,
+    LogBatch,
     Message,
     Register,
     RunDone,
     Shutdown,
+    Subscribe,
     VersionReady,
     Welcome,
     WorkRequest,
@@ -62,8 +65,10 @@ class Dispatcher:
         task: Task,
         recorder: RunRecorder,
         clock: Callable[[], float],
+        hub: LogHub | None = None,
     ) -> None:
         self.cfg = cfg
+        self.hub = hub
         self.server = server
         self.task = task
         self.recorder = recorder
@@ -88,6 +93,8 @@ class Dispatcher:
         await first_of(self._receive(), self._watch(), self.done.wait())
         for peer in list(self.peers):
             await self.server.send(peer, Shutdown(self.failure or "run complete"))
+        if self.hub is not None:
+            await self.hub.tick()
         await asyncio.sleep(0.2)  # let the shutdowns leave before the socket closes
         if self.failure:
             raise RuntimeError(self.failure)
@@ -95,7 +102,16 @@ class Dispatcher:
     async def _receive(self) -> None:
         while True:
             peer, env = await self.server.recv()
-            self.handle(peer, env.sender, env.message)
+            msg = env.message
+            if isinstance(msg, LogBatch | Subscribe):
+                if self.hub is None:
+                    log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+                elif isinstance(msg, LogBatch):
+                    await self.hub.batch(msg)
+                else:
+                    await self.hub.subscribe(peer, env.sender, msg)
+                continue
+            self.handle(peer, env.sender, msg)
             await self._flush()
 
     async def _watch(self) -> None:
@@ -106,6 +122,8 @@ class Dispatcher:
             for peer in list(self.peers):
                 await self.server.send(peer, Heartbeat("dispatcher"))
             await self._flush()
+            if self.hub is not None:
+                await self.hub.tick()
 
     # ------------------------------------------------------------------ handlers
 

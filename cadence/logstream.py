@@ -1,0 +1,137 @@
+"""Log events on the wire: every actor streams its lines to the dispatcher, which keeps them for the
+run's own log folder and passes them on to followers (`cadence logs --connect`).
+
+```
+ actor: structlog ─► LogStream ─► stream_logs ─ LogBatch ─► dispatcher: LogHub
+                                                              ├─► logs/<actor>.jsonl (remote actors)
+                                                              ├─► backlog (last N lines)
+ follower ─ Subscribe(backlog) every heartbeat ──────────────►└─► LogBatch ─► follower
+```
+
+Invariant: the hub writes a batch to `logs/<actor>.jsonl` only when that actor is not already writing
+the same file itself (another host, or another run folder), so no line is written twice; a follower
+that stops renewing its subscription is dropped after the liveness timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from cadence.log import LogStream
+from cadence.messages import LogBatch, Subscribe
+from cadence.transport.endpoint import Client, Server
+
+log = structlog.get_logger()
+
+BATCH_LINES = 2000
+
+
+async def stream_logs(client: Client, stream: LogStream, interval_s: float = 0.2) -> None:
+    """Send the stream's lines to the dispatcher in batches, forever; what is left goes out on cancel."""
+    try:
+        while True:
+            await _send_all(client, stream)
+            await asyncio.sleep(interval_s)
+    finally:
+        # best effort: the lines are in the actor's own file whatever happens here
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(_send_all(client, stream)), 1.0)
+
+
+async def _send_all(client: Client, stream: LogStream) -> None:
+    while stream.lines or stream.dropped:
+        lines, dropped = stream.take(BATCH_LINES)
+        await client.send(LogBatch(stream.actor, stream.host, stream.path, lines, dropped))
+
+
+def _safe_name(actor: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in actor)[:100] or "unnamed"
+
+
+class LogHub:
+    """The dispatcher's side: files for remote actors, a backlog, and the followers."""
+
+    def __init__(
+        self,
+        server: Server,
+        log_dir: Path,
+        clock: Callable[[], float],
+        lease_s: float,
+        own: LogStream | None = None,
+        backlog: int = 5000,
+    ) -> None:
+        self.server = server
+        self.own = own
+        self.log_dir = log_dir
+        self.clock = clock
+        self.lease_s = lease_s
+        self.backlog: deque[str] = deque(maxlen=backlog)
+        self.followers: dict[bytes, float] = {}  # peer -> lease end
+        self.files: dict[str, IO[str] | None] = {}
+        self.host = socket.gethostname()
+
+    async def batch(self, msg: LogBatch) -> None:
+        self._write(msg)
+        self.backlog.extend(msg.lines)
+        if msg.dropped:
+            log.warning("log_lines_dropped", actor=msg.actor, dropped=msg.dropped)
+        for peer in list(self.followers):
+            await self.server.send(peer, msg)
+
+    async def subscribe(self, peer: bytes, sender: str, msg: Subscribe) -> None:
+        new = peer not in self.followers
+        self.followers[peer] = self.clock() + self.lease_s
+        if new:
+            log.info("log_follower_joined", peer=sender, backlog=msg.backlog)
+            lines = list(self.backlog)[-msg.backlog :] if msg.backlog > 0 else []
+            for start in range(0, len(lines), BATCH_LINES):
+                chunk = lines[start : start + BATCH_LINES]
+                await self.server.send(peer, LogBatch("backlog", self.host, "", chunk, 0))
+
+    async def tick(self) -> None:
+        """Pass on this process's own lines, and drop followers whose lease ran out."""
+        self._expire()
+        while self.own is not None and (self.own.lines or self.own.dropped):
+            lines, dropped = self.own.take(BATCH_LINES)
+            await self.batch(LogBatch(self.own.actor, self.own.host, self.own.path, lines, dropped))
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for peer, until in list(self.followers.items()):
+            if until < now:
+                del self.followers[peer]
+                log.info("log_follower_left", peer=peer.decode(errors="replace"))
+
+    def _write(self, msg: LogBatch) -> None:
+        if msg.actor not in self.files:
+            own = self.log_dir / f"{_safe_name(msg.actor)}.jsonl"
+            local = msg.host == self.host and Path(msg.path).resolve() == own.resolve()
+            if local:
+                self.files[msg.actor] = None
+            else:
+                own.parent.mkdir(parents=True, exist_ok=True)
+                self.files[msg.actor] = open(own, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        sink = self.files[msg.actor]
+        if sink is None:
+            return
+        for line in msg.lines:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                sink.write(json.dumps(event) + "\n")
+
+    def close(self) -> None:
+        for sink in self.files.values():
+            if sink is not None:
+                sink.close()

@@ -1,0 +1,115 @@
+"""Log streaming on real loopback sockets: actors to the dispatcher's hub, the hub to followers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from cadence.log import LogStream
+from cadence.logstream import LogHub, stream_logs
+from cadence.messages import LogBatch, Subscribe
+from cadence.transport.zmq_socket import ZmqNetwork
+
+pytestmark = pytest.mark.timeout(30)
+WAIT = 5.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def net() -> AsyncIterator[ZmqNetwork]:
+    network = ZmqNetwork(run="run-logs")
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+async def serve(hub: LogHub) -> None:
+    """What the dispatcher does with these two message types."""
+    while True:
+        peer, env = await hub.server.recv()
+        if isinstance(env.message, LogBatch):
+            await hub.batch(env.message)
+        elif isinstance(env.message, Subscribe):
+            await hub.subscribe(peer, env.sender, env.message)
+
+
+def line(actor: str, n: int) -> str:
+    return json.dumps({"time": float(n), "actor": actor, "level": "info", "event": f"e{n}"})
+
+
+async def test_remote_actors_are_written_local_ones_are_not_and_followers_get_backlog_then_live(
+    net: ZmqNetwork, tmp_path: Path
+) -> None:
+    clock = Clock()
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    hub = LogHub(server, tmp_path / "logs", clock, lease_s=5.0, backlog=3)
+    serving = asyncio.create_task(serve(hub))
+    try:
+        remote = net.connect("rollout-far", server.address)
+        local = net.connect("trainer", server.address)
+        here = socket.gethostname()
+        own = str((tmp_path / "logs" / "trainer.jsonl").resolve())
+        # one at a time: two sockets' messages have no order between them
+        for client, batch in (
+            (remote, LogBatch("rollout-far", "other-host", "/elsewhere/x.jsonl", [line("r", 1), "junk"])),
+            (local, LogBatch("trainer", here, own, [line("trainer", 2)])),
+            (remote, LogBatch("rollout-far", "other-host", "/elsewhere/x.jsonl", [line("r", 3)])),
+            (local, LogBatch("trainer", here, own, [line("trainer", 4)])),
+        ):
+            await client.send(batch)
+            while batch.lines[0] not in hub.backlog:
+                await asyncio.sleep(0.01)
+        written = (tmp_path / "logs" / "rollout-far.jsonl").read_text().splitlines()
+        assert [json.loads(x)["event"] for x in written] == ["e1", "e3"]  # junk refused, order kept
+        assert not (tmp_path / "logs" / "trainer.jsonl").exists()  # it writes that file itself
+
+        follower = net.connect("follower", server.address)
+        await follower.send(Subscribe(backlog=2))
+        first = await asyncio.wait_for(follower.recv(), WAIT)
+        assert isinstance(first.message, LogBatch) and first.message.lines == [
+            line("r", 3),
+            line("trainer", 4),
+        ]
+        await remote.send(LogBatch("rollout-far", "other-host", "/elsewhere/x.jsonl", [line("r", 5)]))
+        live = await asyncio.wait_for(follower.recv(), WAIT)
+        assert isinstance(live.message, LogBatch) and live.message.lines == [line("r", 5)]
+
+        clock.now += 6.0  # the follower never renewed: its lease ran out
+        await hub.tick()
+        assert hub.followers == {}
+        await remote.send(LogBatch("rollout-far", "other-host", "/elsewhere/x.jsonl", [line("r", 6)]))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(follower.recv(), 0.3)
+    finally:
+        serving.cancel()
+        hub.close()
+
+
+async def test_an_actor_streams_its_lines_and_the_rest_on_cancel(net: ZmqNetwork, tmp_path: Path) -> None:
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    client = net.connect("rollout-0.logs", server.address)
+    stream = LogStream("rollout-0", "/x/rollout-0.jsonl")
+    for n in range(3):
+        stream.put(line("rollout-0", n))
+    task = asyncio.create_task(stream_logs(client, stream, interval_s=0.05))
+    _, env = await asyncio.wait_for(server.recv(), WAIT)
+    assert isinstance(env.message, LogBatch)
+    assert env.message.actor == "rollout-0" and len(env.message.lines) == 3
+    stream.put(line("rollout-0", 9))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    _, env = await asyncio.wait_for(server.recv(), WAIT)
+    assert isinstance(env.message, LogBatch) and env.message.lines == [line("rollout-0", 9)]
