@@ -225,6 +225,10 @@ class RunConfig:
                 f"trainer.steps_per_period = {steps} must be >= 1 and divide task.prompts_per_period"
                 f" = {self.task.prompts_per_period}"
             )
+        if not 0 <= self.monitor.samples_fraction <= 1:
+            raise ConfigError(
+                f"monitor.samples_fraction must be in [0, 1], got {self.monitor.samples_fraction}"
+            )
         if self.trainer.micro_batch_tokens < 0:
             raise ConfigError(
                 f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"

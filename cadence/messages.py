@@ -160,6 +160,10 @@ class GroupResult(Message):
     gen_s: float
     load_s: float
     finished_at: float
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)  # each reward function's values
+    prompt: str = ""  # text of a group kept as a sample (rollout samples), else empty
+    answer: str = ""
+    responses: list[str] = field(default_factory=list)
 
 
 @message("consumed")

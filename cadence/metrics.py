@@ -37,6 +37,8 @@ class PeriodStats:
     gen_s: list[float] = field(default_factory=list)
     load_s: list[float] = field(default_factory=list)
     workers: set[str] = field(default_factory=set)
+    busy: dict[str, float] = field(default_factory=dict)  # worker -> seconds generating and loading
+    parts: dict[str, list[float]] = field(default_factory=dict)  # reward function -> values
     stale_dropped: int = 0
     duplicates_dropped: int = 0
     step_s: float = 0.0  # optimizer steps of the period, summed
@@ -53,8 +55,12 @@ class PeriodStats:
         correct: list[float],
         gen_s: float,
         load_s: float,
+        parts: dict[str, list[float]] | None = None,
     ) -> None:
         self.arrivals.append(now)
+        self.busy[sender] = self.busy.get(sender, 0.0) + gen_s + load_s
+        for name, values in (parts or {}).items():
+            self.parts.setdefault(name, []).extend(values)
         self.completions[prompt_id] = completions
         self.lengths.extend(len(c) for c in completions)
         self.workers.add(sender)
@@ -73,7 +79,10 @@ class PeriodStats:
         mean = sum(self.rewards) / n if n else 0.0
         std = (sum((r - mean) ** 2 for r in self.rewards) / n) ** 0.5 if n else 0.0
         tokens = sum(self.lengths)
+        idle = [max(0.0, period_s - busy) for busy in self.busy.values()]
+        per_function = {f"reward_{name}": sum(v) / len(v) for name, v in sorted(self.parts.items()) if v}
         return {
+            **per_function,
             "period": self.period,
             "version": self.period,
             "groups": len(self.arrivals),
@@ -82,6 +91,7 @@ class PeriodStats:
             "reward_std": std,
             "accuracy": sum(self.correct) / n if n else 0.0,
             "response_len_mean": tokens / n if n else 0.0,
+            "response_len_max": max(self.lengths, default=0),
             "tokens_generated": tokens,
             "period_s": period_s,
             "gen_s": last_arrival - self.start,
@@ -89,6 +99,7 @@ class PeriodStats:
             "overlap_s": overlap(self.spans, self.start, last_arrival),
             "tail_s": end - publish_s - last_arrival,
             "trainer_idle_s": period_s - train_s - publish_s,
+            "inference_idle_s": sum(idle) / len(idle) if idle else 0.0,
             "publish_s": publish_s,
             "weight_load_s": max(self.load_s, default=0.0),
             "weight_sync_s": publish_s + max(self.load_s, default=0.0),

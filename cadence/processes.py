@@ -60,6 +60,7 @@ async def _with_log_stream(
 async def dispatcher_main(cfg: RunConfig, bind: str, out: Path, stream: LogStream | None = None) -> None:
     from cadence.actors.dispatcher import Dispatcher
     from cadence.logstream import LogHub
+    from cadence.metric_writers import make_writers
     from cadence.run_dir import RunRecorder
     from cadence.tasks.registry import make_task
 
@@ -69,7 +70,7 @@ async def dispatcher_main(cfg: RunConfig, bind: str, out: Path, stream: LogStrea
     hub = LogHub(server, out / "logs", time.time, lease, own=stream)
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
-        recorder = RunRecorder(out, cfg.mode)
+        recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out))
         await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time, hub).run()
     finally:
         hub.close()
@@ -83,6 +84,7 @@ async def trainer_main(
     from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
     from cadence.build import make_learner, make_tokenizer
+    from cadence.samples import SampleWriter
     from cadence.transport.weights import upload_weights
 
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
@@ -102,7 +104,14 @@ async def trainer_main(
                 return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
 
         trainer = Trainer(
-            cfg, server, net.connect("trainer", connect), learner, publish, time.time, out / "checkpoints"
+            cfg,
+            server,
+            net.connect("trainer", connect),
+            learner,
+            publish,
+            time.time,
+            out / "checkpoints",
+            SampleWriter(out / "samples"),
         )
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:
@@ -135,6 +144,7 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
 async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
     from cadence.build import make_engine, make_tokenizer
+    from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
 
     net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
@@ -147,7 +157,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             net.connect(name, connect),
             net.connect,
             engine,
-            make_task(cfg.task, cfg.seed),
+            make_scorer(cfg, make_task(cfg.task, cfg.seed)),
             tokenizer,
             time.time,
         )

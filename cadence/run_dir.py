@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cadence.metric_writers import MetricWriter
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -49,8 +53,9 @@ def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 class RunRecorder:
     """Writes the per-period metrics and the run summary of one run directory."""
 
-    def __init__(self, out: Path, mode: str) -> None:
+    def __init__(self, out: Path, mode: str, writers: Sequence[MetricWriter] = ()) -> None:
         self.out = out
+        self.writers = list(writers)
         self.mode = mode
         self.rows: list[dict[str, Any]] = []
         self.started = 0.0
@@ -63,11 +68,15 @@ class RunRecorder:
     def period(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         self._metrics.write(json.dumps(row, sort_keys=True) + "\n")
+        for writer in self.writers:
+            writer.write(int(row.get("period", len(self.rows) - 1)), row)
 
     def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
         summary = summarize(self.rows, self.mode, now - self.started, version, sha256)
         write_json(self.out / "summary.json", summary)
         self._metrics.close()
+        for writer in self.writers:
+            writer.close()
         return summary
 
 

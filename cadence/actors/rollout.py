@@ -27,12 +27,17 @@ from cadence.config import RunConfig
 from cadence.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
 from cadence.model.engine import Completion, sample_seed
 from cadence.model.tokenizer import TextTokenizer
-from cadence.tasks.base import Task
+from cadence.samples import is_sampled
+from cadence.tasks.base import Score
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import pull_weights
 
 log = structlog.get_logger()
+
+
+class Scorer(Protocol):
+    async def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score: ...
 
 
 class RolloutEngine(Protocol):
@@ -49,7 +54,7 @@ class RolloutWorker:
         dispatcher: Client,
         connect: Callable[[str, str], Client],
         engine: RolloutEngine,
-        task: Task,
+        scorer: Scorer,
         tokenizer: TextTokenizer,
         clock: Callable[[], float],
     ) -> None:
@@ -58,7 +63,7 @@ class RolloutWorker:
         self.dispatcher = dispatcher
         self.connect = connect
         self.engine = engine
-        self.task = task
+        self.scorer = scorer
         self.tokenizer = tokenizer
         self.clock = clock
         self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
@@ -124,10 +129,12 @@ class RolloutWorker:
         prompt = self.tokenizer.encode_prompt(job.prompt)
         seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
         completions = await asyncio.to_thread(self.engine.generate, prompt, seeds)
+        texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
         scores = [
-            self.task.score(job.prompt, self.tokenizer.decode_response(c.tokens), job.answer, c.finished)
-            for c in completions
+            await self.scorer.score(job.prompt, text, job.answer, c.finished)
+            for text, c in zip(texts, completions, strict=True)
         ]
+        keep = is_sampled(self.cfg.seed, job.prompt_id, self.cfg.monitor.samples_fraction)
         end = self.clock()
         log.debug("span", kind="generate", start=begin, end=end, period=job.period, prompt_id=job.prompt_id)
         return GroupResult(
@@ -142,4 +149,8 @@ class RolloutWorker:
             gen_s=end - begin,
             load_s=load_s,
             finished_at=end,
+            reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in scores[0].parts},
+            prompt=job.prompt if keep else "",
+            answer=job.answer if keep else "",
+            responses=texts if keep else [],
         )

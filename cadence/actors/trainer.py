@@ -42,6 +42,7 @@ from cadence.messages import (
 )
 from cadence.metrics import PeriodStats
 from cadence.ops.packing import packed_length
+from cadence.samples import SampleWriter
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
 
@@ -60,7 +61,9 @@ class Trainer:
         publish: Publish,
         clock: Callable[[], float],
         checkpoint_dir: Path,
+        samples: SampleWriter | None = None,
     ) -> None:
+        self.samples = samples
         self.cfg = cfg
         self.server = server
         self.dispatcher = dispatcher
@@ -145,7 +148,10 @@ class Trainer:
                 msg.correct,
                 msg.gen_s,
                 msg.load_s,
+                msg.reward_parts,
             )
+            if msg.responses and self.samples is not None:
+                self._keep_sample(msg)
             await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
             if self.cfg.mode == "periodic":
                 # train now, together with whatever else has arrived meanwhile (up to the budget)
@@ -155,6 +161,25 @@ class Trainer:
         for msg in held:
             await self._add(msg, stats, flush=False)
         await self._flush(stats)
+
+    def _keep_sample(self, msg: GroupResult) -> None:
+        responses = [
+            {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
+            | {name: values[i] for name, values in msg.reward_parts.items()}
+            for i, (text, tokens, reward, correct) in enumerate(
+                zip(msg.responses, msg.completions, msg.rewards, msg.correct, strict=True)
+            )
+        ]
+        record = {
+            "period": msg.period,
+            "version": msg.version,
+            "prompt_id": msg.prompt_id,
+            "prompt": msg.prompt,
+            "answer": msg.answer,
+            "reward_mean": sum(msg.rewards) / len(msg.rewards),
+            "responses": responses,
+        }
+        self.samples.write(msg.period, record)  # type: ignore[union-attr]
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""

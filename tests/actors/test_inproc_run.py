@@ -22,6 +22,7 @@ from cadence.actors.rollout import RolloutWorker
 from cadence.actors.trainer import Trainer
 from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.config import RunConfig
+from cadence.rewards.scorer import make_scorer
 from cadence.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
@@ -61,7 +62,7 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
             net.connect(f"w{i}", "inproc://d"),
             net.connect,
             make_engine(cfg, tokenizer),
-            task,
+            make_scorer(cfg, task),
             tokenizer,
             time.time,
         )

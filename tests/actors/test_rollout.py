@@ -11,6 +11,7 @@ from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
+from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
@@ -41,7 +42,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
         network.connect("w0", "inproc://dispatcher"),
         network.connect,
         engine,
-        make_task(cfg.task, cfg.seed),
+        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
         tokenizer,
         time.time,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,6 +16,7 @@ import structlog
 from cadence.actors.trainer import Trainer
 from cadence.learner import TrainGroup
 from cadence.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
+from cadence.samples import SampleWriter
 from cadence.transport.inproc import InprocNetwork
 from tests.conftest import expect, tiny_config
 
@@ -85,6 +88,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         publish,
         time.time,
         tmp_path,
+        SampleWriter(tmp_path / "samples"),
     )
     task = asyncio.create_task(trainer.run())
     worker = network.connect("w0", "inproc://trainer")
@@ -198,4 +202,29 @@ async def test_a_micro_batch_never_spans_two_optimizer_steps(network: InprocNetw
     await expect(dispatcher, VersionReady, skip=(Consumed,))
     assert learner.micro == [[0.0, 1.0], [2.0, 3.0]]
     assert [c[0] for c in learner.calls] == ["train", "train", "step", "train", "train", "step"]
+    task.cancel()
+
+
+async def test_groups_that_carry_their_texts_are_kept_as_samples(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    kept = dataclasses.replace(
+        group(0, 1, tag=1.0),
+        prompt="53",
+        answer="5",
+        responses=["5", "3"],
+        reward_parts={"task": [1.0, 0.0]},
+    )
+    for msg in (group(0, 0), kept, group(0, 2), group(0, 3)):
+        await worker.send(msg)
+    await expect(dispatcher, VersionReady, skip=(Consumed,))
+    lines = (tmp_path / "samples" / "period-0.jsonl").read_text().splitlines()
+    assert len(lines) == 1  # only the group with texts
+    record = json.loads(lines[0])
+    assert (record["prompt_id"], record["prompt"], record["answer"]) == (1, "53", "5")
+    assert [r["text"] for r in record["responses"]] == ["5", "3"]
+    assert [r["task"] for r in record["responses"]] == [1.0, 0.0]
+    assert [r["tokens"] for r in record["responses"]] == [2, 3]
     task.cancel()
