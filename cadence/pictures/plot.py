@@ -1,0 +1,135 @@
+"""`cadence plot`: reward, accuracy, response length and throughput against the period, 2x2.
+
+Invariant: a key missing from some rows leaves those periods out of its curve, a key missing from
+every row leaves its curve (or panel) out; neither stops the picture. From `_SMOOTH_FROM` periods
+on, each curve is drawn faint with a trailing moving average over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cadence.pictures import PictureError, check_run_dir, picture_format, read_metrics
+
+_SMOOTH_FROM = 40
+_BLUE = "#4C72B0"
+_ORANGE = "#DD8452"
+_GREEN = "#2CA02C"
+_PURPLE = "#8172B3"
+
+
+def draw_plot(run_dir: Path, out: Path) -> Path:
+    """Draw the per-period curves of the run in `run_dir` into `out` (.png or .svg); return `out`."""
+    fmt = picture_format(out)
+    check_run_dir(run_dir)
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise PictureError(f"no periods in {run_dir / 'metrics.jsonl'}: is it a cadence run directory?")
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 7.5), dpi=150, layout="constrained")
+    (reward, accuracy), (length, speed) = fig.subplots(2, 2, sharex=True)
+    smooth = len(rows) >= _SMOOTH_FROM
+    window = max(5, len(rows) // 25)
+
+    x, mean = _series(rows, "reward_mean")
+    if x:
+        xb, both = _band(rows)
+        if xb:
+            lo = [m - d for m, d in both]
+            hi = [m + d for m, d in both]
+            reward.fill_between(xb, lo, hi, color=_BLUE, alpha=0.15, linewidth=0, label="mean ± std")
+        _curve(reward, x, mean, _BLUE, "mean", smooth, window)
+    _finish(reward, "reward", "reward_mean", bool(x))
+
+    x, acc = _series(rows, "accuracy")
+    if x:
+        _curve(accuracy, x, acc, _GREEN, "accuracy", smooth, window)
+        accuracy.set_ylim(-0.03, 1.03)
+    _finish(accuracy, "accuracy", "accuracy", bool(x))
+
+    x, resp = _series(rows, "response_len_mean")
+    if x:
+        _curve(length, x, resp, _PURPLE, "mean response length", smooth, window)
+        length.set_ylabel("tokens")
+    _finish(length, "response length", "response_len_mean", bool(x))
+
+    x, tok = _series(rows, "tokens_per_s")
+    xs, sam = _series(rows, "samples_per_s")
+    if x:
+        _curve(speed, x, tok, _BLUE, "tokens/s", smooth, window)
+        speed.set_ylabel("tokens/s", color=_BLUE)
+    if xs:
+        twin = speed.twinx() if x else speed
+        _curve(twin, xs, sam, _ORANGE, "samples/s", smooth, window)
+        twin.set_ylabel("samples/s", color=_ORANGE)
+        if x:
+            handles = speed.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+            speed.legend(handles=handles, loc="lower right", fontsize=8)
+    _finish(speed, "throughput", "tokens_per_s", bool(x or xs), legend=not (x and xs))
+
+    for ax in (length, speed):
+        ax.set_xlabel("period")
+    note = f", moving average over {window} periods" if smooth else ""
+    fig.suptitle(f"{run_dir}: {len(rows)} periods{note}", fontsize=11)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(out, format=fmt)
+    return out
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(period, value) of the rows that hold a number under `key`."""
+    xs, ys = [], []
+    for i, row in enumerate(rows):
+        if _number(row.get(key)):
+            xs.append(float(row.get("period", i)))
+            ys.append(float(row[key]))
+    return xs, ys
+
+
+def _band(rows: list[dict[str, Any]]) -> tuple[list[float], list[tuple[float, float]]]:
+    """(period, (reward mean, reward std)) of the rows that hold both."""
+    xs, pairs = [], []
+    for i, row in enumerate(rows):
+        if _number(row.get("reward_mean")) and _number(row.get("reward_std")):
+            xs.append(float(row.get("period", i)))
+            pairs.append((float(row["reward_mean"]), float(row["reward_std"])))
+    return xs, pairs
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to `window - 1` values before it."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _curve(
+    ax: Any, x: list[float], y: list[float], colour: str, label: str, smooth: bool, window: int
+) -> None:
+    if smooth:
+        ax.plot(x, y, color=colour, alpha=0.3, linewidth=0.7)
+        ax.plot(x, moving_average(y, window), color=colour, linewidth=1.8, label=label)
+    else:
+        ax.plot(x, y, color=colour, linewidth=1.4, marker="o", markersize=2.5, label=label)
+
+
+def _finish(ax: Any, title: str, key: str, drawn: bool, legend: bool = True) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if not drawn:
+        ax.text(0.5, 0.5, f"no {key} in metrics.jsonl", transform=ax.transAxes, ha="center", color="#777777")
+    elif legend:
+        ax.legend(loc="best", fontsize=8)
