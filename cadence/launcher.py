@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import RunConfig, to_dict
-from cadence.run_dir import read_new_lines, write_json
+from cadence.progress import Progress
+from cadence.run_dir import write_json
 
 
 class LaunchError(RuntimeError):
@@ -38,7 +39,7 @@ def prepare(cfg: RunConfig, out: Path) -> tuple[RunConfig, Path]:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
         (out / name).unlink(missing_ok=True)
-    for name in ("logs", "checkpoints"):
+    for name in ("logs", "checkpoints", "samples", "tensorboard"):
         shutil.rmtree(out / name, ignore_errors=True)
     path = out / "config.json"
     write_json(path, to_dict(cfg))
@@ -101,37 +102,33 @@ def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: floa
 def _watch(
     cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float
 ) -> None:
-    offset = 0
+    shown = Progress(out, cfg.periods, cfg.task.prompts_per_period, sys.stdout, sys.stdout.isatty())
     lost: set[str] = set()
-    while True:
-        rows, offset = read_new_lines(out / "metrics.jsonl", offset)
-        for row in rows:
+    try:
+        while True:
             if progress:
-                print(_progress_line(row, cfg.periods), flush=True)
-        for name, proc in procs.items():
-            code = proc.poll()
-            if code is None or code == 0 or name in lost:
-                continue
-            if not name.startswith("rollout-"):
-                raise LaunchError(f"{name} exited with status {code}; see {out / 'logs'}")
-            lost.add(name)  # the dispatcher hands its prompts to the other workers
-            print(f"cadence: {name} exited with status {code}; the run goes on without it", flush=True)
-        if procs["dispatcher"].poll() == 0:
-            if not (out / "summary.json").exists():
-                raise LaunchError("dispatcher finished without a summary")
-            _wait_exit(procs, 15.0)
-            return
-        if time.time() > deadline:
-            raise LaunchError("run timed out")
-        time.sleep(0.2)
-
-
-def _progress_line(row: dict[str, Any], periods: int) -> str:
-    return (
-        f"period {row['period'] + 1:>4}/{periods}  reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}"
-        f"  period {row['period_s']:.2f}s  overlap {row['overlap_s']:.2f}s  sync {row['weight_sync_s'] * 1e3:.0f}ms"
-        f"  {row['tokens_per_s']:.0f} tok/s  workers {row['workers_active']}"
-    )
+                shown.poll()
+            for name, proc in procs.items():
+                code = proc.poll()
+                if code is None or code == 0 or name in lost:
+                    continue
+                if not name.startswith("rollout-"):
+                    raise LaunchError(f"{name} exited with status {code}; see {out / 'logs'}")
+                lost.add(name)  # the dispatcher hands its prompts to the other workers
+                shown.close()
+                print(f"cadence: {name} exited with status {code}; the run goes on without it", flush=True)
+            if procs["dispatcher"].poll() == 0:
+                if not (out / "summary.json").exists():
+                    raise LaunchError("dispatcher finished without a summary")
+                if progress:
+                    shown.poll()
+                _wait_exit(procs, 15.0)
+                return
+            if time.time() > deadline:
+                raise LaunchError("run timed out")
+            time.sleep(0.2)
+    finally:
+        shown.close()
 
 
 def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:

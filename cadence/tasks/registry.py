@@ -14,4 +14,14 @@ def make_task(cfg: TaskConfig, seed: int) -> Task:
         from cadence.tasks.arithmetic import ArithmeticTask
 
         return ArithmeticTask(cfg, seed)
-    raise ValueError(f"task.name {cfg.name!r} is unknown; known: 'digits', 'arithmetic'")
+    if cfg.name == "file":
+        from cadence.tasks.dataset import FileTask
+
+        return FileTask(cfg, seed)
+    if cfg.name == "reasoning_gym":
+        from cadence.tasks.gym import ReasoningGymTask
+
+        return ReasoningGymTask(cfg, seed)
+    raise ValueError(
+        f"task.name {cfg.name!r} is unknown; known: 'digits', 'arithmetic', 'file', 'reasoning_gym'"
+    )

@@ -1,0 +1,110 @@
+"""What `cadence run` shows while it runs: a live status line on a terminal, plain lines elsewhere.
+
+On a terminal one line is redrawn in place (period, groups trained of B in the current period,
+reward, accuracy, tokens/s, elapsed and time left) and a permanent line is printed every twentieth of
+the run; without a terminal every period gets one plain line, as a log would want.
+
+Invariant: the display only reads the run folder (`metrics.jsonl`, the trainer's `train` spans in
+`logs/trainer.jsonl`); it never talks to an actor, so a slow terminal cannot slow the run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from cadence.run_dir import read_new_lines
+
+
+def period_line(row: dict[str, Any], periods: int) -> str:
+    return (
+        f"period {row['period'] + 1:>4}/{periods}  reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}"
+        f"  period {row['period_s']:.2f}s  overlap {row['overlap_s']:.2f}s  sync {row['weight_sync_s'] * 1e3:.0f}ms"
+        f"  {row['tokens_per_s']:.0f} tok/s  workers {row['workers_active']}"
+    )
+
+
+def status_line(
+    period: int, periods: int, groups: int, batch: int, last: dict[str, Any] | None, elapsed: float
+) -> str:
+    """The live line: `period` is the one in progress (0-based), `groups` of it trained so far."""
+    done = min(period, periods)
+    left = elapsed / done * (periods - done) if done else None
+    parts = [f"period {min(period + 1, periods):>4}/{periods}", f"groups {groups:>3}/{batch}"]
+    if last is not None:
+        parts += [
+            f"reward {last['reward_mean']:.3f}",
+            f"acc {last['accuracy']:.3f}",
+            f"{last['tokens_per_s']:.0f} tok/s",
+        ]
+    parts.append(f"elapsed {_clock(elapsed)}")
+    parts.append(f"left {_clock(left) if left is not None else '?'}")
+    return "  ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class Progress:
+    """Follows a run folder and prints what it finds; call `poll` now and then, `close` at the end."""
+
+    def __init__(self, out: Path, periods: int, batch: int, stream: TextIO, live: bool) -> None:
+        self.out = out
+        self.periods = periods
+        self.batch = batch
+        self.stream = stream
+        self.live = live
+        self.begin = time.time()
+        self.offsets = {"metrics": 0, "trainer": 0}
+        self.last: dict[str, Any] | None = None
+        self.period = 0
+        self.groups: dict[int, int] = {}
+        self.every = max(1, periods // 20)
+        self._drawn = False
+
+    def poll(self) -> None:
+        rows, self.offsets["metrics"] = read_new_lines(self.out / "metrics.jsonl", self.offsets["metrics"])
+        if self.live:
+            spans, self.offsets["trainer"] = read_new_lines(
+                self.out / "logs" / "trainer.jsonl", self.offsets["trainer"]
+            )
+            for e in spans:
+                if e.get("event") == "span" and e.get("kind") == "train" and isinstance(e.get("period"), int):
+                    self.groups[e["period"]] = self.groups.get(e["period"], 0) + int(e.get("groups", 1))
+        for row in rows:
+            self.last = row
+            self.period = row["period"] + 1
+            self.groups.pop(row["period"], None)
+            if not self.live:
+                self._print(period_line(row, self.periods))
+            elif self.period % self.every == 0 or self.period == self.periods:
+                self._clear()
+                self._print(period_line(row, self.periods))
+        if self.live:
+            line = status_line(
+                self.period,
+                self.periods,
+                self.groups.get(self.period, 0),
+                self.batch,
+                self.last,
+                time.time() - self.begin,
+            )
+            self.stream.write("\r\x1b[2K" + line)
+            self.stream.flush()
+            self._drawn = True
+
+    def close(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self._drawn = False
+
+    def _print(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()

@@ -1,0 +1,23 @@
+"""`cadence data reasoning-gym`: problems of a reasoning-gym generator written as JSONL for the file task.
+
+Each line is one JSON object with `question` and `answer` (the file task's default fields), so
+`task.name = "file"` reads the file with no further settings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cadence.tasks.gym import generate
+
+
+def export_reasoning_gym(name: str, size: int, seed: int, out: Path) -> int:
+    """Write `size` problems of generator `name` (seeded) to `out`; the number written."""
+    dataset = generate(name, size, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for i in range(len(dataset)):
+            entry = dataset[i]
+            f.write(json.dumps({"question": str(entry["question"]), "answer": str(entry["answer"])}) + "\n")
+    return len(dataset)

@@ -1,0 +1,73 @@
+"""The reasoning-gym task: problems from a reasoning-gym generator, checked by the generator itself.
+
+`task.gym_size` problems of `task.gym_dataset` are generated once, seeded by the run seed, and walked
+like the file task's records (`cadence.tasks.dataset.walk`). A response is correct when the dataset's
+own `score_answer` gives its final answer (the extracted one, else the whole response stripped) 1.0.
+Invariant: reward = format_weight * (finished and an answer was stated)
++ (1 - format_weight) * correct, in 0..1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cadence.config import TaskConfig
+from cadence.rewards.math import extract_answer, is_correct
+from cadence.tasks.base import Prompt, Score
+from cadence.tasks.dataset import alphabet_of, stated_reward, walk
+
+
+def generate(name: str, size: int, seed: int) -> Any:
+    """The reasoning-gym dataset `name` of `size` problems, seeded; a clear ValueError if unavailable."""
+    if size < 1:
+        raise ValueError(f"a reasoning-gym dataset needs a size >= 1, got {size}")
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError("the reasoning_gym task needs reasoning-gym (pip install 'cadence[data]')") from None
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed)
+    except ValueError as exc:
+        raise ValueError(f"reasoning-gym dataset {name!r}: {exc}") from None
+
+
+class ReasoningGymTask:
+    def __init__(self, cfg: TaskConfig, seed: int) -> None:
+        if not 0.0 <= cfg.format_weight <= 1.0:
+            raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
+        if cfg.gym_size < 1:
+            raise ValueError(f"task.gym_size must be >= 1, got {cfg.gym_size}")
+        self.cfg = cfg
+        self.seed = seed
+        try:
+            self.dataset = generate(cfg.gym_dataset, cfg.gym_size, seed)
+        except ValueError as exc:
+            raise ValueError(f"task.gym_dataset = {cfg.gym_dataset!r}: {exc}") from None
+        self.entries: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
+        self.records = [
+            (cfg.prompt_template.replace("{prompt}", str(e["question"])), str(e["answer"]))
+            for e in self.entries
+        ]
+        # score() receives the prompt text and the answer: they find the entry the generator scores against
+        self.by_prompt = {record: entry for record, entry in zip(self.records, self.entries, strict=True)}
+        self.alphabet = alphabet_of([text + answer for text, answer in self.records])
+
+    def prompts(self, period: int, count: int) -> list[Prompt]:
+        indices = walk(len(self.records), self.seed, period, count)
+        return [Prompt(period * count + i, *self.records[r]) for i, r in enumerate(indices)]
+
+    def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
+        entry = self.by_prompt.get((prompt, answer))
+        if entry is None:  # not one of ours: fall back to the math checker
+            correct = is_correct(response, answer)
+        else:
+            given = extract_answer(response)
+            try:
+                value = self.dataset.score_answer(
+                    answer=response.strip() if given is None else given, entry=entry
+                )
+            except Exception:  # a generator's checker that fails on a malformed answer: not correct
+                value = 0.0
+            correct = value is not None and float(value) >= 1.0
+        reward = stated_reward(self.cfg.format_weight, finished, response, correct)
+        return Score(reward=reward, correct=float(correct))
