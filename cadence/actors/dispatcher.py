@@ -84,6 +84,8 @@ class Dispatcher:
         self.done = asyncio.Event()
         self.failure: str | None = None
         self._outbox: list[tuple[bytes, Message]] = []
+        self._no_workers_since: float | None = None
+        self._no_workers_said = 0.0
 
     # ------------------------------------------------------------------ life
 
@@ -119,6 +121,7 @@ class Dispatcher:
             await asyncio.sleep(self.liveness.interval_s)
             for name, silent in self.liveness.expired():
                 self._lost(name, silent)
+            self._check_workers()
             for peer in list(self.peers):
                 await self.server.send(peer, Heartbeat("dispatcher"))
             await self._flush()
@@ -132,6 +135,8 @@ class Dispatcher:
         known = peer in self.peers
         if not known and not isinstance(msg, Register):
             log.warning("message_from_unregistered_peer", peer=sender, type=msg.TAG)
+            if sender in self.lost:  # declared dead, then woke up: it must not work on unseen
+                self._outbox.append((peer, Shutdown(f"{sender} was declared lost; start it again to rejoin")))
             return
         self.liveness.seen(sender)
         if isinstance(msg, Register):
@@ -200,6 +205,26 @@ class Dispatcher:
         self.reassigned += len(back)
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=len(back))
+
+    def _check_workers(self) -> None:
+        """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is back."""
+        workers = sum(1 for p in self.peers.values() if p.role == "rollout")
+        if workers == 0 and self.pending:
+            now = self.clock()
+            if self._no_workers_since is None or now - self._no_workers_said >= 10.0:
+                self._no_workers_since = self._no_workers_since or now
+                self._no_workers_said = now
+                log.warning(
+                    "waiting_for_workers",
+                    period=self.period,
+                    pending=len(self.pending),
+                    waited_s=round(now - self._no_workers_since, 1),
+                )
+        elif self._no_workers_since is not None and workers:
+            log.info(
+                "workers_back", workers=workers, waited_s=round(self.clock() - self._no_workers_since, 1)
+            )
+            self._no_workers_since = None
 
     # ------------------------------------------------------------------ assignment
 

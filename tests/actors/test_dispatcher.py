@@ -153,3 +153,45 @@ async def test_malformed_frames_are_refused_and_the_dispatcher_goes_on(
     assert dispatcher.server.refused == 3
     assert not task.done()
     task.cancel()
+
+
+async def test_no_worker_left_the_run_waits_says_so_and_a_woken_lost_worker_is_sent_away(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "transport.liveness=4")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    alive = [trainer, publisher]
+
+    async def beat() -> None:
+        while True:
+            for client in alive:
+                await client.send(Heartbeat("x"))
+            await asyncio.sleep(0.05)
+
+    beating = asyncio.create_task(beat())
+    with structlog.testing.capture_logs() as logs:
+        sleeper = await join(network, "sleeper", "rollout")
+        await expect(sleeper, Welcome)
+        await sleeper.send(WorkRequest(1))
+        await trainer.send(VersionReady(0, "sha", 10, {}))
+        first = await expect(sleeper, Assignment)
+        # the sleeper goes silent (a stopped process): declared lost, and nobody is left to work
+        while not any(e["event"] == "waiting_for_workers" for e in logs):
+            await asyncio.sleep(0.05)
+        waiting = next(e for e in logs if e["event"] == "waiting_for_workers")
+        assert waiting["pending"] == 4 and waiting["period"] == 0  # its prompt went back to the queue
+        await sleeper.send(Heartbeat("rollout"))  # it wakes up
+        bye = await expect(sleeper, Shutdown)
+        assert "declared lost" in bye.reason
+        late = await join(network, "late", "rollout")
+        alive.append(late)
+        await expect(late, Welcome)
+        await late.send(WorkRequest(8))
+        again = [await expect(late, Assignment) for _ in range(4)]
+        while not any(e["event"] == "workers_back" for e in logs):
+            await asyncio.sleep(0.05)
+    beating.cancel()
+    assert first.prompt_id in {a.prompt_id for a in again}
+    assert [e["peer"] for e in logs if e["event"] == "worker_lost"] == ["sleeper"]
+    task.cancel()
