@@ -15,11 +15,14 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
+
+# events a peer can provoke at will: a few a second reach the log, the rest are counted
+THROTTLED = ("unexpected_message", "message_from_unregistered_peer")
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -68,6 +71,18 @@ def configure_logging(
             event.setdefault(key, value)
         return event
 
+    throttles = {name: Throttle() for name in THROTTLED}
+
+    def throttle(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        limit = throttles.get(event.get("event", ""))
+        if limit is not None:
+            shown, held = limit.allow()
+            if not shown:
+                raise structlog.DropEvent
+            if held:
+                event["suppressed"] = held
+        return event
+
     def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
         line = json.dumps(event, default=str)
         if sink is not None:
@@ -80,8 +95,38 @@ def configure_logging(
         return render(_, __, shown)
 
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, stamp, tee],
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            throttle,
+            stamp,
+            tee,
+        ],
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         cache_logger_on_first_use=False,
     )
+
+
+class Throttle:
+    """At most `per_second` events a second get through; the rest are counted, and the count is
+    handed to the next one that does (so a flood costs a few log lines a second, and loses no count)."""
+
+    def __init__(self, per_second: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_second = per_second
+        self.clock = clock
+        self._window = -1e9
+        self._in_window = 0
+        self._suppressed = 0
+
+    def allow(self) -> tuple[bool, int]:
+        """Whether to log this one, and how many were held back before it."""
+        now = self.clock()
+        if now - self._window >= 1.0:
+            self._window, self._in_window = now, 0
+        self._in_window += 1
+        if self._in_window > self.per_second:
+            self._suppressed += 1
+            return False, 0
+        held, self._suppressed = self._suppressed, 0
+        return True, held

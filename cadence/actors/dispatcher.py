@@ -7,6 +7,11 @@
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
  trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
+ trainer or publisher lost ─► checkpoint_every = 0: fail the run
+                              else: trainer_lost_waiting; nothing pending, nothing assigned, until a
+                              trainer registers again ─► a fresh Welcome to every worker
+                              ─► its VersionReady(k) (k from its resume checkpoint): metrics.jsonl
+                              rewound to k, period k started from the beginning
 ```
 
 Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
@@ -159,6 +164,10 @@ class Dispatcher:
         if peer in self.peers:
             self._lost(self.peers[peer].name, 0.0, reason="re-registered")
             self.liveness.seen(sender)
+        if msg.role in ("trainer", "publisher") and self.cfg.trainer.checkpoint_every > 0:
+            for old in [p.name for p in self.peers.values() if p.role == msg.role]:
+                self._lost(old, 0.0, reason=f"replaced by {sender}")
+                self.liveness.seen(sender)
         self.peers[peer] = Peer(sender, msg.role, msg.address)
         log.info(
             "peer_joined",
@@ -179,6 +188,10 @@ class Dispatcher:
         if msg.metrics:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period({**msg.metrics, "workers": workers, "reassigned": self.reassigned})
+        else:  # a trainer's first version: 0, or where its resume checkpoint stands
+            dropped = self.recorder.rewind(msg.version)
+            if dropped:
+                log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if msg.version >= self.cfg.periods:
             log.info("periods_complete", version=msg.version)
             return
@@ -195,6 +208,9 @@ class Dispatcher:
             return
         info = self.peers.pop(peer)
         self.liveness.forget(name)
+        if info.role != "rollout" and self.cfg.trainer.checkpoint_every > 0:
+            self._await_trainer(info, silent_s, reason)
+            return
         if info.role != "rollout":
             self.failure = f"{info.role} {name} lost ({reason} for {silent_s:.1f}s)"
             log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
@@ -226,6 +242,26 @@ class Dispatcher:
             )
             self._no_workers_since = None
 
+    def _await_trainer(self, info: Peer, silent_s: float, reason: str) -> None:
+        """A trainer (or its publisher) is gone but can come back from its resume checkpoint: hold
+        every worker until both are there again (a fresh Welcome); a new trainer's first version
+        names the period that starts over."""
+        if info.role == "trainer":
+            self.pending.clear()
+            self.outstanding.clear()
+            for p in self.peers.values():
+                p.outstanding.clear()
+        for p in self.peers.values():
+            p.welcomed = p.welcomed and p.role != "rollout"
+        log.warning(
+            "trainer_lost_waiting",
+            peer=info.name,
+            role=info.role,
+            silent_s=round(silent_s, 2),
+            reason=reason,
+            period=self.period,
+        )
+
     # ------------------------------------------------------------------ assignment
 
     def _assign(self) -> None:
@@ -233,6 +269,14 @@ class Dispatcher:
         for peer, info in self.peers.items():
             if info.role == "rollout" and not info.welcomed and len(addresses) == 2:
                 info.welcomed = True
+                info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
+                back = [
+                    self.outstanding.pop(pid)[1]
+                    for pid in sorted(info.outstanding)
+                    if pid in self.outstanding
+                ]
+                self.pending.extendleft(reversed(back))
+                info.outstanding.clear()
                 self._outbox.append(
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )

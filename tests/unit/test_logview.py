@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.log import LogStream
+from cadence.log import LogStream, Throttle
 from cadence.logview import Filter, _Held, format_event, parse_periods, show_logs
 
 EVENTS = [
@@ -78,3 +78,12 @@ def test_a_log_stream_is_bounded_and_counts_what_it_dropped() -> None:
         stream.put(str(i))
     assert stream.take(2) == (["2", "3"], 2)
     assert stream.take(10) == (["4"], 0)
+
+
+def test_throttle_lets_a_few_a_second_through_and_hands_on_the_count() -> None:
+    now = [0.0]
+    throttle = Throttle(per_second=2, clock=lambda: now[0])
+    assert [throttle.allow() for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0), (False, 0)]
+    now[0] = 1.5
+    assert throttle.allow() == (True, 3)
+    assert throttle.allow() == (True, 0)
