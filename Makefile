@@ -30,7 +30,9 @@ smollm2: $(STAMP)
 
 # The same model on reasoning-gym's basic_arithmetic problems, through the JSONL prompt source.
 data/basic_arithmetic.jsonl: $(STAMP)
-	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 1000 --seed 0 -o $@
+	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 1000 --seed 0 -o $@ \
+	  --option min_terms=2 --option max_terms=2 --option min_digits=1 --option max_digits=2 \
+	  --option "operators=['+','-']" --option allow_parentheses=false --option allow_negation=false
 
 smollm2-math: smollm2 data/basic_arithmetic.jsonl
 	$(BIN)/cadence run configs/smollm2-math.toml --out runs/smollm2-math

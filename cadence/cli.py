@@ -26,14 +26,22 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = root.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="the whole system on this machine, each actor its own process")
-    run.add_argument("config", type=Path)
+    run.add_argument("config", type=Path, nargs="?", help="TOML run configuration (with --resume: optional)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    run.add_argument("--out", type=Path, default=Path("runs/latest"))
+    run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/latest)")
+    run.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="continue the run in DIR from its last resume checkpoint (its config.json, unless CONFIG)",
+    )
     d = sub.add_parser("dispatcher", help="run the prompt dispatcher (binds)")
     _config_args(d)
     d.add_argument(
         "--bind", default=None, help="address to bind, e.g. tcp://0.0.0.0:5555 (default: a free port)"
     )
+    d.add_argument("--resume", action="store_true", help="continue the metrics.jsonl of --out")
     for name, text in (
         ("trainer", "the trainer"),
         ("publisher", "the weight publisher"),
@@ -44,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
         a.add_argument("--connect", required=True, help="the dispatcher's address, e.g. tcp://10.0.0.1:5555")
         if name == "trainer":
             a.add_argument("--publisher", default=None, help="a publisher's address (default: host one here)")
+            a.add_argument(
+                "--resume", action="store_true", help="continue from the resume checkpoint under --out"
+            )
         if name == "rollout":
             a.add_argument("--name", default=None, help="this worker's name (default: rollout-HOST-PID)")
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
@@ -67,6 +78,16 @@ def parser() -> argparse.ArgumentParser:
     gym.add_argument("--size", type=int, default=1000, help="problems to write")
     gym.add_argument("--seed", type=int, default=0, help="the generator's seed")
     gym.add_argument("-o", "--out", type=Path, required=True, help="JSONL file (fields question, answer)")
+    gym.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a generator setting, e.g. max_terms=2 (value a TOML literal)",
+    )
+    keys = sub.add_parser("keys", help="make CURVE key pairs for transport.keys (encrypted, keyed peers)")
+    keys.add_argument("dir", type=Path, help="folder to write server.key*, client.key*, authorized/ into")
+    keys.add_argument("--force", action="store_true", help="replace keys the folder already holds")
     logs = sub.add_parser("logs", help="the merged structured logs of every actor of a run")
     logs.add_argument("dir", type=Path, nargs="?", help="a run folder (or use --connect)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing events as they come")
@@ -82,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--json", action="store_true", help="one JSON object a line")
     logs.add_argument(
         "--backlog", type=int, default=1000, help="with --connect: earlier events to show first"
+    )
+    logs.add_argument(
+        "--keys", type=Path, default=None, help="with --connect: the run's keys folder (or its --config's)"
     )
     timeline = sub.add_parser("timeline", help="draw who works when: a row per actor, a bar per span")
     timeline.add_argument("dir", type=Path, help="a run folder")
@@ -114,9 +138,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            from cadence.launcher import run_command
+            from cadence.launcher import resume_config, run_command
 
-            return run_command(load_config(args.config, args.overrides), args.out)
+            if args.resume is not None:
+                if args.out is not None and args.out.resolve() != args.resume.resolve():
+                    print("cadence: --resume DIR continues in DIR; leave out --out", file=sys.stderr)
+                    return 2
+                cfg = resume_config(args.resume, args.config, args.overrides)
+                return run_command(cfg, args.resume, resume=True)
+            if args.config is None:
+                print("cadence: run wants a CONFIG file (or --resume DIR)", file=sys.stderr)
+                return 2
+            return run_command(load_config(args.config, args.overrides), args.out or Path("runs/latest"))
         if args.command == "bench" and args.name == "packing":
             from cadence.bench.packing import bench_packing
 
@@ -135,12 +168,15 @@ def main(argv: list[str] | None = None) -> int:
             from cadence.tasks.export import export_reasoning_gym
 
             try:
-                count = export_reasoning_gym(args.name, args.size, args.seed, args.out)
+                options = _options(args.option)
+                count = export_reasoning_gym(args.name, args.size, args.seed, args.out, options)
             except ValueError as err:
                 print(f"cadence: {err}", file=sys.stderr)
                 return 2
             print(f"cadence: wrote {count} problems to {args.out}")
             return 0
+        if args.command == "keys":
+            return _keys(args.dir, args.force)
         if args.command == "logs":
             return _logs(args)
         if args.command == "timeline":
@@ -158,6 +194,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cadence: configuration error: {err}", file=sys.stderr)
         return 2
     return _actor(args, cfg)
+
+
+def _options(items: list[str]) -> dict[str, object]:
+    """`KEY=VALUE` strings as a table, each value a TOML literal (else the string)."""
+    import tomllib
+
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option {item!r} is not KEY=VALUE")
+        try:
+            options[key.strip()] = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            options[key.strip()] = raw.strip()
+    return options
+
+
+def _keys(folder: Path, force: bool) -> int:
+    from cadence.transport.keys import ROLES, KeysError, make_keys
+
+    try:
+        written = make_keys(folder, force)
+    except KeysError as err:
+        print(f"cadence: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"cadence: wrote {path}  {ROLES[str(path.relative_to(folder))]}")
+    print(f"cadence: run with --set transport.keys='{folder}' (secrets are mode 0600; copy them privately)")
+    return 0
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -178,14 +244,25 @@ def _logs(args: argparse.Namespace) -> int:
             return 2
         return show_logs(args.dir, args.follow, where=where, as_json=args.json)
     run_id = args.run_id
-    if run_id is None and args.config is not None:
-        run_id = load_config(args.config).run_id
+    keys: Path | None = args.keys
+    if args.config is not None:
+        cfg = load_config(args.config)
+        run_id = run_id or cfg.run_id
+        keys = keys or (Path(cfg.transport.keys) if cfg.transport.keys else None)
     if not run_id:
         print("cadence: --connect needs the run's id: --run-id ID or --config FILE", file=sys.stderr)
         return 2
-    return asyncio.run(
-        follow_remote(args.connect, run_id, args.follow, where, args.json, backlog=args.backlog)
-    )
+    from cadence.transport.keys import KeysError
+
+    try:
+        return asyncio.run(
+            follow_remote(
+                args.connect, run_id, args.follow, where, args.json, backlog=args.backlog, keys=keys
+            )
+        )
+    except KeysError as err:
+        print(f"cadence: {err}", file=sys.stderr)
+        return 2
 
 
 def _actor(args: argparse.Namespace, cfg: object) -> int:
@@ -202,10 +279,10 @@ def _actor(args: argparse.Namespace, cfg: object) -> int:
     configure_logging(name, out / "logs", args.log_level, stream)
     if args.command == "dispatcher":
         bind = args.bind or f"tcp://{cfg.transport.host}:*"
-        return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream))
+        return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream, args.resume))
     if args.command == "trainer":
         return processes.run_async(
-            lambda: processes.trainer_main(cfg, args.connect, out, args.publisher, stream)
+            lambda: processes.trainer_main(cfg, args.connect, out, args.publisher, stream, args.resume)
         )
     if args.command == "publisher":
         return processes.run_async(lambda: processes.publisher_main(cfg, args.connect, out, stream))

@@ -136,6 +136,7 @@ class TrainerConfig:
     normaliser: Literal["tokens", "samples"] = doc(
         "tokens", "the period's summed loss is divided by its response tokens or its samples"
     )
+    checkpoint_every: int = doc(0, "save a resumable checkpoint every N periods (0: only the final weights)")
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,22 @@ class WeightsConfig:
 
 @dataclass(frozen=True)
 class TransportConfig:
-    host: str = doc("127.0.0.1", "interface servers bind to and advertise")
+    host: str = doc(
+        "127.0.0.1", "interface servers bind to (0.0.0.0: all) and, unless advertise_host, advertise"
+    )
+    advertise_host: str = doc(
+        "", "the address other hosts reach this one's servers at (behind NAT: the public one); empty: host"
+    )
+    trainer_port: int = doc(0, "port the trainer binds (0: any free one); a fixed one for firewalls and NAT")
+    publisher_port: int = doc(0, "port the weight publisher binds (0: any free one)")
     heartbeat_s: float = doc(0.5, "seconds between heartbeats")
     liveness: int = doc(20, "missed heartbeats after which a peer is declared dead")
     max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused")
+    keys: str = doc(
+        "",
+        "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"
+        " without the client key",
+    )
 
 
 @dataclass(frozen=True)
@@ -233,6 +246,8 @@ class RunConfig:
             raise ConfigError(
                 f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"
             )
+        if self.trainer.checkpoint_every < 0:
+            raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
         if self.rollout.temperature < 0:

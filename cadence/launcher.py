@@ -2,6 +2,7 @@
 
 ```
  config.json ─► dispatcher (binds, writes dispatcher.addr) ─► trainer + publisher ─► N rollout workers
+ (--resume DIR: metrics.jsonl cut back to the checkpoint's period; dispatcher and trainer get --resume)
  every 0.2 s: new metrics.jsonl lines ─► progress; a process that failed ─► stop all, exit 1
  dispatcher done ─► summary.json ─► the rest stop on its Shutdown (or are terminated)
 ```
@@ -24,9 +25,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cadence.config import RunConfig, to_dict
+from cadence.config import ConfigError, RunConfig, load_config, to_dict
 from cadence.progress import Progress
-from cadence.run_dir import write_json
+from cadence.resume import ResumeError, check_config, find_resume
+from cadence.run_dir import truncate_metrics, write_json
 
 
 class LaunchError(RuntimeError):
@@ -46,9 +48,50 @@ def prepare(cfg: RunConfig, out: Path) -> tuple[RunConfig, Path]:
     return cfg, path
 
 
-def launch(cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 3600.0) -> dict[str, Any]:
-    """Run the whole system; the summary when it succeeds, `LaunchError` otherwise."""
-    cfg, config_path = prepare(cfg, out)
+def resume_config(out: Path, config: Path | None, overrides: list[str]) -> RunConfig:
+    """The config a resumed run in `out` goes on with: `out/config.json` (or `config`), the overrides on
+    top, and the run's own id."""
+    saved = out / "config.json"
+    if not saved.is_file():
+        raise ConfigError(f"{out} holds no config.json, so it is no run directory to resume")
+    return dataclasses.replace(load_config(config or saved, overrides), run_id=load_config(saved).run_id)
+
+
+def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
+    """Ready `out` to continue from its resume checkpoint: the config's path and the period to resume
+    at. `metrics.jsonl` keeps the periods before it; logs stay."""
+    found = find_resume(out / "checkpoints")
+    if found is None:
+        raise LaunchError(
+            f"no resume checkpoint in {out / 'checkpoints' / 'resume'}: the run had"
+            " trainer.checkpoint_every = 0, or stopped before its first checkpoint"
+        )
+    where, state = found
+    try:
+        check_config(state, cfg, where)
+    except ResumeError as err:
+        raise LaunchError(str(err)) from None
+    version = int(state["version"])
+    # the checkpoint carries the row of the period before it, which the dispatcher records again
+    truncate_metrics(out / "metrics.jsonl", version - 1 if state.get("metrics") else version)
+    for name in ("summary.json", "dispatcher.addr", "publisher.addr"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "checkpoints" / "final", ignore_errors=True)
+    path = out / "config.json"
+    write_json(path, to_dict(cfg))
+    return path, version
+
+
+def launch(
+    cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 3600.0, resume: bool = False
+) -> dict[str, Any]:
+    """Run the whole system (with `resume`, continue the run in `out` from its resume checkpoint);
+    the summary when it succeeds, `LaunchError` otherwise."""
+    if resume:
+        config_path, first = prepare_resume(cfg, out)
+    else:
+        (cfg, config_path), first = prepare(cfg, out), 0
+    again = ["--resume"] if resume else []
     base = [sys.executable, "-m", "cadence"]
     common = ["--config", str(config_path), "--out", str(out), "--log-level", "warning"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -61,14 +104,18 @@ def launch(cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 
 
     begin = time.time()
     try:
-        start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*"])
+        start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*", *again])
         address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
-        start("trainer", ["trainer", "--connect", address])
+        start("trainer", ["trainer", "--connect", address, *again])
         for i in range(cfg.rollout.workers):
             start(f"rollout-{i}", ["rollout", "--connect", address, "--name", f"rollout-{i}"])
         if progress:
-            print(f"cadence: run {cfg.run_id} in {out}: {len(procs)} processes, {cfg.mode} mode", flush=True)
-        _watch(cfg, out, procs, progress, begin + timeout_s)
+            where = f" resumed at period {first}," if resume else ""
+            print(
+                f"cadence: run {cfg.run_id} in {out}:{where} {len(procs)} processes, {cfg.mode} mode",
+                flush=True,
+            )
+        _watch(cfg, out, procs, progress, begin + timeout_s, first)
     finally:
         _stop_all(procs)
     summary: dict[str, Any] = read_json(out / "summary.json")
@@ -100,9 +147,14 @@ def _wait_for_address(path: Path, proc: subprocess.Popen[bytes], timeout_s: floa
 
 
 def _watch(
-    cfg: RunConfig, out: Path, procs: dict[str, subprocess.Popen[bytes]], progress: bool, deadline: float
+    cfg: RunConfig,
+    out: Path,
+    procs: dict[str, subprocess.Popen[bytes]],
+    progress: bool,
+    deadline: float,
+    first: int = 0,
 ) -> None:
-    shown = Progress(out, cfg.periods, cfg.task.prompts_per_period, sys.stdout, sys.stdout.isatty())
+    shown = Progress(out, cfg.periods, cfg.task.prompts_per_period, sys.stdout, sys.stdout.isatty(), first)
     lost: set[str] = set()
     try:
         while True:
@@ -157,13 +209,13 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def run_command(cfg: RunConfig, out: Path) -> int:
+def run_command(cfg: RunConfig, out: Path, resume: bool = False) -> int:
     # Ctrl-C and `kill` stop the run and every actor. Set both explicitly: a shell that starts a
     # command in the background without job control leaves it with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = launch(cfg, out, progress=True)
+        summary = launch(cfg, out, progress=True, resume=resume)
     except LaunchError as err:
         print(f"cadence: run failed: {err}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ do not change, so the old-policy log-probs are the detached policy log-probs (ra
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from cadence.model.checkpoint import save_checkpoint, state_dict_to_bytes
+from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, state_dict_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer
+from cadence.model.transformer import Transformer, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
@@ -53,6 +54,14 @@ class Learner(Protocol):
     def weights(self) -> bytes: ...
 
     def save(self, directory: Path) -> str: ...
+
+    def save_state(self, directory: Path) -> None:
+        """Write everything needed to continue training exactly (weights, optimizer, RNG) into `directory`."""
+        ...
+
+    def load_state(self, directory: Path) -> None:
+        """Restore what `save_state` wrote; the next step equals the one the saver would have taken."""
+        ...
 
 
 def _widen(values: Tensor, width: int) -> Tensor:
@@ -196,3 +205,25 @@ class TorchLearner:
     def save(self, directory: Path) -> str:
         save_checkpoint(self.model, self.model_cfg, directory, self.tokenizer.files())
         return checksum(self.weights())
+
+    def save_state(self, directory: Path) -> None:
+        """`model.safetensors` (the policy), `optimizer.pt` (AdamW moments and step counts), `rng.pt`
+        (torch's and Python's generators). The frozen reference is rebuilt from the config."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "model.safetensors").write_bytes(self.weights())
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        version, internal, gauss = random.getstate()
+        rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+        torch.save(rng, directory / "rng.pt")
+
+    def load_state(self, directory: Path) -> None:
+        weights = state_dict_from_bytes((directory / "model.safetensors").read_bytes())
+        with torch.no_grad():
+            load_hf_state_dict(self.model, weights)
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sums = {}
+        rng = torch.load(directory / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        version, internal, gauss = rng["python"]
+        random.setstate((version, tuple(internal), gauss))

@@ -146,8 +146,10 @@ async def follow_remote(
     backlog: int = 1000,
     heartbeat_s: float = 0.5,
     silence_s: float = 10.0,
+    keys: Path | None = None,
 ) -> int:
-    """Subscribe to a live run's dispatcher and print its actors' events as they come.
+    """Subscribe to a live run's dispatcher and print its actors' events as they come (over CURVE
+    with `keys`, the run's keys folder).
 
     Without `follow` it prints the backlog and returns; with it, it returns 0 once the run is done
     and the dispatcher has gone quiet, or 1 when the dispatcher stays silent `silence_s` before that.
@@ -155,7 +157,7 @@ async def follow_remote(
     from cadence.messages import LogBatch, Subscribe
     from cadence.transport.zmq_socket import ZmqNetwork
 
-    net = ZmqNetwork(run_id)
+    net = ZmqNetwork(run_id, keys=keys)
     client = net.connect(f"logs-{socket.gethostname()}-{os.getpid()}", address)
     held = _Held(hold_s=0.5 if follow else 0.0)
     heard = time.time()

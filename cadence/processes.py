@@ -40,8 +40,24 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
     return 0
 
 
-def _bind_address(cfg: RunConfig) -> str:
-    return f"tcp://{cfg.transport.host}:*"
+def _bind_address(cfg: RunConfig, port: int) -> str:
+    return f"tcp://{cfg.transport.host}:{port or '*'}"
+
+
+def _network(cfg: RunConfig) -> ZmqNetwork:
+    keys = Path(cfg.transport.keys) if cfg.transport.keys else None
+    return ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes, keys)
+
+
+def advertised(bound: str, cfg: RunConfig) -> str:
+    """The address to tell others: the bound one, its host replaced by `transport.advertise_host`
+    (or by this machine's name when bound to every interface)."""
+    host = cfg.transport.advertise_host or (
+        socket.gethostname() if bound.startswith("tcp://0.0.0.0:") else ""
+    )
+    if not host or not bound.startswith("tcp://"):
+        return bound
+    return f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
 
 
 async def _with_log_stream(
@@ -57,20 +73,23 @@ async def _with_log_stream(
     await first_of(actor, stream_logs(net.connect(f"{name}.logs", connect), stream))  # type: ignore[arg-type]
 
 
-async def dispatcher_main(cfg: RunConfig, bind: str, out: Path, stream: LogStream | None = None) -> None:
+async def dispatcher_main(
+    cfg: RunConfig, bind: str, out: Path, stream: LogStream | None = None, resume: bool = False
+) -> None:
+    """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
     from cadence.logstream import LogHub
     from cadence.metric_writers import make_writers
     from cadence.run_dir import RunRecorder
     from cadence.tasks.registry import make_task
 
-    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    net = _network(cfg)
     server = net.bind("dispatcher", bind)
     lease = cfg.transport.heartbeat_s * cfg.transport.liveness
     hub = LogHub(server, out / "logs", time.time, lease, own=stream)
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
-        recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out))
+        recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
         await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time, hub).run()
     finally:
         hub.close()
@@ -78,19 +97,26 @@ async def dispatcher_main(cfg: RunConfig, bind: str, out: Path, stream: LogStrea
 
 
 async def trainer_main(
-    cfg: RunConfig, connect: str, out: Path, publisher_address: str | None, stream: LogStream | None = None
+    cfg: RunConfig,
+    connect: str,
+    out: Path,
+    publisher_address: str | None,
+    stream: LogStream | None = None,
+    resume: bool = False,
 ) -> None:
-    """The trainer; with `publisher_address` None it hosts the weight publisher in this process."""
+    """The trainer; with `publisher_address` None it hosts the weight publisher in this process; with
+    `resume` it continues from `out/checkpoints/resume`."""
     from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
     from cadence.build import make_learner, make_tokenizer
     from cadence.samples import SampleWriter
     from cadence.transport.weights import upload_weights
 
-    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    net = _network(cfg)
     try:
         learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg))
-        server = net.bind("trainer", _bind_address(cfg))
+        server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
+        server.address = advertised(server.address, cfg)
         jobs = []
         if publisher_address is None:
             publisher = _publisher(cfg, net, connect)
@@ -112,6 +138,7 @@ async def trainer_main(
             time.time,
             out / "checkpoints",
             SampleWriter(out / "samples"),
+            resume=resume,
         )
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:
@@ -119,7 +146,7 @@ async def trainer_main(
 
 
 async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStream | None = None) -> None:
-    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    net = _network(cfg)
     try:
         publisher = _publisher(cfg, net, connect)
         (out / "publisher.addr").write_text(publisher.server.address + "\n")
@@ -133,8 +160,10 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
     from cadence.transport.heartbeat import Liveness
     from cadence.transport.weights import WeightStore
 
+    server = net.bind("publisher", _bind_address(cfg, cfg.transport.publisher_port))
+    server.address = advertised(server.address, cfg)
     return Publisher(
-        net.bind("publisher", _bind_address(cfg)),
+        server,
         net.connect("publisher", connect),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
         Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, time.time),
@@ -147,7 +176,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
 
-    net = ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes)
+    net = _network(cfg)
     try:
         tokenizer = make_tokenizer(cfg)
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)

@@ -51,7 +51,10 @@ def _clock(seconds: float) -> str:
 class Progress:
     """Follows a run folder and prints what it finds; call `poll` now and then, `close` at the end."""
 
-    def __init__(self, out: Path, periods: int, batch: int, stream: TextIO, live: bool) -> None:
+    def __init__(
+        self, out: Path, periods: int, batch: int, stream: TextIO, live: bool, first: int = 0
+    ) -> None:
+        """`first`: the period a resumed run starts at; the lines already in `metrics.jsonl` are not shown."""
         self.out = out
         self.periods = periods
         self.batch = batch
@@ -59,8 +62,11 @@ class Progress:
         self.live = live
         self.begin = time.time()
         self.offsets = {"metrics": 0, "trainer": 0}
+        for key, path in (("metrics", out / "metrics.jsonl"), ("trainer", out / "logs" / "trainer.jsonl")):
+            if first and path.exists():
+                self.offsets[key] = path.stat().st_size
         self.last: dict[str, Any] | None = None
-        self.period = 0
+        self.period = first
         self.groups: dict[int, int] = {}
         self.every = max(1, periods // 20)
         self._drawn = False

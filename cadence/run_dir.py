@@ -50,14 +50,28 @@ def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return rows, offset + end
 
 
-class RunRecorder:
-    """Writes the per-period metrics and the run summary of one run directory."""
+def truncate_metrics(path: Path, version: int) -> int:
+    """Drop the lines of periods >= `version` from a `metrics.jsonl` (atomically); how many went."""
+    rows = read_jsonl(path)
+    keep = [r for r in rows if r.get("period", -1) < version]
+    if len(keep) < len(rows):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+        os.replace(tmp, path)
+    return len(rows) - len(keep)
 
-    def __init__(self, out: Path, mode: str, writers: Sequence[MetricWriter] = ()) -> None:
+
+class RunRecorder:
+    """Writes the per-period metrics and the run summary of one run directory; with `resume` it
+    continues the `metrics.jsonl` already there, whose periods count in the summary."""
+
+    def __init__(
+        self, out: Path, mode: str, writers: Sequence[MetricWriter] = (), resume: bool = False
+    ) -> None:
         self.out = out
         self.writers = list(writers)
         self.mode = mode
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = read_jsonl(out / "metrics.jsonl") if resume else []
         self.started = 0.0
         out.mkdir(parents=True, exist_ok=True)
         self._metrics = open(out / "metrics.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -70,6 +84,19 @@ class RunRecorder:
         self._metrics.write(json.dumps(row, sort_keys=True) + "\n")
         for writer in self.writers:
             writer.write(int(row.get("period", len(self.rows) - 1)), row)
+
+    def rewind(self, version: int) -> int:
+        """Forget the periods >= `version` (a trainer continues from it): the lines are dropped from
+        `metrics.jsonl` too, so no period appears twice; how many went."""
+        keep = [r for r in self.rows if r.get("period", -1) < version]
+        if len(keep) == len(self.rows):
+            return 0
+        dropped, self.rows = len(self.rows) - len(keep), keep
+        path = self.out / "metrics.jsonl"
+        self._metrics.close()
+        truncate_metrics(path, version)
+        self._metrics = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        return dropped
 
     def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
         summary = summarize(self.rows, self.mode, now - self.started, version, sha256)

@@ -33,3 +33,12 @@ class SampleWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         with (self.directory / f"period-{period}.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def drop_from(self, period: int) -> None:
+        """Remove the files of periods >= `period` (they are generated again after a resume)."""
+        for path in self.directory.glob("period-*.jsonl"):
+            if (
+                path.stem.removeprefix("period-").isdigit()
+                and int(path.stem.removeprefix("period-")) >= period
+            ):
+                path.unlink(missing_ok=True)

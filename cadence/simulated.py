@@ -9,6 +9,7 @@ the simulated learner's cost is proportional to the tokens it is given.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
@@ -73,3 +74,9 @@ class SimulatedLearner:
         (directory / "weights.bin").write_bytes(data)
         write_json(directory / "config.json", {"simulated": True, "steps": self.steps})
         return checksum(data)
+
+    def save_state(self, directory: Path) -> None:
+        write_json(directory / "simulated.json", {"steps": self.steps})
+
+    def load_state(self, directory: Path) -> None:
+        self.steps = int(json.loads((directory / "simulated.json").read_text())["steps"])

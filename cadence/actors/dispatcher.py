@@ -10,8 +10,8 @@
  trainer or publisher lost ─► checkpoint_every = 0: fail the run
                               else: trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
-                              ─► its VersionReady(k) (k from its resume checkpoint): metrics.jsonl
-                              rewound to k, period k started from the beginning
+                              ─► its VersionReady(k, metrics of k-1) (k from its resume checkpoint):
+                              metrics.jsonl rewound to k-1, that row recorded, period k started over
 ```
 
 Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
@@ -185,13 +185,14 @@ class Dispatcher:
                 self.peers[owner[0]].outstanding.discard(pid)
 
     def _version_ready(self, msg: VersionReady) -> None:
+        # a period's row replaces any earlier row of it and of the periods after it: a trainer that
+        # resumed from its checkpoint starts over there (its first version carries the row before)
+        dropped = self.recorder.rewind(msg.version - 1 if msg.metrics else msg.version)
+        if dropped:
+            log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if msg.metrics:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period({**msg.metrics, "workers": workers, "reassigned": self.reassigned})
-        else:  # a trainer's first version: 0, or where its resume checkpoint stands
-            dropped = self.recorder.rewind(msg.version)
-            if dropped:
-                log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if msg.version >= self.cfg.periods:
             log.info("periods_complete", version=msg.version)
             return

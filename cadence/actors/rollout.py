@@ -3,6 +3,7 @@ scores, and pushes every finished group to the trainer at once.
 
 ```
  Register ─► Welcome(trainer, publisher) ─► WorkRequest(inflight)
+ a later Welcome (the trainer came back) ─► drop queued and current jobs, reconnect, WorkRequest(inflight)
  Assignment(k, v) ─► queue ─► v loaded? else pull v from publisher, verify, load
                             ─► G samples seeded by (seed, k, prompt id, i) ─► score
                             ─► GroupResult ─► trainer ; WorkRequest(1) ─► dispatcher
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -31,7 +33,7 @@ from cadence.samples import is_sampled
 from cadence.tasks.base import Score
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
-from cadence.transport.weights import pull_weights
+from cadence.transport.weights import WeightError, pull_weights
 
 log = structlog.get_logger()
 
@@ -68,7 +70,11 @@ class RolloutWorker:
         self.clock = clock
         self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
         self.queue: asyncio.Queue[Assignment] = asyncio.Queue()
-        self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        self.welcome: Welcome | None = None
+        self.rejoin = (
+            asyncio.Event()
+        )  # set by every Welcome: (re)connect to the trainer and publisher it names
+        self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
         self.loaded: int | None = None
         self.groups_sent = 0
@@ -87,39 +93,84 @@ class RolloutWorker:
             if isinstance(msg, Assignment):
                 self.newest_period = max(self.newest_period, msg.period)
                 self.queue.put_nowait(msg)
-            elif isinstance(msg, Welcome) and not self.welcome.done():
-                self.welcome.set_result(msg)
+            elif isinstance(msg, Welcome):
+                if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
+                    dropped = 0
+                    while not self.queue.empty():
+                        self.queue.get_nowait()
+                        dropped += 1
+                    log.info(
+                        "trainer_changed",
+                        trainer=msg.trainer_address,
+                        publisher=msg.publisher_address,
+                        dropped=dropped,
+                    )
+                self.welcome = msg
+                self.newest_period = -1
+                self.rejoin.set()
             elif isinstance(msg, Shutdown):
                 log.info("shutdown", reason=msg.reason)
                 return
-            elif not isinstance(msg, Heartbeat | Welcome):
+            elif not isinstance(msg, Heartbeat):
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 
     async def _work(self) -> None:
-        welcome = await self.welcome
-        trainer = self.connect(self.name, welcome.trainer_address)
-        publisher = self.connect(self.name, welcome.publisher_address)
-        log.info("worker_ready", trainer=welcome.trainer_address, publisher=welcome.publisher_address)
+        """Serve the trainer and publisher of the latest Welcome; a later Welcome (a trainer that came
+        back from its resume checkpoint) ends the job in hand and starts over with the new ones."""
+        while True:
+            await self.rejoin.wait()
+            self.rejoin.clear()
+            assert self.welcome is not None
+            self.loaded = None
+            trainer = self.connect(self.name, self.welcome.trainer_address)
+            publisher = self.connect(self.name, self.welcome.publisher_address)
+            log.info(
+                "worker_ready", trainer=self.welcome.trainer_address, publisher=self.welcome.publisher_address
+            )
+            try:
+                await first_of(self._jobs(trainer, publisher), self.rejoin.wait())
+            finally:
+                trainer.close()
+                publisher.close()
+
+    async def _jobs(self, trainer: Client, publisher: Client) -> None:
+        await self.dispatcher.send(WorkRequest(self.cfg.rollout.inflight))
+        while True:
+            job = await self.queue.get()
+            if job.period < self.newest_period:
+                log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            else:
+                await trainer.send(await self._rollout(job, publisher))
+                self.groups_sent += 1
+            await self.dispatcher.send(WorkRequest(1))
+
+    async def _pull(self, publisher: Client, version: int) -> bytes:
+        """The weights of `version`. When the run can resume and the publisher fails, its trainer may be
+        coming back: wait (up to 10 liveness timeouts) for the Welcome naming the new one, which ends
+        this job; without resume, or past that wait, the failure ends the worker."""
         try:
-            await self.dispatcher.send(WorkRequest(self.cfg.rollout.inflight))
-            while True:
-                job = await self.queue.get()
-                if job.period < self.newest_period:
-                    log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
-                else:
-                    await trainer.send(await self._rollout(job, publisher))
-                    self.groups_sent += 1
-                await self.dispatcher.send(WorkRequest(1))
-        finally:
-            trainer.close()
-            publisher.close()
+            return await pull_weights(publisher, version, self.liveness.timeout_s)
+        except WeightError as err:
+            if self.cfg.trainer.checkpoint_every <= 0:
+                raise
+            log.warning("weights_unavailable_waiting", version=version, error=str(err))
+            await asyncio.sleep(10 * self.liveness.timeout_s)
+            raise
+
+    def _load(self, data: bytes) -> None:
+        with self._engine_lock:
+            self.engine.load(data)
+
+    def _generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+        with self._engine_lock:
+            return self.engine.generate(prompt, seeds)
 
     async def _rollout(self, job: Assignment, publisher: Client) -> GroupResult:
         load_s = 0.0
         if job.version != self.loaded:
             begin = self.clock()
-            data = await pull_weights(publisher, job.version, self.liveness.timeout_s)
-            await asyncio.to_thread(self.engine.load, data)
+            data = await self._pull(publisher, job.version)
+            await asyncio.to_thread(self._load, data)
             self.loaded = job.version
             end = self.clock()
             load_s = end - begin
@@ -128,7 +179,7 @@ class RolloutWorker:
         begin = self.clock()
         prompt = self.tokenizer.encode_prompt(job.prompt)
         seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
-        completions = await asyncio.to_thread(self.engine.generate, prompt, seeds)
+        completions = await asyncio.to_thread(self._generate, prompt, seeds)
         texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
         scores = [
             await self.scorer.score(job.prompt, text, job.answer, c.finished)

@@ -1,13 +1,15 @@
 """The trainer: accepts only groups of the current version, accumulates, one optimizer step a period.
 
 ```
+ (--resume: load checkpoints/resume, k = its version)
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
               ─► version != k?              stale_dropped
               ─► accept: Consumed(k, id) ─► periodic: forward/backward now (summed loss), packed
                                             with the groups that arrived meanwhile (token budget)
                                             sync: hold until all B are in, then the same
-   B accepted ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► VersionReady(k+1, metrics)
+   B accepted ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
+              checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
  last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
 ```
 
@@ -24,6 +26,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -42,6 +45,7 @@ from cadence.messages import (
 )
 from cadence.metrics import PeriodStats
 from cadence.ops.packing import packed_length
+from cadence.resume import load_resume, save_resume
 from cadence.samples import SampleWriter
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
@@ -62,8 +66,10 @@ class Trainer:
         clock: Callable[[], float],
         checkpoint_dir: Path,
         samples: SampleWriter | None = None,
+        resume: bool = False,
     ) -> None:
         self.samples = samples
+        self.resume = resume
         self.cfg = cfg
         self.server = server
         self.dispatcher = dispatcher
@@ -82,12 +88,13 @@ class Trainer:
         self.stopped = asyncio.Event()
 
     async def run(self) -> None:
+        first, row = await self._resume() if self.resume else (0, {})
         await self.dispatcher.send(
             Register("trainer", self.server.address, os.getpid(), socket.gethostname())
         )
         self.liveness.seen("dispatcher")
         await first_of(
-            self._periods(),
+            self._periods(first, row),
             self._receive(),
             self._listen(),
             keep_alive(self.dispatcher, "trainer", self.liveness),
@@ -99,10 +106,11 @@ class Trainer:
             _, env = await self.server.recv()
             self.arrivals.put_nowait((self.clock(), env))
 
-    async def _periods(self) -> None:
-        start, sha, nbytes = await self._publish(0)
-        await self.dispatcher.send(VersionReady(0, sha, nbytes, {}))
-        for period in range(self.cfg.periods):
+    async def _periods(self, first: int, row: dict[str, Any]) -> None:
+        """`row`: a resumed run's metrics of the period before `first`, kept in its checkpoint."""
+        start, sha, nbytes = await self._publish(first)
+        await self.dispatcher.send(VersionReady(first, sha, nbytes, row))
+        for period in range(first, self.cfg.periods):
             stats = PeriodStats(period, start)
             await self._period(period, stats)
             publish_start = self.clock()
@@ -117,6 +125,7 @@ class Trainer:
                 stale_dropped=metrics["stale_dropped"],
                 duplicates_dropped=metrics["duplicates_dropped"],
             )
+            await self._checkpoint(period + 1, metrics)
             await self.dispatcher.send(VersionReady(period + 1, sha, nbytes, metrics))
             start = end
         final = self.checkpoint_dir / "final"
@@ -128,6 +137,34 @@ class Trainer:
             await asyncio.wait_for(self.stopped.wait(), 10 * self.liveness.timeout_s)
         except TimeoutError:
             log.warning("no_shutdown_from_dispatcher")
+
+    async def _resume(self) -> tuple[int, dict[str, Any]]:
+        """Load the resume checkpoint: the version (= period) to continue from, and the metrics of the
+        period before it."""
+        begin = self.clock()
+        state = await asyncio.to_thread(load_resume, self.checkpoint_dir, self.learner, self.cfg)
+        version = int(state["version"])
+        if self.samples is not None:
+            self.samples.drop_from(version)
+        log.info(
+            "resumed", version=version, path=str(self.checkpoint_dir), load_s=round(self.clock() - begin, 3)
+        )
+        return version, dict(state.get("metrics", {}))
+
+    async def _checkpoint(self, version: int, metrics: dict[str, Any]) -> None:
+        """Every `trainer.checkpoint_every` periods (and after the last), after the optimizer step and
+        before version `version` is announced: the resume checkpoint of `version`, with the metrics of
+        the period just done (a kill may come before the dispatcher has recorded them)."""
+        every = self.cfg.trainer.checkpoint_every
+        if every <= 0 or (version % every and version != self.cfg.periods):
+            return
+        begin = self.clock()
+        path = await asyncio.to_thread(
+            save_resume, self.checkpoint_dir, self.learner, version, self.cfg, metrics
+        )
+        end = self.clock()
+        log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(end - begin, 3))
+        log.debug("span", kind="checkpoint", start=begin, end=end, period=version - 1, version=version)
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         seen = self.consumed.setdefault(period, set())

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from cadence.tasks.gym import generate
 
 
-def export_reasoning_gym(name: str, size: int, seed: int, out: Path) -> int:
-    """Write `size` problems of generator `name` (seeded) to `out`; the number written."""
-    dataset = generate(name, size, seed)
+def export_reasoning_gym(
+    name: str, size: int, seed: int, out: Path, options: dict[str, Any] | None = None
+) -> int:
+    """Write `size` problems of generator `name` (seeded, with its own `options`) to `out`; the count."""
+    dataset = generate(name, size, seed, options)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for i in range(len(dataset)):

@@ -17,8 +17,9 @@ from cadence.tasks.base import Prompt, Score
 from cadence.tasks.dataset import alphabet_of, stated_reward, walk
 
 
-def generate(name: str, size: int, seed: int) -> Any:
-    """The reasoning-gym dataset `name` of `size` problems, seeded; a clear ValueError if unavailable."""
+def generate(name: str, size: int, seed: int, options: dict[str, Any] | None = None) -> Any:
+    """The reasoning-gym dataset `name` of `size` problems, seeded, with the generator's own `options`;
+    a clear ValueError if unavailable or an option is unknown."""
     if size < 1:
         raise ValueError(f"a reasoning-gym dataset needs a size >= 1, got {size}")
     try:
@@ -26,8 +27,8 @@ def generate(name: str, size: int, seed: int) -> Any:
     except ImportError:
         raise ValueError("the reasoning_gym task needs reasoning-gym (pip install 'cadence[data]')") from None
     try:
-        return reasoning_gym.create_dataset(name, size=size, seed=seed)
-    except ValueError as exc:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **(options or {}))
+    except (ValueError, TypeError, AssertionError) as exc:
         raise ValueError(f"reasoning-gym dataset {name!r}: {exc}") from None
 
 

@@ -1,16 +1,21 @@
 """ZeroMQ channels: a ROUTER `Server` bound to an address and DEALER `Client`s connected to it.
 
 Invariant: sockets never linger after `close` and a peer that reconnects under the same name takes
-over its old route (ROUTER_HANDOVER), so a restarted actor is reachable again at once.
+over its old route (ROUTER_HANDOVER), so a restarted actor is reachable again at once. A network given
+a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
 from cadence.messages import DEFAULT_MAX_FRAME_BYTES
+from cadence.transport.curve import CurveGate
 from cadence.transport.endpoint import Client, Server
+from cadence.transport.keys import CurveKeys
 
 
 def _socket(ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int) -> zmq.asyncio.Socket:
@@ -29,10 +34,14 @@ class ZmqServer(Server):
         address: str,
         run: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        gate: CurveGate | None = None,
     ) -> None:
         super().__init__(name, run, max_frame_bytes)
         self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._gate = gate
+        if gate is not None:
+            gate.guard(self._sock, name)
         self._sock.bind(address)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -44,6 +53,8 @@ class ZmqServer(Server):
         await self._sock.send_multipart([peer, frame])
 
     def close(self) -> None:
+        if self._gate is not None:
+            self._gate.release(self._sock)
         self._sock.close(linger=0)
 
 
@@ -55,10 +66,14 @@ class ZmqClient(Client):
         address: str,
         run: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        keys: CurveKeys | None = None,
     ) -> None:
         super().__init__(name, address, run, max_frame_bytes)
         self._sock = _socket(ctx, zmq.DEALER, max_frame_bytes)
         self._sock.setsockopt(zmq.IDENTITY, name.encode())
+        if keys is not None:
+            self._sock.curve_publickey, self._sock.curve_secretkey = keys.client_pair()
+            self._sock.curve_serverkey = keys.server_public()
         self._sock.connect(address)
 
     async def _recv_raw(self) -> list[bytes]:
@@ -72,18 +87,28 @@ class ZmqClient(Client):
 
 
 class ZmqNetwork:
-    """Makes ZeroMQ servers and clients for one run; owns the context."""
+    """Makes ZeroMQ servers and clients for one run; owns the context.
 
-    def __init__(self, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    With `keys` (a folder made by `cadence keys`) every socket uses CURVE: a server must be bound
+    inside a running event loop, where its ZAP handler and refusal log run.
+    """
+
+    def __init__(
+        self, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, keys: Path | None = None
+    ) -> None:
+        self.keys = CurveKeys(keys) if keys is not None else None
         self.ctx = zmq.asyncio.Context()
         self.run = run
         self.max_frame_bytes = max_frame_bytes
+        self.gate = CurveGate(self.ctx, self.keys) if self.keys is not None else None
 
     def bind(self, name: str, address: str) -> ZmqServer:
-        return ZmqServer(self.ctx, name, address, self.run, self.max_frame_bytes)
+        return ZmqServer(self.ctx, name, address, self.run, self.max_frame_bytes, self.gate)
 
     def connect(self, name: str, address: str) -> ZmqClient:
-        return ZmqClient(self.ctx, name, address, self.run, self.max_frame_bytes)
+        return ZmqClient(self.ctx, name, address, self.run, self.max_frame_bytes, self.keys)
 
     def close(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
         self.ctx.destroy(linger=0)

@@ -76,9 +76,10 @@ def hosts() -> Iterator[dict[str, str]]:
 
 
 class Actor:
-    """One `cadence` actor process inside a namespace, its output in a file next to the run folder."""
+    """One `cadence` actor process inside a namespace, its output in a file next to the run folder;
+    it binds `host` and advertises `advertise` (the address the other hosts reach it at)."""
 
-    def __init__(self, label: str, ns: str, host: str, out: Path, *args: str) -> None:
+    def __init__(self, label: str, ns: str, host: str, out: Path, *args: str, advertise: str = "") -> None:
         config = ROOT / "configs" / "quickstart.toml"
         log = out.parent / f"{label}.out"
         with log.open("w") as sink:
@@ -87,6 +88,7 @@ class Actor:
                     "ip", "netns", "exec", ns,
                     sys.executable, "-m", "cadence", *args,
                     "--config", str(config), "--out", str(out), "--set", f"transport.host='{host}'",
+                    "--set", f"transport.advertise_host='{advertise}'",
                 ],
                 cwd=ROOT,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -134,7 +136,11 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
         dispatcher = Actor("dispatcher", hosts["a"], HOSTS["a"], out, "dispatcher", "--bind", address, *sets)
         actors.append(dispatcher)
         _wait(lambda: (out / "dispatcher.addr").exists(), "the dispatcher to bind")
-        actors.append(Actor("trainer", hosts["a"], HOSTS["a"], out, "trainer", "--connect", address, *sets))
+        # the trainer binds every interface on fixed ports and tells the others the address they reach
+        fixed = ("--set", "transport.trainer_port=5601", "--set", "transport.publisher_port=5602")
+        trainer = Actor("trainer", hosts["a"], "0.0.0.0", out, "trainer", "--connect", address, *sets, *fixed,
+                        advertise=HOSTS["a"])  # fmt: skip
+        actors.append(trainer)
         worker = ("rollout", "--connect", address, *sets, "--name")
         doomed = Actor("rollout-b", hosts["b"], HOSTS["b"], out, *worker, "rollout-b")
         actors.append(doomed)
@@ -155,8 +161,11 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
     assert result["groups_trained"] == PERIODS * B
     assert result["stale_dropped"] == 0
     log = events(out, "dispatcher")
-    joined = {e["peer"]: e["peer_host"] for e in log if e["event"] == "peer_joined"}
+    joined = {e["peer"]: e["address"] for e in log if e["event"] == "peer_joined"}
     assert {"trainer", "rollout-b", "rollout-c", "rollout-d"} <= set(joined)
+    assert (
+        joined["trainer"] == f"tcp://{HOSTS['a']}:5601" and joined["publisher"] == f"tcp://{HOSTS['a']}:5602"
+    )
     lost = [e for e in log if e["event"] == "worker_lost"]
     assert [e["peer"] for e in lost] == ["rollout-b"]
     late = [e for e in events(out, "rollout-d") if e["event"] == "worker_stopped"]

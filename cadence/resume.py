@@ -1,0 +1,149 @@
+"""Resume checkpoints: all a trainer needs to continue a run exactly where it stood.
+
+```
+ checkpoints/resume/   state.json         version (= the next period), seed, run id, the config keys
+                                          that must match to continue (with their sha256), and the
+                                          metrics row of the period before (a kill may come before the
+                                          dispatcher records it)
+                       model.safetensors  ┐
+                       optimizer.pt       ├ the learner's `save_state`
+                       rng.pt             ┘
+```
+
+Prompts are a pure function of (task config, seed, period) and sampling seeds of (seed, period,
+prompt id, sample index), so the version is the whole data position: a run continued from version k
+regenerates exactly what it would have generated without the interruption.
+
+Invariant: a kill at any moment leaves a complete checkpoint (the old or the new one). A checkpoint is
+written into `resume.tmp/`, every file fsynced, `state.json` last; then `resume/` is renamed to
+`resume.old/`, `resume.tmp/` to `resume/`, and `resume.old/` removed. Between the two renames only
+`resume.old/` exists, and `find_resume` takes it; a leftover `resume.tmp/` is never read, and the next
+save removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cadence.config import RunConfig, to_dict
+
+if TYPE_CHECKING:
+    from cadence.learner import Learner
+
+NAME = "resume"
+STATE = "state.json"
+# what may differ between the saved run and its continuation: how the run is carried out or how
+# long it lasts, not what it computes (keys, and sections by their prefix)
+FREE_KEYS = {"periods", "run_id", "mode", "trainer.checkpoint_every", "rollout.workers", "rollout.inflight"}
+FREE_SECTIONS = ("monitor.", "transport.", "weights.", "simulated.")
+
+
+class ResumeError(RuntimeError):
+    """No checkpoint to resume from, or one that does not fit the configuration."""
+
+
+def must_match(cfg: RunConfig) -> dict[str, Any]:
+    """The config's keys, flattened to dotted names, that a continuation must share with the saver."""
+    flat = _flatten(to_dict(cfg))
+    return {k: v for k, v in flat.items() if k not in FREE_KEYS and not k.startswith(FREE_SECTIONS)}
+
+
+def config_sha256(cfg: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(must_match(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def save_resume(
+    root: Path, learner: Learner, version: int, cfg: RunConfig, metrics: dict[str, Any] | None = None
+) -> Path:
+    """Write the learner's state as the resume checkpoint of `version` under `root`, with `metrics`, the
+    row of the period before it; its folder."""
+    final, tmp, old = root / NAME, root / f"{NAME}.tmp", root / f"{NAME}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    learner.save_state(tmp)
+    state = {
+        "version": version,
+        "seed": cfg.seed,
+        "run_id": cfg.run_id,
+        "config": must_match(cfg),
+        "config_sha256": config_sha256(cfg),
+        "metrics": metrics or {},
+        "saved_at": time.time(),
+    }
+    (tmp / STATE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    for path in sorted(tmp.iterdir()):
+        _fsync(path)
+    _fsync(tmp)
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(root)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def find_resume(root: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The complete resume checkpoint under `root` and its state, or None."""
+    for name in (NAME, f"{NAME}.old"):
+        path = root / name / STATE
+        if path.is_file():
+            return path.parent, dict(json.loads(path.read_text()))
+    return None
+
+
+def check_config(state: dict[str, Any], cfg: RunConfig, where: Path) -> None:
+    """Raise `ResumeError` naming every key whose value differs from the checkpoint's."""
+    saved, here = state.get("config", {}), must_match(cfg)
+    wrong = [
+        f"{key} = {here.get(key)!r} here, {saved.get(key)!r} in the checkpoint"
+        for key in sorted(saved.keys() | here.keys())
+        if saved.get(key) != here.get(key)
+    ]
+    if wrong:
+        raise ResumeError(
+            f"the resume checkpoint in {where} was saved by another configuration: {'; '.join(wrong)}"
+        )
+    if state["version"] > cfg.periods:
+        raise ResumeError(
+            f"the resume checkpoint in {where} is at period {state['version']}, beyond periods = {cfg.periods}"
+        )
+
+
+def load_resume(root: Path, learner: Learner, cfg: RunConfig) -> dict[str, Any]:
+    """Load the resume checkpoint under `root` into `learner`; its state (`version`: the period to
+    continue from; `metrics`: the row of the period before it)."""
+    found = find_resume(root)
+    if found is None:
+        raise ResumeError(
+            f"no resume checkpoint in {root / NAME} (trainer.checkpoint_every = 0, or the run stopped"
+            " before its first); start without --resume to begin at period 0"
+        )
+    where, state = found
+    check_config(state, cfg, where)
+    learner.load_state(where)
+    return state
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,101 @@
+"""A run with `transport.keys`: real processes on loopback, every socket CURVE-encrypted.
+
+The run starts with no rollout workers of its own, so nothing moves until a worker joins: a worker
+started without keys is refused (and named in the dispatcher's log) while the run waits; a worker
+with the run's keys then joins and the run completes with every group trained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.system.helpers import ROOT, cadence, events, start_run, summary
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+PERIODS = 5
+B = 4  # task.prompts_per_period in SMALL
+NO_KEYS_REASON = re.compile("no CURVE key|left during the handshake")
+
+
+def _rollout(run: Path, address: str, name: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """`cadence rollout` as a user would start it on another machine, its output to files."""
+    out.mkdir(parents=True)
+    with (out / "stdout").open("w") as stdout, (out / "stderr").open("w") as stderr:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cadence",
+                "rollout",
+                "--config",
+                str(run / "config.json"),
+                "--connect",
+                address,
+                "--out",
+                str(out),
+                "--name",
+                name,
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+        )
+
+
+def _wait(
+    what: str, ready: Callable[[], bool], alive: subprocess.Popen[bytes], timeout_s: float = 90
+) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        assert alive.poll() is None, f"the run exited before {what}"
+        assert time.time() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.1)
+
+
+def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: Path) -> None:
+    keys, out = tmp_path / "keys", tmp_path / "run"
+    cadence("keys", str(keys))
+    run = start_run(
+        out, "--set", f"periods={PERIODS}", "--set", "rollout.workers=0", "--set", f"transport.keys='{keys}'"
+    )
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        _wait("dispatcher address", lambda: (out / "dispatcher.addr").exists(), run.proc)
+        address = (out / "dispatcher.addr").read_text().strip()
+
+        def refused() -> list[dict[str, object]]:
+            return [e for e in events(out, "dispatcher") if e["event"] == "peer_refused"]
+
+        intruder = _rollout(out, address, "intruder", tmp_path / "intruder", "--set", "transport.keys=''")
+        workers.append(intruder)
+        _wait("refusal of the worker without keys", lambda: bool(refused()), run.proc)
+        # the live run's log, followed with the keys named in its config
+        backlog = cadence("logs", "--connect", address, "--config", str(out / "config.json"), "--json")
+        assert "peer_refused" in {json.loads(line)["event"] for line in backlog.stdout.splitlines()}
+
+        workers.append(_rollout(out, address, "guest", tmp_path / "guest"))
+        code, stdout, stderr = run.finish(timeout=180)
+        assert intruder.poll() is None  # still outside, still waiting
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+        run.kill()
+    assert code == 0, (stdout, stderr)
+    s = summary(out)
+    assert s["periods"] == PERIODS and s["groups_trained"] == PERIODS * B
+    joined = {e["peer"] for e in events(out, "dispatcher") if e["event"] == "peer_joined"}
+    assert "guest" in joined and "intruder" not in joined
+    event = refused()[0]
+    assert event["channel"] == "dispatcher" and NO_KEYS_REASON.search(str(event["reason"]))
+    assert event["endpoint"] == address

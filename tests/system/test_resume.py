@@ -1,0 +1,133 @@
+"""Resume from the command line: a run killed after a checkpoint and continued ends where an
+uninterrupted run of the same config ends, and a trainer killed alone rejoins the live run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from cadence.config import load_config, to_dict
+from cadence.run_dir import read_jsonl, write_json
+from tests.system.helpers import ROOT, SMALL, cadence, events, start_run, summary
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+PERIODS = 8
+SAME = ["--set", f"periods={PERIODS}", "--set", "rollout.workers=1", "--set", "trainer.checkpoint_every=2"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    cadence("run", "configs/quickstart.toml", "--out", str(out), *SMALL, *SAME)
+    return out
+
+
+def checkpoint_version(out: Path) -> int:
+    try:
+        return int(json.loads((out / "checkpoints" / "resume" / "state.json").read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_for_checkpoint(
+    out: Path, version: int, alive: subprocess.Popen[bytes] | None, timeout: float = 120
+) -> None:
+    deadline = time.time() + timeout
+    while checkpoint_version(out) < version:
+        assert time.time() < deadline, f"no resume checkpoint of period {version} in {out}"
+        assert alive is None or alive.poll() is None, "the run ended before its checkpoint"
+        time.sleep(0.005)
+
+
+def assert_same_end(out: Path, reference: Path) -> None:
+    s = summary(out)
+    assert s["periods"] == PERIODS and s["groups_trained"] == PERIODS * 4 and s["final_version"] == PERIODS
+    assert [r["period"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(PERIODS))
+    ours = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
+    assert ours == [r["samples_sha256"] for r in read_jsonl(reference / "metrics.jsonl")]
+    got = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
+    want = load_file(str(reference / "checkpoints" / "final" / "model.safetensors"))
+    assert got.keys() == want.keys()
+    assert max(float((got[k] - want[k]).abs().max()) for k in got) <= 1e-5
+
+
+def test_a_killed_run_resumed_ends_like_the_uninterrupted_one(uninterrupted: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = start_run(out, *SAME)
+    try:
+        wait_for_checkpoint(out, 4, run.proc)
+    finally:
+        run.kill()  # SIGKILL: the launcher and every process of the run
+    killed_at = checkpoint_version(out)
+    assert 4 <= killed_at < PERIODS and not (out / "summary.json").exists(), "killed too late"
+    done = cadence("run", "--resume", str(out))
+    assert f"resumed at period {killed_at}" in done.stdout
+    assert_same_end(out, uninterrupted)
+    resumed = [e for e in events(out, "trainer") if e["event"] == "resumed"]
+    assert [e["version"] for e in resumed] == [killed_at]
+
+
+@pytest.mark.parametrize(
+    ("liveness", "reason"),
+    [(20, "silent"), (300, "re-registered")],  # lost after 2 s, or long after the new trainer came
+    ids=["lost-then-back", "replaced-before-lost"],
+)
+def test_a_trainer_killed_alone_rejoins_the_live_run(
+    uninterrupted: Path, tmp_path: Path, liveness: int, reason: str
+) -> None:
+    """`cadence trainer --resume` started by hand while the dispatcher and the worker go on."""
+    out = tmp_path / "live"
+    out.mkdir()
+    overrides = [a for a in SMALL + SAME if a != "--set"]
+    cfg = load_config(ROOT / "configs" / "quickstart.toml", [*overrides, "run_id='live'"])
+    data = to_dict(cfg) | {
+        "transport": to_dict(cfg)["transport"] | {"heartbeat_s": 0.1, "liveness": liveness}
+    }
+    write_json(out / "config.json", data)
+    base = [sys.executable, "-m", "cadence"]
+    common = ["--config", str(out / "config.json"), "--out", str(out), "--log-level", "warning"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        procs.append(subprocess.Popen([*base, *args, *common], cwd=ROOT, env=env))
+        return procs[-1]
+
+    try:
+        dispatcher = start("dispatcher")
+        deadline = time.time() + 60
+        while not (out / "dispatcher.addr").exists() or not (out / "dispatcher.addr").read_text().strip():
+            assert time.time() < deadline and dispatcher.poll() is None
+            time.sleep(0.05)
+        address = (out / "dispatcher.addr").read_text().strip()
+        trainer = start("trainer", "--connect", address)
+        start("rollout", "--connect", address, "--name", "rollout-0")
+        wait_for_checkpoint(out, 4, trainer)
+        trainer.kill()
+        trainer.wait(30)
+        killed_at = checkpoint_version(out)
+        assert 4 <= killed_at < PERIODS, "killed too late"
+        start("trainer", "--connect", address, "--resume")
+        assert dispatcher.wait(120) == 0
+        for proc in procs:
+            proc.wait(30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+    assert_same_end(out, uninterrupted)
+    log = events(out, "dispatcher")
+    lost = [e for e in log if e["event"] == "trainer_lost_waiting"]
+    assert sorted(e["role"] for e in lost) == ["publisher", "trainer"]
+    assert next(e for e in lost if e["role"] == "trainer")["reason"] == reason
+    assert any(e["event"] == "trainer_changed" for e in events(out, "rollout-0"))
