@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "rollout":
             a.add_argument("--name", default=None, help="this worker's name (default: rollout-HOST-PID)")
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
-    bench.add_argument("name", choices=["pipeline", "packing"])
+    bench.add_argument("name", choices=["pipeline", "packing", "logs"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("cadence: run wants a CONFIG file (or --resume DIR)", file=sys.stderr)
                 return 2
             return run_command(load_config(args.config, args.overrides), args.out or Path("runs/latest"))
+        if args.command == "bench" and args.name == "logs":
+            from cadence.bench.logs import bench_logs
+
+            return bench_logs(args.json)
         if args.command == "bench" and args.name == "packing":
             from cadence.bench.packing import bench_packing
 

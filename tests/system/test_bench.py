@@ -30,3 +30,15 @@ def test_bench_pipeline_prints_its_figures_as_json(tmp_path: Path) -> None:
     # in sync mode training starts only after the last group is in: nothing overlaps
     assert all(r["overlap_s"] == 0.0 for r in read_jsonl(tmp_path / "sync" / "metrics.jsonl"))
     assert any(r["overlap_s"] > 0.0 for r in read_jsonl(tmp_path / "periodic" / "metrics.jsonl"))
+
+
+def test_bench_logs_counts_every_event_through_both_paths() -> None:
+    proc = cadence("bench", "logs", "--json")
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1  # nothing but the figures on stdout
+    figures = json.loads(lines[0])
+    assert figures["stream_events"] == figures["file_events"] == 4 * 25_000
+    assert figures["stream_events_per_s"] > 0 and figures["file_events_per_s"] > 0
+    assert figures["stream_events_per_s"] == pytest.approx(
+        figures["stream_events"] / figures["stream_s"], rel=1e-2
+    )
