@@ -188,7 +188,7 @@ class Trainer:
                 msg.reward_parts,
             )
             if msg.responses and self.samples is not None:
-                self._keep_sample(msg)
+                self._keep_sample(msg, self.samples)
             await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
             if self.cfg.mode == "periodic":
                 # train now, together with whatever else has arrived meanwhile (up to the budget)
@@ -199,7 +199,7 @@ class Trainer:
             await self._add(msg, stats, flush=False)
         await self._flush(stats)
 
-    def _keep_sample(self, msg: GroupResult) -> None:
+    def _keep_sample(self, msg: GroupResult, samples: SampleWriter) -> None:
         responses = [
             {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
             | {name: values[i] for name, values in msg.reward_parts.items()}
@@ -216,7 +216,7 @@ class Trainer:
             "reward_mean": sum(msg.rewards) / len(msg.rewards),
             "responses": responses,
         }
-        self.samples.write(msg.period, record)  # type: ignore[union-attr]
+        samples.write(msg.period, record)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""
