@@ -42,3 +42,14 @@ def test_bench_logs_counts_every_event_through_both_paths() -> None:
     assert figures["stream_events_per_s"] == pytest.approx(
         figures["stream_events"] / figures["stream_s"], rel=1e-2
     )
+
+
+def test_bench_weights_reports_the_zmq_transport_against_the_raw_wire() -> None:
+    proc = cadence("bench", "weights", "--json", "--mbytes", "8")
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1  # nothing but the figures on stdout
+    figures = json.loads(lines[0])
+    assert figures["bytes"] == 8_000_000 and figures["workers"] == 2
+    assert figures["raw_gbps"] > 0
+    zmq = figures["transports"]["zmq"]
+    assert zmq["seconds"] > 0 and zmq["gbps"] > 0 and zmq["ratio_to_raw"] > 0
