@@ -20,7 +20,7 @@ import contextlib
 import json
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -47,10 +47,16 @@ async def stream_logs(client: Client, stream: LogStream, interval_s: float = 0.2
             await asyncio.wait_for(asyncio.shield(_send_all(client, stream)), 1.0)
 
 
-async def _send_all(client: Client, stream: LogStream) -> None:
+def _batches(stream: LogStream) -> Iterator[LogBatch]:
+    """Everything waiting in `stream`, as batches of at most `BATCH_LINES` lines."""
     while stream.lines or stream.dropped:
         lines, dropped = stream.take(BATCH_LINES)
-        await client.send(LogBatch(stream.actor, stream.host, stream.path, lines, dropped))
+        yield LogBatch(stream.actor, stream.host, stream.path, lines, dropped)
+
+
+async def _send_all(client: Client, stream: LogStream) -> None:
+    for batch in _batches(stream):
+        await client.send(batch)
 
 
 def _safe_name(actor: str) -> str:
@@ -100,9 +106,8 @@ class LogHub:
     async def tick(self) -> None:
         """Pass on this process's own lines, and drop followers whose lease ran out."""
         self._expire()
-        while self.own is not None and (self.own.lines or self.own.dropped):
-            lines, dropped = self.own.take(BATCH_LINES)
-            await self.batch(LogBatch(self.own.actor, self.own.host, self.own.path, lines, dropped))
+        for batch in _batches(self.own) if self.own is not None else ():
+            await self.batch(batch)
 
     def _expire(self) -> None:
         now = self.clock()

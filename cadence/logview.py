@@ -17,6 +17,7 @@ import heapq
 import itertools
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -56,14 +57,19 @@ class Filter:
         return True
 
 
-def parse_periods(text: str) -> tuple[int, int]:
-    """`7` or `3:9` (inclusive) as a range."""
-    first, sep, last = text.partition(":")
-    try:
-        low = int(first) if first else 0
-        high = int(last) if sep and last else (low if not sep else 1 << 62)
-    except ValueError:
-        raise ValueError(f"--period wants N or A:B, got {text!r}") from None
+def parse_periods(text: str, open_ended: bool = True) -> tuple[int, int]:
+    """`7`, or `3:9` (both included); with `open_ended` also `:9` (from 0) and `3:` (to the end)."""
+    match = re.fullmatch(r"\s*(\d*)\s*(?::\s*(\d*)\s*)?", text)
+    if match is None or not (match.group(1) or match.group(2)):
+        raise ValueError(f"periods want N or A:B, got {text!r}")
+    first, last = match.group(1), match.group(2)
+    colon = match.group(2) is not None
+    if not open_ended and (not first or (colon and not last)):
+        raise ValueError(f"periods want N or A:B, got {text!r}")
+    low = int(first) if first else 0
+    high = int(last) if last else (1 << 62 if colon else low)
+    if high < low:
+        raise ValueError(f"periods {text!r} is empty: A:B shows periods A to B, so B must not be below A")
     return low, high
 
 

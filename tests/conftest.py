@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pytest
 
 from cadence.config import RunConfig, load_config
-from cadence.messages import Envelope, Message
+from cadence.messages import Envelope, Heartbeat, Message
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.inproc import InprocNetwork
 
@@ -48,10 +48,20 @@ async def expect(endpoint: Client | Server, kind: type[M], timeout: float = 5.0,
             env: Envelope = got if isinstance(got, Envelope) else got[1]
             if isinstance(env.message, kind):
                 return env.message
-            from cadence.messages import Heartbeat
-
             if isinstance(env.message, (Heartbeat, *skip)):
                 continue
             raise AssertionError(f"expected {kind.__name__}, got {env.message!r}")
 
     return await asyncio.wait_for(next_one(), timeout)
+
+
+def keep_beating(clients: list[Client]) -> asyncio.Task[None]:
+    """Heartbeats from every client in `clients` (the list may grow) until the task is cancelled."""
+
+    async def beat() -> None:
+        while True:
+            for client in list(clients):
+                await client.send(Heartbeat("test"))
+            await asyncio.sleep(0.05)
+
+    return asyncio.create_task(beat())

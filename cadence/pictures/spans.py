@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cadence import logview
 from cadence.pictures import PictureError
 from cadence.run_dir import read_new_lines
 
@@ -63,14 +64,7 @@ def read_spans(run_dir: Path) -> list[Span]:
 
 def parse_periods(text: str) -> tuple[int, int]:
     """`A:B` (periods A to B, both included, as `cadence logs --period` reads it) or `A` (A alone)."""
-    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
-    if match is None:
-        raise ValueError(f"periods must look like A:B (periods A to B) or A, not {text!r}")
-    first = int(match.group(1))
-    last = int(match.group(2)) if match.group(2) is not None else first
-    if last < first:
-        raise ValueError(f"periods {text!r} is empty: A:B shows periods A to B, so B must not be below A")
-    return first, last
+    return logview.parse_periods(text, open_ended=False)
 
 
 def period_starts(spans: list[Span]) -> dict[int, float]:

@@ -13,37 +13,30 @@ for actor tests; both go through the same codec here.
 from __future__ import annotations
 
 import abc
-import time
 
 import structlog
 
+from cadence.log import Throttle
 from cadence.messages import DEFAULT_MAX_FRAME_BYTES, DecodeError, Envelope, Message, decode, encode
 
 log = structlog.get_logger()
 
 
 class RefusalLog:
-    """Counts refused frames; logs the first few each second, then a summary."""
+    """Counts refused frames; logs the first few each second, and how many were held back."""
 
     def __init__(self, where: str, per_second: int = 5) -> None:
         self.where = where
-        self.per_second = per_second
         self.total = 0
-        self._window = 0.0
-        self._in_window = 0
-        self._suppressed = 0
+        self._throttle = Throttle(per_second)
 
     def refuse(self, peer: str, error: DecodeError) -> None:
         self.total += 1
-        now = time.monotonic()
-        if now - self._window >= 1.0:
-            if self._suppressed:
-                log.warning("messages_refused_suppressed", channel=self.where, count=self._suppressed)
-            self._window, self._in_window, self._suppressed = now, 0, 0
-        self._in_window += 1
-        if self._in_window > self.per_second:
-            self._suppressed += 1
+        shown, held = self._throttle.allow()
+        if not shown:
             return
+        if held:
+            log.warning("messages_refused_suppressed", channel=self.where, count=held)
         log.warning(
             "message_refused",
             channel=self.where,

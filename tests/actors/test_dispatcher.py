@@ -26,7 +26,7 @@ from cadence.messages import (
 from cadence.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
 from cadence.transport.inproc import InprocClient, InprocNetwork
-from tests.conftest import expect, tiny_config
+from tests.conftest import expect, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -76,13 +76,7 @@ async def test_dead_worker_prompts_go_to_another(network: InprocNetwork, tmp_pat
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     alive = [trainer, publisher]
 
-    async def beat() -> None:
-        while True:
-            for client, role in zip(alive, ("trainer", "publisher", "rollout"), strict=False):
-                await client.send(Heartbeat(role))
-            await asyncio.sleep(0.05)
-
-    beating = asyncio.create_task(beat())
+    beating = keep_beating(alive)
     doomed = await join(network, "doomed", "rollout")
     await expect(doomed, Welcome)
     await doomed.send(WorkRequest(4))
@@ -163,13 +157,7 @@ async def test_no_worker_left_the_run_waits_says_so_and_a_woken_lost_worker_is_s
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     alive = [trainer, publisher]
 
-    async def beat() -> None:
-        while True:
-            for client in alive:
-                await client.send(Heartbeat("x"))
-            await asyncio.sleep(0.05)
-
-    beating = asyncio.create_task(beat())
+    beating = keep_beating(alive)
     with structlog.testing.capture_logs() as logs:
         sleeper = await join(network, "sleeper", "rollout")
         await expect(sleeper, Welcome)

@@ -17,7 +17,6 @@ from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.messages import (
     Assignment,
     GroupResult,
-    Heartbeat,
     Register,
     Shutdown,
     VersionReady,
@@ -30,7 +29,7 @@ from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocClient, InprocNetwork, InprocServer
 from cadence.transport.weights import WeightStore
-from tests.conftest import expect, tiny_config
+from tests.conftest import expect, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -59,13 +58,7 @@ async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_ove
     worker = await join(network, "w0", "rollout")
     alive = [trainer, publisher, worker]
 
-    async def beat() -> None:
-        while True:
-            for client in alive:
-                await client.send(Heartbeat("x"))
-            await asyncio.sleep(0.05)
-
-    beating = asyncio.create_task(beat())
+    beating = keep_beating(alive)
     assert (await expect(worker, Welcome)).trainer_address == "inproc://t1"
     await worker.send(WorkRequest(2))
     await trainer.send(VersionReady(0, "sha0", 10, {}))

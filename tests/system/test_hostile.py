@@ -46,18 +46,28 @@ def _addresses(run_dir: Path, deadline: float) -> dict[str, str]:
     raise AssertionError("the run did not come up")
 
 
+def _dealers(
+    ctx: zmq.Context[zmq.Socket[bytes]], addresses: dict[str, str], linger_ms: int
+) -> list[zmq.Socket[bytes]]:
+    """A raw DEALER connected to each bound socket of a run, no codec in the way."""
+    sockets = []
+    for role in ("dispatcher", "trainer", "publisher"):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, linger_ms)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.connect(addresses[role])
+        sockets.append(sock)
+    return sockets
+
+
 def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     periods = 30
     proc = start_run(tmp_path, "--set", f"periods={periods}")
     ctx = zmq.Context()
     try:
         addresses = _addresses(tmp_path, time.time() + 120)
-        sockets = []
-        for role in ("dispatcher", "trainer", "publisher"):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(addresses[role].replace("*", ""))
-            sockets.append(sock)
+        sockets = _dealers(ctx, addresses, linger_ms=1000)
+        for sock in sockets:
             for frames in GARBAGE:
                 sock.send_multipart(frames)
         code, out, err = proc.finish(timeout=240)
@@ -108,13 +118,8 @@ def test_a_flood_of_garbage_changes_nothing_in_the_result(tmp_path: Path) -> Non
     sent = 0
     try:
         addresses = _addresses(tmp_path / "flooded", time.time() + 120)
-        sockets = []
-        for role in ("dispatcher", "trainer", "publisher"):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-            sock.connect(addresses[role])
-            sockets.append(sock)
+        sockets = _dealers(ctx, addresses, linger_ms=0)
+        for sock in sockets:
             sock.send(
                 msgpack.packb({"type": "weight_chunk", "body": {"data": b"x" * (70 << 20)}})
             )  # oversized
