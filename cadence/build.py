@@ -6,6 +6,7 @@ so weights published by the trainer always fit every worker's engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -60,6 +61,9 @@ class TorchRolloutEngine:
 
     def load(self, weights: bytes) -> None:
         self.engine.load_state_dict(state_dict_from_bytes(weights))
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.engine.load_state_dict(state)
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         return self.engine.generate(prompt, seeds, self.params)

@@ -154,8 +154,22 @@ class SimulatedConfig:
 
 @dataclass(frozen=True)
 class WeightsConfig:
+    transport: Literal["zmq", "gloo", "nccl", "hccl"] = doc(
+        "zmq",
+        "how each new version reaches the workers: zmq (pulled from the publisher in checksummed"
+        " safetensors chunks, across hosts), or broadcast from the trainer through a torch.distributed"
+        " group: gloo (CPU), nccl (CUDA), hccl (Ascend NPU, needs torch_npu); workers that join mid-period"
+        " pull that version over ZeroMQ and take the broadcasts from the next one",
+    )
     chunk_bytes: int = doc(1 << 20, "weights travel in chunks of at most this many bytes")
     keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
+    bucket_bytes: int = doc(64 << 20, "broadcast: tensors are flattened into buckets of at most this size")
+    broadcast_timeout_s: float = doc(
+        30.0,
+        "broadcast: longest wait of any step (forming the group, a bucket, the confirmations); a member"
+        " out of time is named, dropped from the group, and pulls over ZeroMQ instead",
+    )
+    broadcast_port: int = doc(0, "broadcast: port of the group's rendezvous store on the trainer (0: any)")
 
 
 @dataclass(frozen=True)
@@ -217,6 +231,8 @@ class RunConfig:
             "rollout.inflight": self.rollout.inflight,
             "weights.chunk_bytes": self.weights.chunk_bytes,
             "weights.keep_versions": self.weights.keep_versions,
+            "weights.bucket_bytes": self.weights.bucket_bytes,
+            "weights.broadcast_timeout_s": self.weights.broadcast_timeout_s,
             "transport.heartbeat_s": self.transport.heartbeat_s,
             "transport.liveness": self.transport.liveness,
             "transport.max_frame_bytes": self.transport.max_frame_bytes,

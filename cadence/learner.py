@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +26,7 @@ from torch import Tensor
 from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, state_dict_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer, load_hf_state_dict
+from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
@@ -52,6 +52,10 @@ class Learner(Protocol):
     def step(self, normaliser: float) -> dict[str, float]: ...
 
     def weights(self) -> bytes: ...
+
+    def tensors(self) -> Mapping[str, Tensor]:
+        """The weights `weights()` serialises, as HF-named tensors (live: read before the next step)."""
+        ...
 
     def save(self, directory: Path) -> str: ...
 
@@ -201,6 +205,9 @@ class TorchLearner:
 
     def weights(self) -> bytes:
         return state_dict_to_bytes(self.model)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return hf_state_dict(self.model)
 
     def save(self, directory: Path) -> str:
         save_checkpoint(self.model, self.model_cfg, directory, self.tokenizer.files())

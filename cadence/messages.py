@@ -247,6 +247,43 @@ class WeightUpload(Message):
     data: bytes
 
 
+@message("broadcast_join")
+@dataclass(frozen=True)
+class BroadcastJoin(Message):
+    """A worker asks the publisher to take it into the weight broadcasts (again, after a failure)."""
+
+
+@message("broadcast_joined")
+@dataclass(frozen=True)
+class BroadcastJoined(Message):
+    """The publisher's answer: broadcasts reach the worker from `from_version` on; earlier ones it pulls."""
+
+    from_version: int
+
+
+@message("broadcast_plan")
+@dataclass(frozen=True)
+class BroadcastPlan(Message):
+    """Version `version` is about to be broadcast in group `generation` (formed anew when it is new):
+    join it at `store_host:store_port` as `rank` of `world` and receive the buckets laid out here."""
+
+    version: int
+    generation: int
+    rank: int
+    world: int
+    backend: str
+    store_host: str
+    store_port: int
+    prefix: str
+    timeout_s: float
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    buckets: list[int]
+    offsets: list[int]
+    sizes: list[int]
+
+
 # ---------------------------------------------------------------- codec
 
 

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 import structlog
 import uvloop
 
-from cadence.config import RunConfig
+from cadence.config import ConfigError, RunConfig
 from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
     from cadence.log import LogStream
+    from cadence.transport.broadcast import BroadcastRoot
+    from cadence.transport.endpoint import Server
 
 log = structlog.get_logger()
 
@@ -120,8 +122,19 @@ async def trainer_main(
         jobs = []
         if publisher_address is None:
             publisher = _publisher(cfg, net, connect)
-            publish = publisher.publish
             jobs.append(publisher.run())
+            if publisher.broadcaster is not None:
+
+                async def publish(version: int, data: bytes) -> str:
+                    return await publisher.publish(version, data, learner.tensors())
+
+            else:
+                publish = publisher.publish
+        elif cfg.weights.transport != "zmq":
+            raise ConfigError(
+                f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
+                " run the trainer without --publisher"
+            )
         else:
             uploads = net.connect("trainer", publisher_address)
             timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
@@ -148,14 +161,19 @@ async def trainer_main(
 async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStream | None = None) -> None:
     net = _network(cfg)
     try:
-        publisher = _publisher(cfg, net, connect)
+        if cfg.weights.transport != "zmq":
+            raise ConfigError(
+                f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
+                " a separate publisher cannot, run the trainer without --publisher"
+            )
+        publisher = _publisher(cfg, net, connect, with_broadcast=False)
         (out / "publisher.addr").write_text(publisher.server.address + "\n")
         await _with_log_stream(publisher.run(), net, "publisher", connect, stream)
     finally:
         net.close()
 
 
-def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
+def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bool = True) -> Publisher:
     from cadence.actors.publisher import Publisher
     from cadence.transport.heartbeat import Liveness
     from cadence.transport.weights import WeightStore
@@ -167,6 +185,29 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str) -> Publisher:
         net.connect("publisher", connect),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
         Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, time.time),
+        _broadcaster(cfg, server) if with_broadcast else None,
+    )
+
+
+def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
+    """The root of the weight broadcasts when `weights.transport` asks for one."""
+    w = cfg.weights
+    if w.transport == "zmq":
+        return None
+    from cadence.transport.broadcast import BroadcastRoot
+
+    host = cfg.transport.advertise_host or (
+        cfg.transport.host if cfg.transport.host != "0.0.0.0" else socket.gethostname()
+    )
+    return BroadcastRoot(
+        server,
+        w.transport,
+        cfg.transport.host,
+        host,
+        w.broadcast_port,
+        w.bucket_bytes,
+        w.broadcast_timeout_s,
+        cfg.run_id or "cadence",
     )
 
 

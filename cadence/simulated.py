@@ -13,8 +13,10 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import torch
 
 from cadence.config import SimulatedConfig
 from cadence.learner import TrainGroup
@@ -32,6 +34,9 @@ class SimulatedEngine:
 
     def load(self, weights: bytes) -> None:
         self.version_bytes = len(weights)
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.version_bytes = sum(t.numel() * t.element_size() for t in state.values())
 
     def length(self, seed: int) -> int:
         rng = random.Random(seed)
@@ -67,6 +72,9 @@ class SimulatedLearner:
     def weights(self) -> bytes:
         seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
         return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"weights": torch.frombuffer(bytearray(self.weights()), dtype=torch.uint8)}
 
     def save(self, directory: Path) -> str:
         data = self.weights()

@@ -3,6 +3,8 @@
 ```
  trainer (same process) ─ publish(k, bytes) ─► store[k] (sha256) ─► returns sha256
  trainer (elsewhere) ── WeightUpload(k, i/n) ─► assembled, verified ─► store[k]
+ with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
+ worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, sha256, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
 
@@ -14,29 +16,56 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
 from cadence.actors.base import first_of, keep_alive
-from cadence.messages import Heartbeat, Register, Shutdown, WeightChunkRequest, WeightQuery, WeightUpload
+from cadence.messages import (
+    BroadcastJoin,
+    Heartbeat,
+    Register,
+    Shutdown,
+    WeightChunkRequest,
+    WeightQuery,
+    WeightUpload,
+)
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import WeightError, WeightStore
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from cadence.transport.broadcast import BroadcastRoot
 
 log = structlog.get_logger()
 
 
 class Publisher:
-    def __init__(self, server: Server, dispatcher: Client, store: WeightStore, liveness: Liveness) -> None:
+    def __init__(
+        self,
+        server: Server,
+        dispatcher: Client,
+        store: WeightStore,
+        liveness: Liveness,
+        broadcaster: BroadcastRoot | None = None,
+    ) -> None:
         self.server = server
         self.dispatcher = dispatcher
         self.store = store
         self.liveness = liveness
+        self.broadcaster = broadcaster
         self._uploads: dict[int, dict[int, bytes]] = {}
 
-    async def publish(self, version: int, data: bytes) -> str:
-        """Make `version` available; its sha256."""
-        return self.store.put(version, data).sha256
+    async def publish(self, version: int, data: bytes, tensors: Mapping[str, Tensor] | None = None) -> str:
+        """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
+        them to the members. Its sha256."""
+        sha = self.store.put(version, data).sha256
+        if self.broadcaster is not None and tensors is not None:
+            await self.broadcaster.broadcast(version, tensors)
+        return sha
 
     async def run(self) -> None:
         await self.dispatcher.send(
@@ -60,6 +89,11 @@ class Publisher:
                     await self.server.send(peer, chunk)
             elif isinstance(msg, WeightUpload):
                 self._upload(env.sender, msg)
+            elif isinstance(msg, BroadcastJoin):
+                if self.broadcaster is None:
+                    log.warning("broadcast_not_offered", peer=env.sender)
+                else:
+                    await self.server.send(peer, self.broadcaster.join(peer, env.sender))
             else:
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 

@@ -4,7 +4,8 @@ scores, and pushes every finished group to the trainer at once.
 ```
  Register ─► Welcome(trainer, publisher) ─► WorkRequest(inflight)
  a later Welcome (the trainer came back) ─► drop queued and current jobs, reconnect, WorkRequest(inflight)
- Assignment(k, v) ─► queue ─► v loaded? else pull v from publisher, verify, load
+ broadcast weights.transport: BroadcastJoin ─► publisher; its plans received beside the jobs
+ Assignment(k, v) ─► queue ─► v loaded? else v broadcast to this worker? load it : pull v, verify, load
                             ─► G samples seeded by (seed, k, prompt id, i) ─► score
                             ─► GroupResult ─► trainer ; WorkRequest(1) ─► dispatcher
 ```
@@ -19,8 +20,8 @@ import asyncio
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -35,6 +36,11 @@ from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import WeightError, pull_weights
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from cadence.transport.broadcast import BroadcastMember
+
 log = structlog.get_logger()
 
 
@@ -43,7 +49,13 @@ class Scorer(Protocol):
 
 
 class RolloutEngine(Protocol):
-    def load(self, weights: bytes) -> None: ...
+    def load(self, weights: bytes) -> None:
+        """Take the weights of a version as safetensors bytes (pulled from the publisher)."""
+        ...
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Take the weights of a version as HF-named tensors (received by broadcast)."""
+        ...
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
 
@@ -77,6 +89,7 @@ class RolloutWorker:
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
         self.loaded: int | None = None
+        self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
 
     async def run(self) -> None:
@@ -127,11 +140,20 @@ class RolloutWorker:
             log.info(
                 "worker_ready", trainer=self.welcome.trainer_address, publisher=self.welcome.publisher_address
             )
+            loops = [self._jobs(trainer, publisher), self.rejoin.wait()]
+            channels = [trainer, publisher]
+            self.member = None
+            if self.cfg.weights.transport != "zmq":
+                from cadence.transport.broadcast import BroadcastMember
+
+                self.member = BroadcastMember()
+                channels.append(self.connect(f"{self.name}.weights", self.welcome.publisher_address))
+                loops.append(self.member.run(channels[-1]))
             try:
-                await first_of(self._jobs(trainer, publisher), self.rejoin.wait())
+                await first_of(*loops)
             finally:
-                trainer.close()
-                publisher.close()
+                for channel in channels:
+                    channel.close()
 
     async def _jobs(self, trainer: Client, publisher: Client) -> None:
         await self.dispatcher.send(WorkRequest(self.cfg.rollout.inflight))
@@ -161,6 +183,24 @@ class RolloutWorker:
         with self._engine_lock:
             self.engine.load(data)
 
+    def _load_state(self, state: Mapping[str, Tensor]) -> None:
+        with self._engine_lock:
+            self.engine.load_state(state)
+
+    async def _fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
+        """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
+        Where they came from and their size."""
+        if self.member is not None:
+            w = self.cfg.weights
+            wait = 3 * w.broadcast_timeout_s + self.liveness.timeout_s
+            state = await self.member.weights(version, wait)
+            if state is not None:
+                await asyncio.to_thread(self._load_state, state)
+                return w.transport, sum(t.numel() * t.element_size() for t in state.values())
+        data = await self._pull(publisher, version)
+        await asyncio.to_thread(self._load, data)
+        return "zmq", len(data)
+
     def _generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         with self._engine_lock:
             return self.engine.generate(prompt, seeds)
@@ -169,12 +209,13 @@ class RolloutWorker:
         load_s = 0.0
         if job.version != self.loaded:
             begin = self.clock()
-            data = await self._pull(publisher, job.version)
-            await asyncio.to_thread(self._load, data)
+            source, nbytes = await self._fetch_and_load(publisher, job.version)
             self.loaded = job.version
             end = self.clock()
             load_s = end - begin
-            log.info("weights_loaded", version=job.version, nbytes=len(data), load_s=round(load_s, 4))
+            log.info(
+                "weights_loaded", version=job.version, source=source, nbytes=nbytes, load_s=round(load_s, 4)
+            )
             log.debug("span", kind="load", start=begin, end=end, period=job.period, version=job.version)
         begin = self.clock()
         prompt = self.tokenizer.encode_prompt(job.prompt)
