@@ -252,6 +252,8 @@ class WeightUpload(Message):
 class BroadcastJoin(Message):
     """A worker asks the publisher to take it into the weight broadcasts (again, after a failure)."""
 
+    worker: str  # the worker's name (its broadcast channel has a name of its own)
+
 
 @message("broadcast_joined")
 @dataclass(frozen=True)

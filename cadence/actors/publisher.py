@@ -93,7 +93,7 @@ class Publisher:
                 if self.broadcaster is None:
                     log.warning("broadcast_not_offered", peer=env.sender)
                 else:
-                    await self.server.send(peer, self.broadcaster.join(peer, env.sender))
+                    await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
             else:
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 

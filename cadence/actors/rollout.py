@@ -146,7 +146,7 @@ class RolloutWorker:
             if self.cfg.weights.transport != "zmq":
                 from cadence.transport.broadcast import BroadcastMember
 
-                self.member = BroadcastMember()
+                self.member = BroadcastMember(self.name)
                 channels.append(self.connect(f"{self.name}.weights", self.welcome.publisher_address))
                 loops.append(self.member.run(channels[-1]))
             try:

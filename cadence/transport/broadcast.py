@@ -199,7 +199,8 @@ def _layout(msg: BroadcastPlan) -> BucketPlan:
 class BroadcastMember:
     """A rollout worker's side: joins, receives each planned version, hands it to the worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
         self.from_version: int | None = None
         self._outcomes: dict[int, asyncio.Future[dict[str, Tensor] | None]] = {}
         self._store: Any = None
@@ -208,7 +209,7 @@ class BroadcastMember:
         self._generation = 0
 
     async def run(self, client: Client) -> None:
-        await client.send(BroadcastJoin())
+        await client.send(BroadcastJoin(self.worker))
         while True:
             env = await client.recv()
             msg = env.message
@@ -227,7 +228,7 @@ class BroadcastMember:
                         generation=msg.generation,
                         error=str(err).splitlines()[0][:300],
                     )
-                    await client.send(BroadcastJoin())
+                    await client.send(BroadcastJoin(self.worker))
                 self._settle(msg.version, state)
             else:
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)

@@ -49,7 +49,7 @@ class Rig:
     tasks: list[asyncio.Future[None]]
 
     def member(self, name: str) -> tuple[BroadcastMember, asyncio.Future[None]]:
-        member = BroadcastMember()
+        member = BroadcastMember(name)
         task = asyncio.ensure_future(member.run(self.net.connect(name, self.publisher.server.address)))
         self.tasks.append(task)
         return member, task
@@ -162,7 +162,7 @@ async def test_a_publisher_without_broadcast_refuses_a_join_and_keeps_serving() 
         task = asyncio.ensure_future(publisher.run())
         worker = net.connect("worker-a", server.address)
         with structlog.testing.capture_logs() as logs:
-            await worker.send(BroadcastJoin())
+            await worker.send(BroadcastJoin("worker-a"))
             await publisher.publish(3, b"x" * 100)
             assert await pull_weights(worker, 3, WAIT) == b"x" * 100
         assert any(e["event"] == "broadcast_not_offered" for e in logs)

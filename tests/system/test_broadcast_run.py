@@ -1,0 +1,126 @@
+"""The gloo weight broadcast in a whole run from the command line: a worker added mid-run pulls its first
+version over ZeroMQ and is in the broadcasts from the next one; a worker killed mid-run is named by the
+trainer, dropped from the group, and the run completes on the broadcast with the workers left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cadence.run_dir import read_jsonl
+from tests.system.helpers import ROOT, events, start_run, summary
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+PERIODS = 400
+B = 4  # task.prompts_per_period in SMALL
+
+
+def _wait(what: str, ready: Callable[[], bool], alive: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        assert alive.poll() is None, f"the run exited before {what}"
+        assert time.time() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.05)
+
+
+def _loads(run: Path, actor: str) -> list[dict[str, Any]]:
+    path = run / "logs" / f"{actor}.jsonl"
+    if not path.exists():
+        return []
+    return [e for e in events(run, actor) if e["event"] == "weights_loaded"]
+
+
+def test_gloo_broadcast_through_hot_add_and_worker_loss(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = start_run(
+        out,
+        "--set",
+        f"periods={PERIODS}",
+        "--set",
+        "weights.transport='gloo'",
+        "--set",
+        "weights.broadcast_timeout_s=2.0",
+        "--set",
+        "transport.heartbeat_s=0.1",
+        "--set",
+        "transport.liveness=10",
+    )
+    added: subprocess.Popen[bytes] | None = None
+    try:
+        _wait(
+            "two workers on the broadcast",
+            lambda: all(any(e["source"] == "gloo" for e in _loads(out, f"rollout-{i}")) for i in (0, 1)),
+            run.proc,
+        )
+        address = (out / "dispatcher.addr").read_text().strip()
+        added = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cadence",
+                "rollout",
+                "--config",
+                str(out / "config.json"),
+                "--connect",
+                address,
+                "--out",
+                str(out),
+                "--name",
+                "rollout-2",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "rollout-2.stderr").open("w"),
+        )
+        _wait(
+            "the added worker on the broadcast",
+            lambda: any(e["source"] == "gloo" for e in _loads(out, "rollout-2")),
+            run.proc,
+        )
+        pid = int(events(out, "rollout-1")[0]["pid"])
+        os.kill(pid, signal.SIGKILL)
+        killed_at = len(read_jsonl(out / "metrics.jsonl"))
+        code, stdout, stderr = run.finish(timeout=240)
+        assert code == 0, stderr
+    finally:
+        run.kill()
+        if added is not None:
+            added.kill()
+            added.wait()
+    s = summary(out)
+    assert s["periods"] == PERIODS and s["groups_trained"] == PERIODS * B and s["stale_dropped"] == 0
+
+    trainer = events(out, "trainer")
+    failed = [e for e in trainer if e["event"] == "broadcast_failed"]
+    assert failed and "rollout-1" in failed[0]["missing"]
+    broken = {e["version"] for e in failed}  # the workers left pulled those (or had them already)
+
+    # the added worker: versions before the one its join was granted from pulled, the rest broadcast
+    joined = [e for e in events(out, "rollout-2") if e["event"] == "broadcast_joined"]
+    loads = _loads(out, "rollout-2")
+    assert joined and loads
+    for e in loads:
+        if e["version"] < joined[0]["from_version"]:
+            assert e["source"] == "zmq", e
+        elif e["version"] not in broken:
+            assert e["source"] == "gloo", e
+    sent = [e for e in trainer if e["event"] == "weights_broadcast"]
+    rosters = [tuple(e["members"]) for e in sent]
+    assert ("rollout-0", "rollout-1") in rosters
+    assert any("rollout-2" in r and "rollout-1" in r for r in rosters)  # hot add: a new generation
+    after = rosters[rosters.index(next(r for r in rosters if "rollout-2" in r)) :]
+    assert after[-1] == ("rollout-0", "rollout-2")  # the killed worker is out of the group
+    assert sent[-1]["version"] == PERIODS  # broadcasts went on to the last version
+    # the workers left loaded the versions after the loss from the broadcast, bar the one that broke
+    late = [e for e in _loads(out, "rollout-0") if e["version"] > max(broken)]
+    assert late and all(e["source"] == "gloo" for e in late)
+    assert killed_at < PERIODS
