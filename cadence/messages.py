@@ -263,6 +263,15 @@ class BroadcastJoined(Message):
     from_version: int
 
 
+@message("broadcast_dropped")
+@dataclass(frozen=True)
+class BroadcastDropped(Message):
+    """The publisher took the worker out of the broadcasts at `version` (it did not confirm in time):
+    it pulls until it has joined again."""
+
+    version: int
+
+
 @message("broadcast_plan")
 @dataclass(frozen=True)
 class BroadcastPlan(Message):

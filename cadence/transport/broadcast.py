@@ -32,7 +32,7 @@ import structlog
 import torch.distributed as dist
 from torch import Tensor
 
-from cadence.messages import BroadcastJoin, BroadcastJoined, BroadcastPlan
+from cadence.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
 from cadence.transport.buckets import BucketPlan, plan_buckets, plan_from_layout
 from cadence.transport.collective import (
     DEVICES,
@@ -119,9 +119,9 @@ class BroadcastRoot:
             await asyncio.to_thread(self._send, version, prefix, plan, state)
         except BroadcastError as err:
             names = [roster[r - 1] for r in err.missing if 0 < r <= len(roster)]
-            for name in names:  # unless it joined again meanwhile
-                if self._joins.get(name, 0) <= joins_before:
-                    self.members.pop(name, None)
+            for name in names:  # unless it joined again meanwhile; if it is alive, it joins again
+                if self._joins.get(name, 0) <= joins_before and name in self.members:
+                    await self.server.send(self.members.pop(name), BroadcastDropped(version))
             self.group = None
             log.warning(
                 "broadcast_failed",
@@ -181,9 +181,6 @@ class BroadcastRoot:
             cause = f": {broken}" if broken is not None else ""
             raise BroadcastError(f"ranks {missing} did not confirm version {version}{cause}", missing)
 
-    def close(self) -> None:
-        self.group = None
-
 
 def _local_host(remote: str, port: int) -> str:
     """This host's address on the route to `remote` (the interface a group member binds to)."""
@@ -216,11 +213,15 @@ class BroadcastMember:
             if isinstance(msg, BroadcastJoined):
                 self.from_version = msg.from_version
                 log.info("broadcast_joined", from_version=msg.from_version)
+            elif isinstance(msg, BroadcastDropped):
+                self.from_version, self._group = None, None
+                log.warning("broadcast_dropped", version=msg.version)
+                await client.send(BroadcastJoin(self.worker))
             elif isinstance(msg, BroadcastPlan):
                 state: dict[str, Tensor] | None = None
                 try:
                     state = await asyncio.to_thread(self._receive, msg)
-                except (BroadcastError, RuntimeError, ValueError) as err:
+                except Exception as err:  # a broken group or a plan that does not fit: pull instead
                     self._group = None
                     log.warning(
                         "broadcast_failed",

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import structlog
@@ -171,3 +172,25 @@ async def test_a_publisher_without_broadcast_refuses_a_join_and_keeps_serving() 
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         net.close()
+
+
+async def test_a_member_too_slow_to_confirm_is_told_it_was_dropped_and_joins_again(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow, _ = rig.member("worker-slow")
+    await joined(rig.root, "worker-slow")
+    receive = BroadcastMember._receive
+
+    def late(self: BroadcastMember, msg: Any) -> dict[str, torch.Tensor]:
+        time.sleep(TIMEOUT_S + 0.5)  # the root stops waiting for the confirmation before this
+        return receive(self, msg)
+
+    monkeypatch.setattr(BroadcastMember, "_receive", late)
+    with structlog.testing.capture_logs() as logs:
+        await rig.publisher.publish(0, b"zero", weights(0))
+        await until(lambda: slow.from_version == 1)  # told, it joined again for the next version
+    events = [e["event"] for e in logs]
+    assert "broadcast_failed" in events and "broadcast_dropped" in events
+    monkeypatch.setattr(BroadcastMember, "_receive", receive)
+    await rig.publisher.publish(1, b"one", weights(1))
+    assert_equal(await slow.weights(1, WAIT), weights(1))
