@@ -11,12 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cadence.collectives import CollectiveError, Collectives
-from cadence.config import TrainerConfig
+from cadence.collectives import CollectiveError, Collectives, local_device
+from cadence.config import ConfigError, TrainerConfig
 from cadence.learner import TorchLearner, TrainGroup
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.parallel import DistributedLearner, follow, share
-from cadence.ranks import Ranks, free_port
+from cadence.ranks import Ranks, free_port, ranks_from_env
+from tests.conftest import tiny_config
 from tests.unit.test_learner import REWARDS, learner
 from tests.unit.test_prefix import make_groups
 
@@ -139,3 +140,39 @@ def test_a_follower_fails_naming_itself_when_rank_0_dies(tmp_path: Path) -> None
     error = (tmp_path / "rank1.error").read_text()
     assert "trainer rank 1 of 2" in error and "rank 0's next command" in error
     assert time.time() - begin < 60
+
+
+def test_the_ranks_come_from_torchrun_and_must_match_the_config() -> None:
+    two = TrainerConfig(ranks=2)
+    assert ranks_from_env(two, {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == Ranks(1, 2, 1)
+    assert ranks_from_env(TrainerConfig(), {}) == Ranks(0, 1, 0)
+    with pytest.raises(ConfigError, match=r"trainer.ranks = 2 wants the trainer started by torchrun"):
+        ranks_from_env(two, {})
+    with pytest.raises(
+        ConfigError, match=r"torchrun started 4 processes \(WORLD_SIZE\); set trainer.ranks = 4"
+    ):
+        ranks_from_env(two, {"WORLD_SIZE": "4", "RANK": "0"})
+    assert Ranks(0, 2).name == "trainer" and Ranks(1, 2).name == "trainer.rank1"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.ranks=0", "trainer.ranks must be >= 1"),
+        ("trainer.device='tpu'", "trainer.device = 'tpu' is not allowed"),
+        ("trainer.collective_timeout_s=0", "trainer.collective_timeout_s must be positive"),
+    ],
+)
+def test_bad_trainer_rank_settings_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(override)
+    with pytest.raises(ConfigError, match="trainer.ranks = 2 needs trainer.learner = 'torch'"):
+        tiny_config("trainer.ranks=2", "trainer.learner='simulated'")
+
+
+def test_a_device_torch_cannot_reach_is_named() -> None:
+    with pytest.raises(ConfigError, match="trainer.device = 'npu' needs torch_npu"):
+        local_device(TrainerConfig(device="npu"), Ranks())
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="trainer.device = 'cuda': rank 0 wants device 0"):
+            local_device(TrainerConfig(device="cuda"), Ranks())
