@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,8 +20,12 @@ from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams, TorchEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
+from cadence.ranks import Ranks
 from cadence.simulated import SimulatedEngine, SimulatedLearner
 from cadence.tasks.registry import make_task
+
+if TYPE_CHECKING:
+    from cadence.collectives import Collectives
 
 
 def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
@@ -80,9 +85,31 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id), params)
 
 
-def make_learner(cfg: RunConfig, tokenizer: TextTokenizer) -> Learner:
+def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None = None) -> Learner:
+    """The trainer's learner; with several `ranks` (rank 0's view) one that commands the followers."""
     if cfg.trainer.learner == "simulated":
         return SimulatedLearner(cfg.simulated)
+    ranks = ranks or Ranks()
+    if ranks.world == 1:
+        from cadence.collectives import local_device
+
+        return make_torch_learner(cfg, tokenizer, local_device(cfg.trainer, ranks))
+    from cadence.parallel import DistributedLearner
+
+    comm, local = join_ranks(cfg, tokenizer, ranks)
+    return DistributedLearner(local, comm)
+
+
+def join_ranks(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks) -> tuple[Collectives, TorchLearner]:
+    """Join the process group of the trainer's ranks; the collectives and this rank's own learner."""
+    from cadence.collectives import Collectives, local_device
+
+    device = local_device(cfg.trainer, ranks)
+    comm = Collectives(cfg.trainer, ranks, device)
+    return comm, make_torch_learner(cfg, tokenizer, device)
+
+
+def make_torch_learner(cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device) -> TorchLearner:
     torch.set_num_threads(1)
     model, model_cfg = make_model(cfg, tokenizer)
     t = cfg.trainer
@@ -97,4 +124,5 @@ def make_learner(cfg: RunConfig, tokenizer: TextTokenizer) -> Learner:
         kl_beta=t.kl_beta,
         max_grad_norm=t.max_grad_norm,
         packing=t.packing,
+        device=device,
     )

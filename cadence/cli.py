@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cadence.ranks import Ranks
 
 
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -204,10 +208,25 @@ def main(argv: list[str] | None = None) -> int:
 
             return write_picture(lambda: draw_plot(args.dir, args.out))
         cfg = load_config(args.config, args.overrides)
+        ranks = _ranks(args.command, cfg)
     except ConfigError as err:
         print(f"cadence: configuration error: {err}", file=sys.stderr)
         return 2
-    return _actor(args, cfg)
+    return _actor(args, cfg, ranks)
+
+
+def _ranks(command: str, cfg: object) -> Ranks:
+    """The trainer's place among torchrun's processes (alone elsewhere); under torchrun it dies with it."""
+    from cadence.config import RunConfig
+    from cadence.ranks import Ranks, die_with_parent, ranks_from_env
+
+    assert isinstance(cfg, RunConfig)
+    if command != "trainer":
+        return Ranks()
+    ranks = ranks_from_env(cfg.trainer)
+    if ranks.world > 1:
+        die_with_parent()
+    return ranks
 
 
 def _options(items: list[str]) -> dict[str, object]:
@@ -279,7 +298,7 @@ def _logs(args: argparse.Namespace) -> int:
         return 2
 
 
-def _actor(args: argparse.Namespace, cfg: object) -> int:
+def _actor(args: argparse.Namespace, cfg: object, ranks: Ranks) -> int:
     from cadence import processes
     from cadence.config import RunConfig
     from cadence.log import LogStream, configure_logging
@@ -288,6 +307,9 @@ def _actor(args: argparse.Namespace, cfg: object) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     name = args.command if args.command != "rollout" else (args.name or processes.default_name("rollout"))
+    if not ranks.leader:
+        configure_logging(ranks.name, out / "logs", args.log_level, None)
+        return processes.follower_main(cfg, ranks)
     own_file = (out / "logs" / f"{name}.jsonl").resolve()
     stream = LogStream(name, str(own_file)) if cfg.monitor.stream_logs else None
     configure_logging(name, out / "logs", args.log_level, stream)
@@ -296,7 +318,7 @@ def _actor(args: argparse.Namespace, cfg: object) -> int:
         return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream, args.resume))
     if args.command == "trainer":
         return processes.run_async(
-            lambda: processes.trainer_main(cfg, args.connect, out, args.publisher, stream, args.resume)
+            lambda: processes.trainer_main(cfg, args.connect, out, args.publisher, stream, args.resume, ranks)
         )
     if args.command == "publisher":
         return processes.run_async(lambda: processes.publisher_main(cfg, args.connect, out, stream))

@@ -137,6 +137,21 @@ class TrainerConfig:
         "tokens", "the period's summed loss is divided by its response tokens or its samples"
     )
     checkpoint_every: int = doc(0, "save a resumable checkpoint every N periods (0: only the final weights)")
+    ranks: int = doc(
+        1,
+        "data-parallel ranks of the trainer: each trains its share of every micro-batch and the gradients"
+        " are summed before the step; above 1 the trainer runs under torchrun (`cadence run` starts it so)",
+    )
+    device: Literal["cpu", "cuda", "npu"] = doc(
+        "cpu",
+        "where the trainer computes: cpu (collectives over gloo), cuda (each rank its LOCAL_RANK GPU, nccl)"
+        " or npu (Ascend through torch_npu, hccl)",
+    )
+    collective_timeout_s: float = doc(
+        300.0,
+        "seconds a rank waits in one collective (or an idle follower for its next command) before it"
+        " fails naming the rank",
+    )
 
 
 @dataclass(frozen=True)
@@ -261,6 +276,17 @@ class RunConfig:
         if self.trainer.micro_batch_tokens < 0:
             raise ConfigError(
                 f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"
+            )
+        if self.trainer.ranks < 1:
+            raise ConfigError(f"trainer.ranks must be >= 1, got {self.trainer.ranks}")
+        if self.trainer.ranks > 1 and self.trainer.learner != "torch":
+            raise ConfigError(
+                f"trainer.ranks = {self.trainer.ranks} needs trainer.learner = 'torch'"
+                f" (got {self.trainer.learner!r})"
+            )
+        if self.trainer.collective_timeout_s <= 0:
+            raise ConfigError(
+                f"trainer.collective_timeout_s must be positive, got {self.trainer.collective_timeout_s}"
             )
         if self.trainer.checkpoint_every < 0:
             raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")

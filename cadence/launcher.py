@@ -2,6 +2,7 @@
 
 ```
  config.json ─► dispatcher (binds, writes dispatcher.addr) ─► trainer + publisher ─► N rollout workers
+ (trainer.ranks > 1: torchrun starts the trainer's ranks; rank 0 is the actor, see cadence/ranks.py)
  (--resume DIR: metrics.jsonl cut back to the checkpoint's period; dispatcher and trainer get --resume)
  every 0.2 s: new metrics.jsonl lines ─► progress; a process that failed ─► stop all, exit 1
  dispatcher done ─► summary.json ─► the rest stop on its Shutdown (or are terminated)
@@ -27,6 +28,7 @@ from typing import Any
 
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
 from cadence.progress import Progress
+from cadence.ranks import die_with_parent, free_port, torchrun
 from cadence.resume import ResumeError, check_config, find_resume
 from cadence.run_dir import truncate_metrics, write_json
 
@@ -97,16 +99,18 @@ def launch(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(name: str, args: list[str]) -> None:
+    def start(name: str, args: list[str], ranks: int = 1) -> None:
+        # several trainer ranks: torchrun starts them and the launcher watches torchrun
+        head = torchrun(ranks, free_port(cfg.transport.host)) + ["-m", "cadence"] if ranks > 1 else base
         procs[name] = subprocess.Popen(
-            base + args + common, env=env, start_new_session=True, preexec_fn=_die_with_parent
+            head + args + common, env=env, start_new_session=True, preexec_fn=die_with_parent
         )
 
     begin = time.time()
     try:
         start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*", *again])
         address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
-        start("trainer", ["trainer", "--connect", address, *again])
+        start("trainer", ["trainer", "--connect", address, *again], cfg.trainer.ranks)
         for i in range(cfg.rollout.workers):
             start(f"rollout-{i}", ["rollout", "--connect", address, "--name", f"rollout-{i}"])
         if progress:
@@ -120,15 +124,6 @@ def launch(
         _stop_all(procs)
     summary: dict[str, Any] = read_json(out / "summary.json")
     return summary
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel kills it if the launcher dies, even by SIGKILL (Linux)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _interrupt(signum: int, frame: object) -> None:

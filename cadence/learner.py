@@ -38,12 +38,14 @@ from cadence.transport.weights import checksum
 @dataclass(frozen=True)
 class TrainGroup:
     """One GRPO group as the learner needs it; `old_logprobs` are the sampler's, one list a completion,
-    or None to take the detached policy's."""
+    or None to take the detached policy's; `advantages`, one a completion, when these completions are a
+    share of a larger group (whose rewards they come from), or None to compute them from `rewards`."""
 
     prompt: list[int]
     completions: list[list[int]]
     rewards: list[float]
     old_logprobs: list[list[float]] | None = None
+    advantages: list[float] | None = None
 
 
 class Learner(Protocol):
@@ -98,12 +100,14 @@ class TorchLearner:
         kl_beta: float,
         max_grad_norm: float,
         packing: str = "shared_prompt",
+        device: torch.device | str = "cpu",
     ) -> None:
         packings = ("shared_prompt", "prefix_cache", "padded")
         if packing not in packings:
             raise ValueError(f"trainer.packing must be one of {list(packings)}, got {packing!r}")
         self.packing = packing
-        self.model = model
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
@@ -129,14 +133,19 @@ class TorchLearner:
         if not groups:
             raise ValueError("an empty micro-batch")
         advantages = torch.cat(
-            [group_advantages(torch.tensor(g.rewards, dtype=torch.float32)) for g in groups]
-        )
+            [
+                torch.tensor(g.advantages, dtype=torch.float32)
+                if g.advantages is not None
+                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32))
+                for g in groups
+            ]
+        ).to(self.device)
         logp, mask, ref_logp = self._logprobs(groups)
         old = logp.detach().clone()
         row = 0
         for g in groups:
             for given in g.old_logprobs or []:
-                old[row, : len(given)] = torch.tensor(given, dtype=old.dtype)
+                old[row, : len(given)] = torch.tensor(given, dtype=old.dtype, device=old.device)
                 row += 1
             row += 0 if g.old_logprobs else len(g.completions)
         loss, stats = grpo_loss_sum(
@@ -154,6 +163,7 @@ class TorchLearner:
         gradient, their mask, and the reference's (or None)."""
         if self.packing == "shared_prompt":
             batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
+            batch = batch.to(self.device)
             args = (batch.input_ids, batch.position_ids, batch.attn_mask)
             logp, mask = to_padded(packed_logprobs(self.model(*args), batch), batch)
             if self.reference is None:
@@ -179,7 +189,9 @@ class TorchLearner:
             with torch.no_grad():
                 ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, self.tokenizer.pad_id)
             return logp, mask, ref_logp
-        inputs, targets, mask = pad_group(prompt, completions, self.tokenizer.pad_id)
+        inputs, targets, mask = (
+            t.to(self.device) for t in pad_group(prompt, completions, self.tokenizer.pad_id)
+        )
         start = len(prompt) - 1
         logp = token_logprobs(self.model(inputs), targets)[:, start:]
         mask = mask[:, start:]

@@ -18,6 +18,7 @@ import structlog
 import uvloop
 
 from cadence.config import ConfigError, RunConfig
+from cadence.ranks import Ranks
 from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
@@ -105,9 +106,10 @@ async def trainer_main(
     publisher_address: str | None,
     stream: LogStream | None = None,
     resume: bool = False,
+    ranks: Ranks | None = None,
 ) -> None:
     """The trainer; with `publisher_address` None it hosts the weight publisher in this process; with
-    `resume` it continues from `out/checkpoints/resume`."""
+    `resume` it continues from `out/checkpoints/resume`; with several `ranks` it is rank 0 of them."""
     from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
     from cadence.build import make_learner, make_tokenizer
@@ -115,8 +117,9 @@ async def trainer_main(
     from cadence.transport.weights import upload_weights
 
     net = _network(cfg)
+    learner = None
     try:
-        learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg))
+        learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg), ranks)
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
         jobs = []
@@ -156,6 +159,31 @@ async def trainer_main(
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:
         net.close()
+        close = getattr(learner, "close", None)  # a data-parallel learner stops its followers
+        if close is not None:
+            await asyncio.to_thread(close)
+
+
+def follower_main(cfg: RunConfig, ranks: Ranks) -> int:
+    """A data-parallel rank other than 0: trains rank 0's micro-batches until told to stop; 0 when
+    stopped, 1 when a collective failed (rank 0 ended or hung)."""
+    from cadence.build import join_ranks, make_tokenizer
+    from cadence.parallel import follow
+
+    comm = None
+    try:
+        comm, local = join_ranks(cfg, make_tokenizer(cfg), ranks)
+        follow(local, comm)
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+    except Exception as exc:
+        log.error("actor_failed", error=f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        if comm is not None:
+            comm.close()
+    return 0
 
 
 async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStream | None = None) -> None:

@@ -40,7 +40,17 @@ NAME = "resume"
 STATE = "state.json"
 # what may differ between the saved run and its continuation: how the run is carried out or how
 # long it lasts, not what it computes (keys, and sections by their prefix)
-FREE_KEYS = {"periods", "run_id", "mode", "trainer.checkpoint_every", "rollout.workers", "rollout.inflight"}
+FREE_KEYS = {
+    "periods",
+    "run_id",
+    "mode",
+    "trainer.checkpoint_every",
+    "trainer.ranks",
+    "trainer.device",
+    "trainer.collective_timeout_s",
+    "rollout.workers",
+    "rollout.inflight",
+}
 FREE_SECTIONS = ("monitor.", "transport.", "weights.", "simulated.")
 
 

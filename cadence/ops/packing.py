@@ -16,7 +16,7 @@ summation order. A group costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -43,6 +43,17 @@ class PackedBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same batch with its tensors on `device`."""
+        if self.input_ids.device == device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return replace(self, **moved)
 
 
 def packed_length(prompt: Sequence[int], completions: Sequence[Sequence[int]]) -> int:
@@ -118,9 +129,9 @@ def to_padded(values: Tensor, batch: PackedBatch, fill: float = 0.0) -> tuple[Te
 
     The pair feeds ``grpo_loss_sum(logp, old_logp, advantages [S], mask)`` as ``pad_group``'s does.
     """
-    lengths = torch.tensor(batch.lengths)
+    lengths = torch.tensor(batch.lengths, device=values.device)
     width = max(batch.lengths, default=0)
-    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    mask = torch.arange(width, device=values.device).unsqueeze(0) < lengths.unsqueeze(1)
     padded = values.new_full((len(batch.lengths), width), fill)
     return padded.masked_scatter(mask, values), mask
 

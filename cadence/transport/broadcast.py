@@ -34,7 +34,8 @@ from torch import Tensor
 
 from cadence.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
 from cadence.transport.buckets import BucketPlan, plan_buckets, plan_from_layout
-from cadence.transport.collective import (
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.groups import (
     DEVICES,
     BroadcastError,
     connect_store,
@@ -46,7 +47,6 @@ from cadence.transport.collective import (
     send_buckets,
     wait_keys,
 )
-from cadence.transport.endpoint import Client, Server
 
 log = structlog.get_logger()
 

@@ -1,0 +1,224 @@
+"""Data-parallel training: one trainer actor on rank 0, its micro-batches trained by every rank.
+
+```
+ rank 0 (the trainer actor)                        ranks 1..N-1 (followers, `follow`)
+ DistributedLearner.train_groups(groups) ─ "train" ─► share of every group ─► forward/backward
+   own share ─► forward/backward                        │  (summed loss into local gradients)
+   ◄──────────── statistics of every rank (all-gather) ─┘
+ DistributedLearner.step(normaliser) ──── "step" ───► gradients summed over ranks (all-reduce) ─►
+   the same on rank 0                                    / normaliser ─► clip ─► AdamW step
+ load_state(dir) ─ "sync" ─► rank 0's weights and optimizer state on every rank (broadcast)
+ idle longer than a quarter of the timeout ─ "ping"      close() ─ "stop" ─► followers return
+```
+
+A group's completions are dealt round-robin: completion i goes to rank i mod N with the whole group's
+advantage, so one group alone still keeps every rank busy; a rank with no completion this micro-batch
+adds nothing (zero gradient). Losses are sums, so the summed gradient is the one-rank gradient up to
+floating-point summation order.
+
+Invariant: every rank runs the same sequence of collectives, in rank 0's order (one lock orders rank
+0's commands), and after every step the weights and optimizer state are the same on every rank: each
+divides, clips and steps the same summed gradient. `weights()` and checkpoints come from rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import structlog
+import torch
+from torch import Tensor
+
+from cadence.collectives import CollectiveError, Collectives
+from cadence.learner import TorchLearner, TrainGroup
+from cadence.ops.advantages import group_advantages
+
+log = structlog.get_logger()
+
+
+class DistributedLearner:
+    """The `Learner` of rank 0: commands the followers and trains its own share."""
+
+    def __init__(self, local: TorchLearner, comm: Collectives) -> None:
+        self.local = local
+        self.comm = comm
+        self._lock = threading.Lock()
+        self._sums: dict[str, float] = {}
+        self._last = time.monotonic()
+        self._failed: BaseException | None = None
+        self._closed = threading.Event()
+        sync_state(local, comm)
+        self._pinger = threading.Thread(target=self._ping, name="rank0-ping", daemon=True)
+        self._pinger.start()
+
+    def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
+        if not groups:
+            raise ValueError("an empty micro-batch")
+        with self._lock:
+            self._command({"op": "train", "groups": [dataclasses.asdict(g) for g in groups]})
+            stats = train_share(self.local, groups, self.comm)
+        for key, value in stats.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        return stats
+
+    def step(self, normaliser: float) -> dict[str, float]:
+        with self._lock:
+            self._command({"op": "step", "normaliser": normaliser})
+            info = step_all(self.local, normaliser, self.comm)
+        info |= {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}
+        self._sums = {}
+        return info
+
+    def weights(self) -> bytes:
+        return self.local.weights()
+
+    def tensors(self) -> Mapping[str, Tensor]:
+        return self.local.tensors()
+
+    def save(self, directory: Path) -> str:
+        return self.local.save(directory)
+
+    def save_state(self, directory: Path) -> None:
+        self.local.save_state(directory)
+
+    def load_state(self, directory: Path) -> None:
+        """Rank 0 reads the files; every other rank gets the weights and optimizer state from it."""
+        self.local.load_state(directory)
+        self._sums = {}
+        with self._lock:
+            self._command({"op": "sync"})
+            sync_state(self.local, self.comm)
+
+    def close(self) -> None:
+        """Tell the followers to return (once an unfinished command is done), then leave the group."""
+        self._closed.set()
+        if self._lock.acquire(timeout=self.comm.timeout_s):
+            try:
+                if self._failed is None:
+                    self._command({"op": "stop"})
+            except CollectiveError as err:
+                log.warning("followers_not_stopped", error=str(err))
+            finally:
+                self._lock.release()
+        self._pinger.join(timeout=1.0)
+        self.comm.close()
+
+    def _command(self, command: dict[str, Any]) -> None:
+        """Send `command` to every follower; the caller holds the lock."""
+        if self._failed is not None:
+            raise CollectiveError(f"the followers are gone: {self._failed}") from self._failed
+        self.comm.broadcast_bytes(msgpack.packb(command), f"sending {command['op']!r} to the followers")
+        self._last = time.monotonic()
+
+    def _ping(self) -> None:
+        """Keep idle followers from timing out while rank 0 waits for rollouts."""
+        every = self.comm.timeout_s / 4
+        while not self._closed.wait(every / 2):
+            with self._lock:
+                if self._closed.is_set() or self._failed is not None or time.monotonic() - self._last < every:
+                    continue
+                try:
+                    self._command({"op": "ping"})
+                except CollectiveError as err:
+                    self._failed = err
+                    log.error("followers_lost", error=str(err))
+
+
+def follow(local: TorchLearner, comm: Collectives) -> None:
+    """A follower's life: rank 0's weights, then its commands until "stop"."""
+    sync_state(local, comm)
+    rank = comm.ranks.rank
+    log.info("follower_ready", rank=rank, world=comm.ranks.world)
+    while True:
+        command = msgpack.unpackb(comm.broadcast_bytes(None, "waiting for rank 0's next command"))
+        op = command.get("op")
+        if op == "train":
+            train_share(local, [TrainGroup(**g) for g in command["groups"]], comm)
+        elif op == "step":
+            step_all(local, float(command["normaliser"]), comm)
+        elif op == "sync":
+            sync_state(local, comm)
+        elif op == "stop":
+            log.info("follower_stopped", rank=rank)
+            return
+        elif op != "ping":
+            raise CollectiveError(f"trainer rank {rank}: unknown command {op!r} from rank 0")
+
+
+def share(groups: Sequence[TrainGroup], rank: int, world: int) -> list[TrainGroup]:
+    """This rank's part of the micro-batch: completions rank, rank + world, … of every group, each with
+    its advantage in the whole group."""
+    mine = []
+    for g in groups:
+        picks = range(rank, len(g.completions), world)
+        if not picks:
+            continue
+        advantages = g.advantages
+        if advantages is None:
+            advantages = group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()
+        old = g.old_logprobs
+        mine.append(
+            TrainGroup(
+                g.prompt,
+                [g.completions[i] for i in picks],
+                [g.rewards[i] for i in picks],
+                [old[i] for i in picks] if old is not None else None,
+                [advantages[i] for i in picks],
+            )
+        )
+    return mine
+
+
+def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collectives) -> dict[str, float]:
+    """Every rank: forward/backward of its share; the statistics summed over the ranks."""
+    mine = share(groups, comm.ranks.rank, comm.ranks.world)
+    stats = local.train_groups(mine) if mine else {}
+    total: dict[str, float] = {}
+    for part in comm.all_gather_bytes(msgpack.packb(stats), "gathering the micro-batch's statistics"):
+        for key, value in msgpack.unpackb(part).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def step_all(local: TorchLearner, normaliser: float, comm: Collectives) -> dict[str, float]:
+    """Every rank: sum the gradients over the ranks, then the one-rank step on the sum."""
+    comm.sum_gradients([p for p in local.model.parameters() if p.requires_grad])
+    return local.step(normaliser)
+
+
+def sync_state(local: TorchLearner, comm: Collectives) -> None:
+    """Rank 0's parameters (policy and reference) and optimizer state on every rank."""
+    params = list(local.model.parameters())
+    if local.reference is not None:
+        params += list(local.reference.parameters())
+    comm.broadcast_tensors(params, "copying rank 0's weights")
+    state = local.optimizer.state_dict()
+    layout = [
+        [index, key, str(value.dtype).removeprefix("torch."), list(value.shape), value.device.type == "cpu"]
+        for index, entry in sorted(state["state"].items())
+        for key, value in sorted(entry.items())
+    ]
+    manifest = {"param_groups": state["param_groups"], "state": layout} if comm.ranks.leader else None
+    got = msgpack.unpackb(
+        comm.broadcast_bytes(msgpack.packb(manifest) if manifest else None, "copying the optimizer layout"),
+        strict_map_key=False,
+    )
+    if comm.ranks.leader:
+        tensors = [state["state"][index][key] for index, key, *_ in layout]
+    else:
+        tensors = [
+            torch.empty(shape, dtype=getattr(torch, dtype), device="cpu" if on_cpu else comm.device)
+            for _, _, dtype, shape, on_cpu in got["state"]
+        ]
+    comm.broadcast_tensors(tensors, "copying rank 0's optimizer state")
+    if not comm.ranks.leader:
+        entries: dict[int, dict[str, torch.Tensor]] = {}
+        for (index, key, *_), tensor in zip(got["state"], tensors, strict=True):
+            entries.setdefault(index, {})[key] = tensor
+        local.optimizer.load_state_dict({"state": entries, "param_groups": got["param_groups"]})

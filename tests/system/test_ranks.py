@@ -1,0 +1,73 @@
+"""A trainer of 2 data-parallel ranks under torchrun, started by `cadence run`: the weights of 1 rank,
+and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from cadence.run_dir import read_jsonl
+from tests.system.helpers import SMALL, cadence, events, start_run, summary
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+SAME = ["--set", "rollout.workers=1", "--set", "trainer.micro_batch_tokens=0", "--set", "seed=3", *SMALL]
+
+
+def _processes_of(out: Path) -> list[int]:
+    """Live processes whose command line names the run folder (launcher, torchrun, ranks, actors)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(out) in cmdline.read_bytes().decode(errors="replace"):
+                status = (cmdline.parent / "status").read_text()
+                if "zombie" not in status.lower():
+                    found.append(int(cmdline.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_two_ranks_end_with_the_weights_of_one(tmp_path: Path) -> None:
+    rows, weights = {}, {}
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks{ranks}"
+        cadence(
+            *("run", "configs/quickstart.toml", "--out", str(out), "--set", "periods=4"),
+            *("--set", f"trainer.ranks={ranks}", *SAME),
+        )
+        assert summary(out)["groups_trained"] == 4 * 4
+        rows[ranks] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
+        weights[ranks] = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
+        assert not _processes_of(out)  # torchrun and both ranks are gone with the launcher
+    assert rows[1] == rows[2] and len(set(rows[1])) == 4  # the same data, period by period
+    diff = max(float((weights[1][k] - weights[2][k]).abs().max()) for k in weights[1])
+    assert diff <= 1e-5
+    follower = events(tmp_path / "ranks2", "trainer.rank1")
+    assert [e["event"] for e in follower] == ["follower_ready", "follower_stopped"]
+    assert follower[0]["pid"] != events(tmp_path / "ranks2", "trainer")[0]["pid"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
+def test_stopping_the_run_takes_torchrun_and_every_rank_with_it(tmp_path: Path, signum: int) -> None:
+    run = start_run(tmp_path, "--set", "periods=1000000", "--set", "trainer.ranks=2", *SAME)
+    try:
+        deadline = time.time() + 120
+        while not ((tmp_path / "metrics.jsonl").exists() and read_jsonl(tmp_path / "metrics.jsonl")):
+            assert time.time() < deadline and run.proc.poll() is None, "the run did not come up"
+            time.sleep(0.2)
+        ranks = {int(events(tmp_path, name)[0]["pid"]) for name in ("trainer", "trainer.rank1")}
+        started = set(_processes_of(tmp_path)) - {run.proc.pid}
+        assert ranks < started  # torchrun besides the ranks
+        os.kill(run.proc.pid, signum)
+        run.proc.wait(60)
+        deadline = time.time() + 5  # well before a lost dispatcher would end them (liveness 10 s)
+        while set(_processes_of(tmp_path)) & started and time.time() < deadline:
+            time.sleep(0.2)
+        assert not set(_processes_of(tmp_path)) & started
+    finally:
+        run.kill()

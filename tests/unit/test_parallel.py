@@ -1,0 +1,178 @@
+"""Data-parallel training on 2 gloo ranks equals 1 rank; a follower whose rank 0 dies fails naming itself."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cadence.collectives import CollectiveError, Collectives, local_device
+from cadence.config import ConfigError, TrainerConfig
+from cadence.learner import TorchLearner, TrainGroup
+from cadence.model.checkpoint import state_dict_to_bytes
+from cadence.parallel import DistributedLearner, follow, share
+from cadence.ranks import Ranks, free_port, ranks_from_env
+from tests.conftest import tiny_config
+from tests.unit.test_learner import REWARDS, learner
+from tests.unit.test_prefix import make_groups
+
+pytestmark = pytest.mark.timeout(180)
+TIMEOUT_S = 4.0  # the collectives' limit; rank 0 idles longer than it once (the followers are pinged)
+
+
+def groups() -> list[TrainGroup]:
+    """Unequal groups (4, 4, 3 and 4 completions), a 1-completion one, one with the sampler's log-probs."""
+    base = [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
+    single = TrainGroup([4, 5, 6], [[7, 8]], [1.0])
+    prompt, completions = make_groups(8)[0]
+    sampled = TrainGroup(
+        prompt,
+        completions,
+        [0.0, 1.0, 1.0, 0.5],
+        [[-1.5 - 0.1 * i] * len(c) for i, c in enumerate(completions)],
+    )
+    return [*base, single, sampled]
+
+
+def schedule() -> list[list[list[TrainGroup]]]:
+    """Steps, each a list of micro-batches: an odd count of groups, a step rank 1 has no share of,
+    sampler log-probs and a 1-completion group next to a big one."""
+    g = groups()
+    return [[[g[0], g[1], g[2]], [g[3]]], [[g[4]]], [[g[2]], [g[5], g[4]], [g[0]]]]
+
+
+def normaliser(step: list[list[TrainGroup]]) -> float:
+    return float(sum(len(c) for batch in step for group in batch for c in group.completions))
+
+
+def drive(trainer: TorchLearner | DistributedLearner, save: Path, idle: float = 0.0) -> None:
+    """The schedule; the last step goes from step 0's resume checkpoint (on 2 ranks the follower gets
+    rank 0's loaded state); then a step without any gradient, which must leave every weight alone."""
+    steps = schedule()
+    for i, step in enumerate(steps):
+        if i == len(steps) - 1:
+            trainer.load_state(save)
+        for batch in step:
+            trainer.train_groups(batch)
+        trainer.step(normaliser(step))
+        if i == 0:
+            trainer.save_state(save)
+            time.sleep(idle)
+    trainer.step(1.0)
+
+
+def _rank(rank: int, port: int, out: str, die_after_first: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    ranks = Ranks(rank, 2, 0)
+    comm = Collectives(TrainerConfig(collective_timeout_s=TIMEOUT_S), ranks, torch.device("cpu"))
+    local = learner("shared_prompt")
+    try:
+        if rank > 0:
+            follow(local, comm)
+            Path(out, f"rank{rank}.safetensors").write_bytes(state_dict_to_bytes(local.model))
+            return
+        leader = DistributedLearner(local, comm)
+        if die_after_first:
+            leader.train_groups(groups()[:2])
+            os._exit(3)  # no "stop": the follower must notice on its own
+        drive(leader, Path(out, "resume"), idle=TIMEOUT_S + 1.0)
+        Path(out, "rank0.safetensors").write_bytes(leader.weights())
+        leader.close()
+    except CollectiveError as err:
+        Path(out, f"rank{rank}.error").write_text(str(err))
+        raise SystemExit(1) from None
+
+
+def _spawn(out: Path, die_after_first: bool = False) -> list[int | None]:
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, port, str(out), die_after_first)) for r in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + 120
+    for p in procs:
+        p.join(max(0.0, deadline - time.time()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in procs]
+
+
+def test_the_share_of_every_rank_covers_each_completion_once_with_the_group_advantages() -> None:
+    g = groups()
+    parts = [share(g, rank, 2) for rank in range(2)]
+    assert [len(part) for part in parts] == [6, 5]  # the 1-completion group is rank 0's alone
+    for group in g:
+        assert sorted(
+            c for part in parts for s in part if s.prompt == group.prompt for c in s.completions
+        ) == sorted(group.completions)
+        assert group.advantages is None
+    # advantages stay those of the whole group: rank 1's share of group 1 has rewards [0, 1]
+    assert parts[1][1].rewards == [0.0, 1.0] and parts[1][1].advantages == pytest.approx([-1.0, 1.0])
+
+
+def test_two_ranks_train_like_one(tmp_path: Path) -> None:
+    assert _spawn(tmp_path) == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
+    one = learner("shared_prompt")
+    drive(one, tmp_path / "resume-one")
+    expected = load_file(str(tmp_path / "rank0.safetensors"))  # rank 0's weights, as published
+    follower = load_file(str(tmp_path / "rank1.safetensors"))
+    from safetensors.torch import load as load_bytes
+
+    single = load_bytes(one.weights())
+    start = load_bytes(learner("shared_prompt").weights())
+    assert max(float((single[k] - start[k]).abs().max()) for k in single) > 1e-3  # the steps moved them
+    assert max(float((expected[k] - single[k]).abs().max()) for k in single) <= 1e-5
+    assert all(torch.equal(expected[k], follower[k]) for k in expected)  # ranks stay identical
+
+
+def test_a_follower_fails_naming_itself_when_rank_0_dies(tmp_path: Path) -> None:
+    begin = time.time()
+    codes = _spawn(tmp_path, die_after_first=True)
+    assert codes == [3, 1]
+    error = (tmp_path / "rank1.error").read_text()
+    assert "trainer rank 1 of 2" in error and "rank 0's next command" in error
+    assert time.time() - begin < 60
+
+
+def test_the_ranks_come_from_torchrun_and_must_match_the_config() -> None:
+    two = TrainerConfig(ranks=2)
+    assert ranks_from_env(two, {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == Ranks(1, 2, 1)
+    assert ranks_from_env(TrainerConfig(), {}) == Ranks(0, 1, 0)
+    with pytest.raises(ConfigError, match=r"trainer.ranks = 2 wants the trainer started by torchrun"):
+        ranks_from_env(two, {})
+    with pytest.raises(
+        ConfigError, match=r"torchrun started 4 processes \(WORLD_SIZE\); set trainer.ranks = 4"
+    ):
+        ranks_from_env(two, {"WORLD_SIZE": "4", "RANK": "0"})
+    assert Ranks(0, 2).name == "trainer" and Ranks(1, 2).name == "trainer.rank1"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.ranks=0", "trainer.ranks must be >= 1"),
+        ("trainer.device='tpu'", "trainer.device = 'tpu' is not allowed"),
+        ("trainer.collective_timeout_s=0", "trainer.collective_timeout_s must be positive"),
+    ],
+)
+def test_bad_trainer_rank_settings_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(override)
+    with pytest.raises(ConfigError, match="trainer.ranks = 2 needs trainer.learner = 'torch'"):
+        tiny_config("trainer.ranks=2", "trainer.learner='simulated'")
+
+
+def test_a_device_torch_cannot_reach_is_named() -> None:
+    with pytest.raises(ConfigError, match="trainer.device = 'npu' needs torch_npu"):
+        local_device(TrainerConfig(device="npu"), Ranks())
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="trainer.device = 'cuda': rank 0 wants device 0"):
+            local_device(TrainerConfig(device="cuda"), Ranks())
