@@ -58,7 +58,7 @@ class TorchRolloutEngine:
         self.engine = engine
         self.params = params
 
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         self.engine.load_state_dict(state_dict_from_bytes(weights))
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:

@@ -30,7 +30,7 @@ class SimulatedEngine:
         self.token_ids = token_ids
         self.version_bytes = 0
 
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         self.version_bytes = len(weights)
 
     def length(self, seed: int) -> int:

@@ -18,7 +18,15 @@ import socket
 import structlog
 
 from cadence.actors.base import first_of, keep_alive
-from cadence.messages import Heartbeat, Register, Shutdown, WeightChunkRequest, WeightQuery, WeightUpload
+from cadence.messages import (
+    Heartbeat,
+    Payload,
+    Register,
+    Shutdown,
+    WeightChunkRequest,
+    WeightQuery,
+    WeightUpload,
+)
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import WeightError, WeightStore
@@ -32,7 +40,7 @@ class Publisher:
         self.dispatcher = dispatcher
         self.store = store
         self.liveness = liveness
-        self._uploads: dict[int, dict[int, bytes]] = {}
+        self._uploads: dict[int, dict[int, Payload]] = {}
 
     async def publish(self, version: int, data: bytes) -> str:
         """Make `version` available; its sha256."""
@@ -64,6 +72,11 @@ class Publisher:
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 
     def _upload(self, sender: str, msg: WeightUpload) -> None:
+        if not 0 <= msg.index < msg.chunks:
+            log.warning(
+                "upload_chunk_refused", peer=sender, version=msg.version, index=msg.index, chunks=msg.chunks
+            )
+            return
         parts = self._uploads.setdefault(msg.version, {})
         parts[msg.index] = msg.data
         if len(parts) < msg.chunks:

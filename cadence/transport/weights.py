@@ -12,7 +12,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cadence.messages import WeightChunk, WeightChunkRequest, WeightMeta, WeightQuery
+from cadence.messages import (
+    Payload,
+    WeightChunk,
+    WeightChunkRequest,
+    WeightMeta,
+    WeightQuery,
+    WeightUpload,
+)
 from cadence.transport.endpoint import Client
 
 T = TypeVar("T")
@@ -70,34 +77,100 @@ class WeightStore:
         if stored is None or index < 0 or index * self.chunk_bytes >= max(len(stored.data), 1):
             return None
         start = index * self.chunk_bytes
-        return WeightChunk(version, index, stored.data[start : start + self.chunk_bytes])
+        return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
-async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytes:
-    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it."""
+async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 8) -> bytearray:
+    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
+
+    Each chunk is copied once, from the received frame into its place in one buffer of the announced
+    size, and hashed in a worker thread as soon as every chunk before it is in, so the sha256 is done
+    about when the last chunk arrives. The buffer is returned only once its checksum matched.
+    """
     await client.send(WeightQuery(version))
     meta = await _expect(client, WeightMeta, version, timeout_s)
     if not meta.available:
         raise WeightError(f"publisher {client.address} does not hold version {version}")
-    parts: dict[int, bytes] = {}
+    if meta.chunk_bytes <= 0 or meta.chunks != max(1, -(-meta.nbytes // meta.chunk_bytes)):
+        raise WeightError(
+            f"version {version} from {client.address}: {meta.chunks} chunks of {meta.chunk_bytes} bytes "
+            f"cannot hold {meta.nbytes} bytes"
+        )
+    assembly = _Assembly(meta.nbytes, meta.chunk_bytes)
     next_index = 0
     while next_index < min(window, meta.chunks):
         await client.send(WeightChunkRequest(version, next_index))
         next_index += 1
-    while len(parts) < meta.chunks:
+    while assembly.received < meta.chunks:
         chunk = await _expect(client, WeightChunk, version, timeout_s)
         if not 0 <= chunk.index < meta.chunks:
             raise WeightError(
                 f"version {version} from {client.address}: chunk {chunk.index} of {meta.chunks}"
             )
-        parts[chunk.index] = chunk.data
+        size = assembly.size(chunk.index)
+        if len(chunk.data) != size:
+            raise WeightError(
+                f"version {version} from {client.address}: chunk {chunk.index} of {len(chunk.data)} bytes,"
+                f" expected {size}"
+            )
+        if not assembly.add(chunk.index, chunk.data):
+            continue  # a duplicate, left over from an earlier pull: its request was answered already
         if next_index < meta.chunks:
             await client.send(WeightChunkRequest(version, next_index))
             next_index += 1
-    data = b"".join(parts[i] for i in range(meta.chunks))
-    if len(data) != meta.nbytes or checksum(data) != meta.sha256:
+    if await assembly.hexdigest() != meta.sha256:
         raise WeightError(f"version {version} from {client.address} failed its checksum")
-    return data
+    return assembly.data
+
+
+class _Assembly:
+    """A buffer filled chunk by chunk in any order, and its sha256, computed in a worker thread (hashlib
+    releases the GIL) over the longest run of chunks filled from the first, one update at a time."""
+
+    def __init__(self, nbytes: int, chunk_bytes: int) -> None:
+        self.data = bytearray(nbytes)
+        self._view = memoryview(self.data)
+        self._chunk_bytes = chunk_bytes
+        self._filled = [False] * max(1, -(-nbytes // chunk_bytes))
+        self._ready = 0  # chunks [0, _ready) are filled
+        self._hashed = 0  # chunks [0, _hashed) are hashed or being hashed
+        self._sha = hashlib.sha256()
+        self._job: asyncio.Future[None] | None = None
+        self.received = 0
+
+    def size(self, index: int) -> int:
+        return min(self._chunk_bytes, len(self.data) - index * self._chunk_bytes)
+
+    def add(self, index: int, data: Payload) -> bool:
+        """Copy chunk `index` into place; False if it was already in (and nothing is written)."""
+        if self._filled[index]:
+            return False
+        start = index * self._chunk_bytes
+        self._view[start : start + len(data)] = data
+        self._filled[index] = True
+        self.received += 1
+        while self._ready < len(self._filled) and self._filled[self._ready]:
+            self._ready += 1
+        self._hash_next()
+        return True
+
+    def _hash_next(self) -> None:
+        if (self._job is not None and not self._job.done()) or self._hashed == self._ready:
+            return
+        part = self._view[self._hashed * self._chunk_bytes : self._ready * self._chunk_bytes]
+        self._hashed = self._ready
+        self._job = asyncio.get_running_loop().run_in_executor(None, self._sha.update, part)
+        self._job.add_done_callback(lambda _: self._hash_next())
+
+    async def hexdigest(self) -> str:
+        """The sha256 of the chunks filled from the first, once they are hashed."""
+        while True:
+            if self._job is not None and not self._job.done():
+                await self._job
+            elif self._hashed < self._ready:
+                self._hash_next()
+            else:
+                return self._sha.hexdigest()
 
 
 async def _expect(client: Client, kind: type[T], version: int, timeout_s: float) -> T:
@@ -116,13 +189,13 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 async def upload_weights(
     client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float
 ) -> str:
-    """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it."""
-    from cadence.messages import WeightUpload
-
+    """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it.
+    The chunks are views of `data`, sent without copies."""
     sha = checksum(data)
     chunks = max(1, -(-len(data) // chunk_bytes))
+    view = memoryview(data)
     for index in range(chunks):
-        part = data[index * chunk_bytes : (index + 1) * chunk_bytes]
+        part = view[index * chunk_bytes : (index + 1) * chunk_bytes]
         await client.send(WeightUpload(version, index, chunks, sha, part))
     await client.send(WeightQuery(version))  # answered after the upload: one peer's frames stay in order
     meta = await _expect(client, WeightMeta, version, timeout_s)
