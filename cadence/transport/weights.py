@@ -80,7 +80,7 @@ class WeightStore:
         return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
-async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 8) -> bytearray:
+async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytearray:
     """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
 
     Each chunk is copied once, from the received frame into its place in one buffer of the announced
