@@ -175,7 +175,7 @@ def _figures(nbytes: int, seconds: list[float]) -> dict[str, float]:
     return {"seconds": round(median, 4), "gbps": round(nbytes * WORKERS * 8 / median / 1e9, 3)}
 
 
-def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: int = 3) -> int:
+def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: int = 5) -> int:
     configure_logging("bench", None, "warning")
     nbytes = SMOLLM2_135M_FP32_BYTES if weights_mbytes is None else int(weights_mbytes * 1_000_000)
     # fork the workers first, while this process has no threads, sockets or event loop

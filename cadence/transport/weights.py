@@ -83,9 +83,9 @@ class WeightStore:
 async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytearray:
     """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
 
-    Each chunk is copied once, from the received frame into its place in one buffer of the announced
-    size, and hashed in a worker thread as soon as every chunk before it is in, so the sha256 is done
-    about when the last chunk arrives. The buffer is returned only once its checksum matched.
+    Each chunk is copied once, from the received frame to the end of one buffer as soon as every chunk
+    before it is in, and hashed in a worker thread, so the sha256 is done about when the last chunk
+    arrives. The buffer is returned only once its checksum matched.
     """
     await client.send(WeightQuery(version))
     meta = await _expect(client, WeightMeta, version, timeout_s)
@@ -124,50 +124,59 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
 
 
 class _Assembly:
-    """A buffer filled chunk by chunk in any order, and its sha256, computed in a worker thread (hashlib
-    releases the GIL) over the longest run of chunks filled from the first, one update at a time."""
+    """Chunks that arrive in any order, appended to one buffer in order, and their sha256.
+
+    The buffer grows as chunks are appended, so its pages are first touched while later chunks are
+    still on the wire rather than all before the first request. Each appended chunk (the received
+    frame, kept until then) is hashed in a worker thread, one update at a time and in order; hashlib
+    releases the GIL, so the loop goes on receiving meanwhile.
+    """
 
     def __init__(self, nbytes: int, chunk_bytes: int) -> None:
-        self.data = bytearray(nbytes)
-        self._view = memoryview(self.data)
+        self.data = bytearray()
+        self._nbytes = nbytes
         self._chunk_bytes = chunk_bytes
-        self._filled = [False] * max(1, -(-nbytes // chunk_bytes))
-        self._ready = 0  # chunks [0, _ready) are filled
-        self._hashed = 0  # chunks [0, _hashed) are hashed or being hashed
+        self._early: dict[int, Payload] = {}  # chunks that came before one they follow
+        self._appended = 0  # chunks [0, _appended) are in `data`
+        self._unhashed: list[Payload] = []
         self._sha = hashlib.sha256()
         self._job: asyncio.Future[None] | None = None
         self.received = 0
 
     def size(self, index: int) -> int:
-        return min(self._chunk_bytes, len(self.data) - index * self._chunk_bytes)
+        return min(self._chunk_bytes, self._nbytes - index * self._chunk_bytes)
 
     def add(self, index: int, data: Payload) -> bool:
-        """Copy chunk `index` into place; False if it was already in (and nothing is written)."""
-        if self._filled[index]:
+        """Take chunk `index`; False if it was already in (and nothing changes)."""
+        if index < self._appended or index in self._early:
             return False
-        start = index * self._chunk_bytes
-        self._view[start : start + len(data)] = data
-        self._filled[index] = True
+        self._early[index] = data
         self.received += 1
-        while self._ready < len(self._filled) and self._filled[self._ready]:
-            self._ready += 1
+        while self._appended in self._early:
+            part = self._early.pop(self._appended)
+            self.data += part
+            self._unhashed.append(part)
+            self._appended += 1
         self._hash_next()
         return True
 
     def _hash_next(self) -> None:
-        if (self._job is not None and not self._job.done()) or self._hashed == self._ready:
+        if (self._job is not None and not self._job.done()) or not self._unhashed:
             return
-        part = self._view[self._hashed * self._chunk_bytes : self._ready * self._chunk_bytes]
-        self._hashed = self._ready
-        self._job = asyncio.get_running_loop().run_in_executor(None, self._sha.update, part)
+        parts, self._unhashed = self._unhashed, []
+        self._job = asyncio.get_running_loop().run_in_executor(None, self._update, parts)
         self._job.add_done_callback(lambda _: self._hash_next())
 
+    def _update(self, parts: list[Payload]) -> None:
+        for part in parts:
+            self._sha.update(part)
+
     async def hexdigest(self) -> str:
-        """The sha256 of the chunks filled from the first, once they are hashed."""
+        """The sha256 of the chunks appended so far, once they are hashed."""
         while True:
             if self._job is not None and not self._job.done():
                 await self._job
-            elif self._hashed < self._ready:
+            elif self._unhashed:
                 self._hash_next()
             else:
                 return self._sha.hexdigest()
