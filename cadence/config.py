@@ -154,7 +154,9 @@ class SimulatedConfig:
 
 @dataclass(frozen=True)
 class WeightsConfig:
-    chunk_bytes: int = doc(1 << 20, "weights travel in chunks of at most this many bytes")
+    chunk_bytes: int = doc(
+        4 << 20, "weights travel in chunks of at most this many bytes (at most transport.max_frame_bytes)"
+    )
     keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
 
 
@@ -248,6 +250,11 @@ class RunConfig:
             )
         if self.trainer.checkpoint_every < 0:
             raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")
+        if self.weights.chunk_bytes > self.transport.max_frame_bytes:
+            raise ConfigError(
+                f"weights.chunk_bytes ({self.weights.chunk_bytes}) must be at most transport.max_frame_bytes"
+                f" ({self.transport.max_frame_bytes}): a larger chunk would be refused by every worker"
+            )
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
         if self.rollout.temperature < 0:

@@ -2,8 +2,8 @@
 
 Each measurement is a `Transport` with two halves: `send` runs in this process and returns the
 seconds from telling the workers to start to the moment all of them have the bytes; `receive` runs in
-each of two worker processes forked at the start, with the arguments `send` passed it, and returns
-the number of bytes it verified. Every repeat measures the reference and then each entry of
+each of two worker processes forked at the start, with the arguments `send` passed it, and reports
+the number of bytes it holds, verified, as soon as it holds them (before closing its sockets). Every repeat measures the reference and then each entry of
 `TRANSPORTS`, interleaved; the figures are medians:
 
 - `raw` (the reference, `raw_seconds` and `raw_gbps`), what the wire can do here: a plain Python
@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from cadence.actors.publisher import Publisher
+from cadence.config import WeightsConfig
 from cadence.log import configure_logging
 from cadence.messages import Shutdown
 from cadence.transport.heartbeat import Liveness
@@ -46,18 +47,22 @@ from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
 
 SMOLLM2_135M_FP32_BYTES = 134_515_008 * 4
-CHUNK_BYTES = 1 << 20  # the default of `weights.chunk_bytes`
+CHUNK_BYTES = WeightsConfig().chunk_bytes
 WORKERS = 2
 PULL_TIMEOUT_S = 120.0
+
+
+Reply = Callable[[int], None]
 
 
 @dataclass(frozen=True)
 class Transport:
     """`send(data, version, conns)`: the seconds until every worker behind `conns` has `data`, having
-    sent each worker `(name, *args)`; `receive(*args)`, in the worker: the byte count it verified."""
+    sent each worker `(name, *args)`; `receive(reply, *args)`, in the worker: calls `reply` with the
+    byte count it holds, verified, then cleans up."""
 
     send: Callable[[bytes, int, list[Connection]], float]
-    receive: Callable[..., int]
+    receive: Callable[..., None]
 
 
 def _collect(conns: list[Connection], nbytes: int, what: str) -> None:
@@ -91,7 +96,7 @@ def _raw_send(data: bytes, version: int, conns: list[Connection]) -> float:
     return seconds
 
 
-def _raw_receive(port: int, nbytes: int) -> int:
+def _raw_receive(reply: Reply, port: int, nbytes: int) -> None:
     buf = bytearray(nbytes)
     view = memoryview(buf)
     got = 0
@@ -101,7 +106,7 @@ def _raw_receive(port: int, nbytes: int) -> int:
             if n == 0:
                 break
             got += n
-    return got
+        reply(got)
 
 
 # ---------------------------------------------------------------- zmq: Publisher and pull_weights
@@ -137,17 +142,17 @@ async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> fl
     return seconds
 
 
-def _zmq_receive(address: str, version: int, name: str) -> int:
-    return asyncio.run(_zmq_pull(address, version, name))
+def _zmq_receive(reply: Reply, address: str, version: int, name: str) -> None:
+    asyncio.run(_zmq_pull(reply, address, version, name))
 
 
-async def _zmq_pull(address: str, version: int, name: str) -> int:
+async def _zmq_pull(reply: Reply, address: str, version: int, name: str) -> None:
     net = ZmqNetwork("bench-weights")
     try:
         client = net.connect(name, address)
         data = await pull_weights(client, version, PULL_TIMEOUT_S)  # raises unless the sha256 matches
+        reply(len(data))
         client.close()
-        return len(data)
     finally:
         net.close()
 
@@ -167,7 +172,7 @@ def _worker(conn: Connection) -> None:
         if order is None:
             return
         name, *args = order
-        conn.send(receivers[name](*args))
+        receivers[name](conn.send, *args)
 
 
 def _figures(nbytes: int, seconds: list[float]) -> dict[str, float]:
