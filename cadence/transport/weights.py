@@ -1,7 +1,9 @@
 """Weights as safetensors bytes, served in bounded chunks and checked against a sha256.
 
-Invariant: `pull_weights` returns bytes only when their sha256 equals the checksum the publisher
-announced for that version; anything else raises `WeightError` naming the version and the peer.
+Invariant: `pull_weights` returns its buffer only when the buffer has the announced size and its
+sha256 equals the checksum the publisher announced for that version; anything else raises
+`WeightError` naming the version and the peer. Chunks are served as views of the stored bytes and
+travel as payload frames (see `cadence.messages`), so neither side copies them into messages.
 """
 
 from __future__ import annotations
