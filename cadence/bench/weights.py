@@ -3,8 +3,9 @@
 Each measurement is a `Transport` with two halves: `send` runs in this process and returns the
 seconds from telling the workers to start to the moment all of them have the bytes; `receive` runs in
 each of two worker processes forked at the start, with the arguments `send` passed it, and reports
-the number of bytes it holds, verified, as soon as it holds them (before closing its sockets). Every repeat measures the reference and then each entry of
-`TRANSPORTS`, interleaved; the figures are medians:
+the number of bytes it holds, verified, as soon as it holds them (before closing its sockets). Every
+repeat measures the reference and then each entry of `TRANSPORTS`, interleaved; the figures are
+medians:
 
 - `raw` (the reference, `raw_seconds` and `raw_gbps`), what the wire can do here: a plain Python
   `socket` sender streams the bytes with `sendall`, one thread per receiver, over loopback tcp to the
