@@ -65,7 +65,7 @@ class TorchRolloutEngine:
         self.engine = engine
         self.params = params
 
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         self.engine.load_state_dict(state_dict_from_bytes(weights))
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:

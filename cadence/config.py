@@ -202,7 +202,9 @@ class WeightsConfig:
         " group: gloo (CPU), nccl (CUDA), hccl (Ascend NPU, needs torch_npu); workers that join mid-period"
         " pull that version over ZeroMQ and take the broadcasts from the next one",
     )
-    chunk_bytes: int = doc(1 << 20, "weights travel in chunks of at most this many bytes")
+    chunk_bytes: int = doc(
+        4 << 20, "weights travel in chunks of at most this many bytes (at most transport.max_frame_bytes)"
+    )
     keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
     bucket_bytes: int = doc(64 << 20, "broadcast: tensors are flattened into buckets of at most this size")
     broadcast_timeout_s: float = doc(
@@ -327,6 +329,11 @@ class RunConfig:
         if not 0 < self.vllm.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"vllm.gpu_memory_utilization must be in (0, 1], got {self.vllm.gpu_memory_utilization}"
+            )
+        if self.weights.chunk_bytes > self.transport.max_frame_bytes:
+            raise ConfigError(
+                f"weights.chunk_bytes ({self.weights.chunk_bytes}) must be at most transport.max_frame_bytes"
+                f" ({self.transport.max_frame_bytes}): a larger chunk would be refused by every worker"
             )
         if self.rollout.workers < 0:
             raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")

@@ -3,9 +3,14 @@
 Invariant: a frame either decodes into exactly one declared message whose every field has its
 declared type, or raises `DecodeError` saying what was wrong. Nothing else leaves `decode`.
 
-A frame is a msgpack map ``{"type": tag, "proto": PROTOCOL_VERSION, "run": run id,
-"sender": actor name, "body": {field: value}}``. Tensors never travel here as pickles: weights
-are safetensors bytes inside `WeightChunk`. This module imports nothing of cadence.
+A message is one header frame, a msgpack map ``{"type": tag, "proto": PROTOCOL_VERSION, "run": run
+id, "sender": actor name, "body": {field: value}}``, and for a type that declares a `PAYLOAD` field
+(weight chunks) a second, raw frame holding that field's bytes: the header then says
+``"payload": n`` and leaves the field out of its body, the second frame must have exactly n bytes,
+and both frames are bounded by the same limit. The payload is never copied by the codec: it is sent
+from the caller's buffer and decoded as a view of the received frame. Tensors never travel here as
+pickles: weights are safetensors bytes in `WeightChunk` payloads. This module imports nothing of
+cadence.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, TypeAlias, TypeVar, get_args, get_origin
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+Payload: TypeAlias = bytes | memoryview
+"""The bytes of an out-of-band field: what the sender hands over (often a view of a larger buffer),
+and after decoding a read-only view of the received frame."""
 
 
 class DecodeError(ValueError):
@@ -33,9 +43,11 @@ class DecodeError(ValueError):
 
 
 class Message:
-    """Base of all message types; subclasses are frozen dataclasses with a `TAG`."""
+    """Base of all message types; subclasses are frozen dataclasses with a `TAG`. A subclass whose
+    `PAYLOAD` names one of its fields (typed `Payload`) carries that field as a frame of its own."""
 
     TAG: ClassVar[str] = ""
+    PAYLOAD: ClassVar[str] = ""
 
 
 M = TypeVar("M", bound=type[Message])
@@ -48,6 +60,8 @@ def message(tag: str) -> typing.Callable[[M], M]:
     def register(cls: M) -> M:
         if tag in REGISTRY:
             raise ValueError(f"message tag {tag!r} declared twice")
+        if cls.PAYLOAD and typing.get_type_hints(cls).get(cls.PAYLOAD) != Payload:
+            raise TypeError(f"{tag}: payload field {cls.PAYLOAD!r} must be declared as Payload")
         cls.TAG = tag
         REGISTRY[tag] = cls
         return cls
@@ -230,21 +244,28 @@ class WeightChunkRequest(Message):
 @message("weight_chunk")
 @dataclass(frozen=True)
 class WeightChunk(Message):
+    """Chunk `index` of `version`; `data` travels as the payload frame."""
+
+    PAYLOAD: ClassVar[str] = "data"
+
     version: int
     index: int
-    data: bytes
+    data: Payload
 
 
 @message("weight_upload")
 @dataclass(frozen=True)
 class WeightUpload(Message):
-    """The trainer hands a version to a publisher in another process, chunk by chunk."""
+    """The trainer hands a version to a publisher in another process, chunk by chunk; `data` travels
+    as the payload frame."""
+
+    PAYLOAD: ClassVar[str] = "data"
 
     version: int
     index: int
     chunks: int
     sha256: str
-    data: bytes
+    data: Payload
 
 
 @message("broadcast_join")
@@ -307,19 +328,40 @@ class Envelope:
     run: str
 
 
-def encode(msg: Message, sender: str, run: str = "") -> bytes:
-    """One frame for `msg`."""
+def encode_frames(msg: Message, sender: str, run: str = "") -> list[Payload]:
+    """The frames of `msg`: its header, then its payload (not copied) if its type declares one."""
     body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}  # type: ignore[arg-type]
-    frame = {"type": msg.TAG, "proto": PROTOCOL_VERSION, "run": run, "sender": sender, "body": body}
-    return msgpack.packb(frame, use_bin_type=True)
+    frame: dict[str, Any] = {"type": msg.TAG, "proto": PROTOCOL_VERSION, "run": run, "sender": sender}
+    if not msg.PAYLOAD:
+        return [msgpack.packb({**frame, "body": body}, use_bin_type=True)]
+    payload = body.pop(msg.PAYLOAD)
+    frame["payload"] = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    return [msgpack.packb({**frame, "body": body}, use_bin_type=True), payload]
 
 
-def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Envelope:
-    """The message in `frame`, or `DecodeError` with the reason."""
-    if len(frame) > max_bytes:
-        raise DecodeError(f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}")
+def encode(msg: Message, sender: str, run: str = "") -> bytes:
+    """The one frame of `msg`, of a type without a payload (`encode_frames` takes any message)."""
+    frames = encode_frames(msg, sender, run)
+    if len(frames) != 1:
+        raise TypeError(f"{msg.TAG} carries its {msg.PAYLOAD!r} in a frame of its own: use encode_frames")
+    return bytes(frames[0])
+
+
+def decode(frame: Payload, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Envelope:
+    """The message in the single frame `frame`, or `DecodeError` with the reason."""
+    return decode_frames([frame], max_bytes)
+
+
+def decode_frames(frames: Sequence[Payload], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Envelope:
+    """The message in `frames` (a header, then a payload where the type declares one), or
+    `DecodeError` with the reason. No frame may exceed `max_bytes`."""
+    if not 1 <= len(frames) <= 2:
+        raise DecodeError(f"expected 1 frame, or 2 with a payload, got {len(frames)}")
+    header = frames[0]
+    if len(header) > max_bytes:
+        raise DecodeError(f"frame of {len(header)} bytes exceeds the limit of {max_bytes}")
     try:
-        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        raw = msgpack.unpackb(header, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated exception types
         raise DecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(raw, dict):
@@ -343,13 +385,42 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Envelope:
     body = raw.get("body")
     if not isinstance(body, dict):
         raise DecodeError("frame has no map 'body'", tag, sender)
-    return Envelope(_build(cls, body, tag, sender), sender, run)
+    kwargs = _fields(cls, body, tag, sender)
+    if cls.PAYLOAD:
+        kwargs[cls.PAYLOAD] = _payload(raw.get("payload"), frames, max_bytes, tag, sender)
+    elif len(frames) != 1:
+        raise DecodeError(f"{tag}: expected 1 frame, got {len(frames)}", tag, sender)
+    elif "payload" in raw:
+        raise DecodeError(f"{tag}: announces a payload, which this type does not carry", tag, sender)
+    return Envelope(cls(**kwargs), sender, run)
 
 
-def _build(cls: type[Message], body: dict[str, Any], tag: str, sender: str) -> Message:
+def _payload(announced: Any, frames: Sequence[Payload], max_bytes: int, tag: str, sender: str) -> memoryview:
+    if len(frames) != 2:
+        raise DecodeError(f"{tag}: expected 2 frames, a header and its payload, got 1", tag, sender)
+    if type(announced) is not int or not 0 <= announced <= max_bytes:
+        raise DecodeError(
+            f"{tag}: header announces a payload of {announced!r}, not a size within {max_bytes}", tag, sender
+        )
+    data = memoryview(frames[1]).cast("B")
+    if data.nbytes > max_bytes:
+        raise DecodeError(
+            f"payload frame of {data.nbytes} bytes exceeds the limit of {max_bytes}", tag, sender
+        )
+    if data.nbytes != announced:
+        raise DecodeError(
+            f"{tag}: payload frame of {data.nbytes} bytes, the header announced {announced}", tag, sender
+        )
+    return data.toreadonly()
+
+
+def _fields(cls: type[Message], body: dict[str, Any], tag: str, sender: str) -> dict[str, Any]:
+    """The body's values by field name, each checked against its declared type; the payload field
+    is not in the body."""
     hints = _hints(cls)
+    declared = [f for f in dataclasses.fields(cls) if f.name != cls.PAYLOAD]  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in declared:
         if f.name not in body:
             has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
             if has_default:
@@ -363,10 +434,10 @@ def _build(cls: type[Message], body: dict[str, Any], tag: str, sender: str) -> M
                 sender,
             )
         kwargs[f.name] = float(value) if hints[f.name] is float else value
-    extra = set(body) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    extra = set(body) - {f.name for f in declared}
     if extra:
         raise DecodeError(f"{tag}: unknown fields {sorted(map(str, extra))}", tag, sender)
-    return cls(**kwargs)
+    return kwargs
 
 
 _HINTS: dict[type, dict[str, Any]] = {}

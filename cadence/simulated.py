@@ -32,7 +32,7 @@ class SimulatedEngine:
         self.token_ids = token_ids
         self.version_bytes = 0
 
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         self.version_bytes = len(weights)
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -25,6 +25,7 @@ from cadence.actors.base import first_of, keep_alive
 from cadence.messages import (
     BroadcastJoin,
     Heartbeat,
+    Payload,
     Register,
     Shutdown,
     WeightChunkRequest,
@@ -57,7 +58,7 @@ class Publisher:
         self.store = store
         self.liveness = liveness
         self.broadcaster = broadcaster
-        self._uploads: dict[int, dict[int, bytes]] = {}
+        self._uploads: dict[int, dict[int, Payload]] = {}
 
     async def publish(self, version: int, data: bytes, tensors: Mapping[str, Tensor] | None = None) -> str:
         """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
@@ -98,6 +99,11 @@ class Publisher:
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 
     def _upload(self, sender: str, msg: WeightUpload) -> None:
+        if not 0 <= msg.index < msg.chunks:
+            log.warning(
+                "upload_chunk_refused", peer=sender, version=msg.version, index=msg.index, chunks=msg.chunks
+            )
+            return
         parts = self._uploads.setdefault(msg.version, {})
         parts[msg.index] = msg.data
         if len(parts) < msg.chunks:

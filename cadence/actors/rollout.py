@@ -49,7 +49,7 @@ class Scorer(Protocol):
 
 
 class RolloutEngine(Protocol):
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         """Take the weights of a version as safetensors bytes (pulled from the publisher)."""
         ...
 
@@ -166,7 +166,7 @@ class RolloutWorker:
                 self.groups_sent += 1
             await self.dispatcher.send(WorkRequest(1))
 
-    async def _pull(self, publisher: Client, version: int) -> bytes:
+    async def _pull(self, publisher: Client, version: int) -> bytearray:
         """The weights of `version`. When the run can resume and the publisher fails, its trainer may be
         coming back: wait (up to 10 liveness timeouts) for the Welcome naming the new one, which ends
         this job; without resume, or past that wait, the failure ends the worker."""
@@ -179,7 +179,7 @@ class RolloutWorker:
             await asyncio.sleep(10 * self.liveness.timeout_s)
             raise
 
-    def _load(self, data: bytes) -> None:
+    def _load(self, data: bytearray) -> None:
         with self._engine_lock:
             self.engine.load(data)
 

@@ -1,20 +1,24 @@
 """`cadence bench weights`: how fast a published state dict reaches two workers, against the wire.
 
-Two measurements in one run, each repeated and reported as the median, both on loopback tcp to two
-worker processes forked at the start:
+Each measurement is a `Transport` with two halves: `send` runs in this process and returns the
+seconds from telling the workers to start to the moment all of them have the bytes; `receive` runs in
+each of two worker processes forked at the start, with the arguments `send` passed it, and reports
+the number of bytes it holds, verified, as soon as it holds them (before closing its sockets). Every
+repeat measures the reference and then each entry of `TRANSPORTS`, interleaved; the figures are
+medians:
 
+- `raw` (the reference, `raw_seconds` and `raw_gbps`), what the wire can do here: a plain Python
+  `socket` sender streams the bytes with `sendall`, one thread per receiver, over loopback tcp to the
+  workers, which `recv_into` a preallocated buffer; no framing, no codec, no checksum.
 - `zmq`, the transport cadence uses: a real `Publisher` actor with its `WeightStore` (chunks of
-  `weights.chunk_bytes`) serves one version; each worker process pulls it with `pull_weights` over
-  its own `ZmqClient`, msgpack codec, chunk window and sha256 verification included, as in a run.
-- `raw`, what the wire can do here: a plain Python `socket` sender streams the same bytes with
-  `sendall`, one thread per receiver, to the two workers, which `recv_into` a preallocated buffer;
-  no framing, no codec, no checksum.
+  `weights.chunk_bytes`) serves one version; each worker pulls it with `pull_weights` over its own
+  `ZmqClient` on loopback tcp, codec, chunk window and sha256 verification included, as in a run.
 
-Each figure is timed from the moment the workers are told to start to the moment both have all the
-bytes. `gbps` is gigabits a second of payload delivered to all workers together
-(`bytes * workers * 8 / seconds / 1e9`). The default size is SmolLM2-135M in fp32
-(134,515,008 parameters * 4 bytes). Only the ZeroMQ transport exists so far: gloo or NCCL
-transports would each add an entry under `transports`, with the same keys.
+`gbps` is gigabits a second of payload delivered to all workers together
+(`bytes * workers * 8 / seconds / 1e9`); `ratio_to_raw` is `raw_seconds / seconds`. The default size
+is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes). Another transport (gloo or NCCL
+broadcast) is one more entry in `TRANSPORTS`, reported under `transports` with the same keys.
+`load_1min` is the machine's load average at the end: other work on the cores moves every figure.
 
 Invariant: a `zmq` figure counts only pulls whose bytes passed `pull_weights`' sha256 check against
 the publisher's announced checksum and have the requested length; nothing is asserted on timings.
@@ -30,10 +34,13 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from cadence.actors.publisher import Publisher
+from cadence.config import WeightsConfig
 from cadence.log import configure_logging
 from cadence.messages import Shutdown
 from cadence.transport.heartbeat import Liveness
@@ -41,47 +48,22 @@ from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
 
 SMOLLM2_135M_FP32_BYTES = 134_515_008 * 4
-CHUNK_BYTES = 1 << 20  # the default of `weights.chunk_bytes`
+CHUNK_BYTES = WeightsConfig().chunk_bytes
 WORKERS = 2
 PULL_TIMEOUT_S = 120.0
 
 
-def _worker(conn: Connection) -> None:
-    """A worker process: does what the parent asks, answers with the byte count it received."""
-    while True:
-        order = conn.recv()
-        if order is None:
-            return
-        if order[0] == "zmq":
-            _, address, version, name = order
-            conn.send(asyncio.run(_pull(address, version, name)))
-        else:
-            _, port, nbytes = order
-            conn.send(_receive(port, nbytes))
+Reply = Callable[[int], None]
 
 
-async def _pull(address: str, version: int, name: str) -> int:
-    net = ZmqNetwork("bench-weights")
-    try:
-        client = net.connect(name, address)
-        data = await pull_weights(client, version, PULL_TIMEOUT_S)  # raises unless the sha256 matches
-        client.close()
-        return len(data)
-    finally:
-        net.close()
+@dataclass(frozen=True)
+class Transport:
+    """`send(data, version, conns)`: the seconds until every worker behind `conns` has `data`, having
+    sent each worker `(name, *args)`; `receive(reply, *args)`, in the worker: calls `reply` with the
+    byte count it holds, verified, then cleans up."""
 
-
-def _receive(port: int, nbytes: int) -> int:
-    buf = bytearray(nbytes)
-    view = memoryview(buf)
-    got = 0
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        while got < nbytes:
-            n = sock.recv_into(view[got:])
-            if n == 0:
-                break
-            got += n
-    return got
+    send: Callable[[bytes, int, list[Connection]], float]
+    receive: Callable[..., None]
 
 
 def _collect(conns: list[Connection], nbytes: int, what: str) -> None:
@@ -91,7 +73,51 @@ def _collect(conns: list[Connection], nbytes: int, what: str) -> None:
             raise RuntimeError(f"{what}: a worker received {got} bytes of {nbytes}")
 
 
-async def _zmq_once(data: bytes, version: int, conns: list[Connection]) -> float:
+# ---------------------------------------------------------------- raw: the reference
+
+
+def _raw_send(data: bytes, version: int, conns: list[Connection]) -> float:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        begin = time.perf_counter()
+        for conn in conns:
+            conn.send(("raw", port, len(data)))
+
+        def send(peer: socket.socket) -> None:
+            with peer:
+                peer.sendall(memoryview(data))
+
+        senders = [threading.Thread(target=send, args=(listener.accept()[0],)) for _ in conns]
+        for thread in senders:
+            thread.start()
+        _collect(conns, len(data), "raw")
+        seconds = time.perf_counter() - begin
+        for thread in senders:
+            thread.join()
+    return seconds
+
+
+def _raw_receive(reply: Reply, port: int, nbytes: int) -> None:
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    got = 0
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        while got < nbytes:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                break
+            got += n
+        reply(got)
+
+
+# ---------------------------------------------------------------- zmq: Publisher and pull_weights
+
+
+def _zmq_send(data: bytes, version: int, conns: list[Connection]) -> float:
+    return asyncio.run(_zmq_publish(data, version, conns))
+
+
+async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> float:
     net = ZmqNetwork("bench-weights")
     dispatcher = net.bind("dispatcher", "tcp://127.0.0.1:*")
     server = net.bind("publisher", "tcp://127.0.0.1:*")
@@ -117,25 +143,37 @@ async def _zmq_once(data: bytes, version: int, conns: list[Connection]) -> float
     return seconds
 
 
-def _raw_once(data: bytes, conns: list[Connection]) -> float:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        begin = time.perf_counter()
-        for conn in conns:
-            conn.send(("raw", port, len(data)))
+def _zmq_receive(reply: Reply, address: str, version: int, name: str) -> None:
+    asyncio.run(_zmq_pull(reply, address, version, name))
 
-        def send(peer: socket.socket) -> None:
-            with peer:
-                peer.sendall(memoryview(data))
 
-        senders = [threading.Thread(target=send, args=(listener.accept()[0],)) for _ in conns]
-        for thread in senders:
-            thread.start()
-        _collect(conns, len(data), "raw")
-        seconds = time.perf_counter() - begin
-        for thread in senders:
-            thread.join()
-    return seconds
+async def _zmq_pull(reply: Reply, address: str, version: int, name: str) -> None:
+    net = ZmqNetwork("bench-weights")
+    try:
+        client = net.connect(name, address)
+        data = await pull_weights(client, version, PULL_TIMEOUT_S)  # raises unless the sha256 matches
+        reply(len(data))
+        client.close()
+    finally:
+        net.close()
+
+
+RAW = Transport(_raw_send, _raw_receive)
+TRANSPORTS: dict[str, Transport] = {"zmq": Transport(_zmq_send, _zmq_receive)}
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def _worker(conn: Connection) -> None:
+    """A worker process: receives as each order names, answers with the byte count it received."""
+    receivers = {"raw": RAW.receive, **{name: t.receive for name, t in TRANSPORTS.items()}}
+    while True:
+        order = conn.recv()
+        if order is None:
+            return
+        name, *args = order
+        receivers[name](conn.send, *args)
 
 
 def _figures(nbytes: int, seconds: list[float]) -> dict[str, float]:
@@ -143,7 +181,7 @@ def _figures(nbytes: int, seconds: list[float]) -> dict[str, float]:
     return {"seconds": round(median, 4), "gbps": round(nbytes * WORKERS * 8 / median / 1e9, 3)}
 
 
-def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: int = 3) -> int:
+def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: int = 5) -> int:
     configure_logging("bench", None, "warning")
     nbytes = SMOLLM2_135M_FP32_BYTES if weights_mbytes is None else int(weights_mbytes * 1_000_000)
     # fork the workers first, while this process has no threads, sockets or event loop
@@ -153,32 +191,43 @@ def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: i
     for proc in procs:
         proc.start()
     conns = [parent for parent, _ in pipes]
+    raw_s: list[float] = []
+    seconds: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     try:
         data = os.urandom(nbytes)
-        raw_s, zmq_s = [], []
         for version in range(1, repeats + 1):
-            raw_s.append(_raw_once(data, conns))
-            zmq_s.append(asyncio.run(_zmq_once(data, version, conns)))
+            raw_s.append(RAW.send(data, version, conns))
+            for name, transport in TRANSPORTS.items():
+                seconds[name].append(transport.send(data, version, conns))
     finally:
         for conn in conns:
             conn.send(None)
         for proc in procs:
             proc.join(10)
     raw = _figures(nbytes, raw_s)
-    zmq = {**_figures(nbytes, zmq_s), "ratio_to_raw": round(raw["seconds"] / statistics.median(zmq_s), 3)}
+    transports = {
+        name: {
+            **_figures(nbytes, s),
+            "ratio_to_raw": round(statistics.median(raw_s) / statistics.median(s), 3),
+        }
+        for name, s in seconds.items()
+    }
     result: dict[str, Any] = {
         "bytes": nbytes,
         "workers": WORKERS,
         "chunk_bytes": CHUNK_BYTES,
         "repeats": repeats,
-        "transports": {"zmq": zmq},
+        "transports": transports,
         "raw_seconds": raw["seconds"],
         "raw_gbps": raw["gbps"],
+        "load_1min": round(os.getloadavg()[0], 2),
     }
     if not as_json:
-        print(f"{'bytes':>14}: {nbytes} to {WORKERS} workers, median of {repeats}")
+        print(
+            f"{'bytes':>14}: {nbytes} to {WORKERS} workers, median of {repeats}, load {result['load_1min']}"
+        )
         print(f"{'raw socket':>14}: {raw['seconds']:.3f} s, {raw['gbps']:.2f} Gbit/s")
-        for name, fig in result["transports"].items():
+        for name, fig in transports.items():
             print(
                 f"{name:>14}: {fig['seconds']:.3f} s, {fig['gbps']:.2f} Gbit/s, {fig['ratio_to_raw']:.2f} of raw"
             )

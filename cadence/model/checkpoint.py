@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import struct
@@ -79,8 +80,46 @@ def state_dict_to_bytes(model: Transformer) -> bytes:
     return _safetensors_bytes(hf_state_dict(model), {"format": "pt"})
 
 
-def state_dict_from_bytes(data: bytes) -> dict[str, Tensor]:
-    return st_load(data)
+def state_dict_from_bytes(data: bytes | bytearray) -> dict[str, Tensor]:
+    """The tensors of safetensors `data`: copies for `bytes` (read by safetensors), views of the buffer
+    for a `bytearray` (as `pull_weights` returns), which must then stay unchanged while they are used."""
+    if isinstance(data, bytes):
+        return st_load(data)
+    return _safetensors_views(data)
+
+
+def _safetensors_views(data: bytearray) -> dict[str, Tensor]:
+    """Tensors viewing `data`, laid out per the safetensors format; ValueError on a malformed layout."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors views are implemented for little-endian hosts only")
+    if len(data) < 8:
+        raise ValueError(f"safetensors data of {len(data)} bytes has no header")
+    (size,) = struct.unpack_from("<Q", data)
+    if size > len(data) - 8:
+        raise ValueError(f"safetensors header of {size} bytes overruns {len(data)} bytes of data")
+    header = json.loads(bytes(data[8 : 8 + size]))
+    header.pop("__metadata__", None)
+    base = 8 + size
+    names = {code: dtype for dtype, code in _DTYPES.items()}
+    state: dict[str, Tensor] = {}
+    for name, entry in header.items():
+        dtype = names.get(entry["dtype"])
+        shape = [int(n) for n in entry["shape"]]
+        start, end = (int(n) for n in entry["data_offsets"])
+        count = math.prod(shape)
+        if dtype is None or not 0 <= start <= end <= len(data) - base:
+            raise ValueError(
+                f"tensor {name!r}: dtype {entry['dtype']} or offsets {start}..{end} not readable"
+            )
+        if (end - start) != count * dtype.itemsize:
+            raise ValueError(f"tensor {name!r}: {end - start} bytes for shape {shape} of {dtype}")
+        flat = (
+            torch.frombuffer(data, dtype=dtype, count=count, offset=base + start)
+            if count
+            else torch.empty(0, dtype=dtype)
+        )
+        state[name] = flat.view(shape)
+    return state
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

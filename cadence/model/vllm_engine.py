@@ -105,7 +105,7 @@ class VllmEngine:
         self._sampling = vllm.SamplingParams
         self._prompt = vllm.TokensPrompt
 
-    def load(self, weights: bytes) -> None:
+    def load(self, weights: bytes | bytearray) -> None:
         """Load published safetensors bytes (HF names)."""
         self.load_state(state_dict_from_bytes(weights))
 

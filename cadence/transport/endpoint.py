@@ -7,7 +7,8 @@ rate limiting) with who sent it and why, counted in `refused`, and the caller ne
 - `Client`: connected to one server; `send(msg)`, `recv()`.
 
 `zmq_socket.py` implements them over ZeroMQ (ROUTER/DEALER), `inproc.py` over asyncio queues
-for actor tests; both go through the same codec here.
+for actor tests; both go through the same codec here. A message is a list of frames (a header, and a
+payload for weight chunks); payload frames are handed over and received without copies.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import abc
 import structlog
 
 from cadence.log import Throttle
-from cadence.messages import DEFAULT_MAX_FRAME_BYTES, DecodeError, Envelope, Message, decode, encode
+from cadence.messages import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DecodeError,
+    Envelope,
+    Message,
+    Payload,
+    decode_frames,
+    encode_frames,
+)
 
 log = structlog.get_logger()
 
@@ -59,12 +68,12 @@ class _Codec:
     def refused(self) -> int:
         return self.refusals.total
 
-    def _encode(self, msg: Message) -> bytes:
-        return encode(msg, sender=self.name, run=self.run)
+    def _encode(self, msg: Message) -> list[Payload]:
+        return encode_frames(msg, sender=self.name, run=self.run)
 
-    def _decode(self, frame: bytes, peer: str) -> Envelope | None:
+    def _decode(self, frames: list[Payload], peer: str) -> Envelope | None:
         try:
-            env = decode(frame, self.max_frame_bytes)
+            env = decode_frames(frames, self.max_frame_bytes)
         except DecodeError as err:
             self.refusals.refuse(peer, err)
             return None
@@ -86,10 +95,7 @@ class Server(_Codec, abc.ABC):
     async def recv(self) -> tuple[bytes, Envelope]:
         while True:
             peer, frames = await self._recv_raw()
-            if len(frames) != 1:
-                self.refusals.refuse(_show(peer), DecodeError(f"expected 1 frame, got {len(frames)}"))
-                continue
-            env = self._decode(frames[0], _show(peer))
+            env = self._decode(frames, _show(peer))
             if env is not None:
                 return peer, env
 
@@ -97,10 +103,10 @@ class Server(_Codec, abc.ABC):
         await self._send_raw(peer, self._encode(msg))
 
     @abc.abstractmethod
-    async def _recv_raw(self) -> tuple[bytes, list[bytes]]: ...
+    async def _recv_raw(self) -> tuple[bytes, list[Payload]]: ...
 
     @abc.abstractmethod
-    async def _send_raw(self, peer: bytes, frame: bytes) -> None: ...
+    async def _send_raw(self, peer: bytes, frames: list[Payload]) -> None: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -117,10 +123,7 @@ class Client(_Codec, abc.ABC):
 
     async def recv(self) -> Envelope:
         while True:
-            frames = await self._recv_raw()
-            env = self._decode(frames[0], self.address) if len(frames) == 1 else None
-            if len(frames) != 1:
-                self.refusals.refuse(self.address, DecodeError(f"expected 1 frame, got {len(frames)}"))
+            env = self._decode(await self._recv_raw(), self.address)
             if env is not None:
                 return env
 
@@ -128,10 +131,10 @@ class Client(_Codec, abc.ABC):
         await self._send_raw(self._encode(msg))
 
     @abc.abstractmethod
-    async def _recv_raw(self) -> list[bytes]: ...
+    async def _recv_raw(self) -> list[Payload]: ...
 
     @abc.abstractmethod
-    async def _send_raw(self, frame: bytes) -> None: ...
+    async def _send_raw(self, frames: list[Payload]) -> None: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from cadence.messages import DEFAULT_MAX_FRAME_BYTES
+from cadence.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 from cadence.transport.endpoint import Client, Server
 
 
@@ -17,16 +17,16 @@ class InprocServer(Server):
     def __init__(self, network: InprocNetwork, name: str, address: str) -> None:
         super().__init__(name, network.run, network.max_frame_bytes)
         self.address = address
-        self.inbox: asyncio.Queue[tuple[bytes, list[bytes]]] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[bytes, list[Payload]]] = asyncio.Queue()
         self._network = network
 
-    async def _recv_raw(self) -> tuple[bytes, list[bytes]]:
+    async def _recv_raw(self) -> tuple[bytes, list[Payload]]:
         return await self.inbox.get()
 
-    async def _send_raw(self, peer: bytes, frame: bytes) -> None:
+    async def _send_raw(self, peer: bytes, frames: list[Payload]) -> None:
         client = self._network.clients.get((self.address, peer))
         if client is not None:  # like a ROUTER, an unknown peer's message is dropped
-            client.inbox.put_nowait([frame])
+            client.inbox.put_nowait(frames)
 
     def close(self) -> None:
         self._network.servers.pop(self.address, None)
@@ -35,18 +35,18 @@ class InprocServer(Server):
 class InprocClient(Client):
     def __init__(self, network: InprocNetwork, name: str, address: str) -> None:
         super().__init__(name, address, network.run, network.max_frame_bytes)
-        self.inbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        self.inbox: asyncio.Queue[list[Payload]] = asyncio.Queue()
         self._network = network
         self.identity = name.encode()
         network.clients[(address, self.identity)] = self
 
-    async def _recv_raw(self) -> list[bytes]:
+    async def _recv_raw(self) -> list[Payload]:
         return await self.inbox.get()
 
-    async def _send_raw(self, frame: bytes) -> None:
-        await self.send_frames([frame])
+    async def _send_raw(self, frames: list[Payload]) -> None:
+        await self.send_frames(frames)
 
-    async def send_frames(self, frames: list[bytes]) -> None:
+    async def send_frames(self, frames: list[Payload]) -> None:
         """Raw frames, bypassing the codec: how a test plays a hostile peer."""
         server = self._network.servers.get(self.address)
         if server is not None:

@@ -1,7 +1,9 @@
 """Weights as safetensors bytes, served in bounded chunks and checked against a sha256.
 
-Invariant: `pull_weights` returns bytes only when their sha256 equals the checksum the publisher
-announced for that version; anything else raises `WeightError` naming the version and the peer.
+Invariant: `pull_weights` returns its buffer only when the buffer has the announced size and its
+sha256 equals the checksum the publisher announced for that version; anything else raises
+`WeightError` naming the version and the peer. Chunks are served as views of the stored bytes and
+travel as payload frames (see `cadence.messages`), so neither side copies them into messages.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cadence.messages import WeightChunk, WeightChunkRequest, WeightMeta, WeightQuery
+from cadence.messages import (
+    Payload,
+    WeightChunk,
+    WeightChunkRequest,
+    WeightMeta,
+    WeightQuery,
+    WeightUpload,
+)
 from cadence.transport.endpoint import Client
 
 T = TypeVar("T")
@@ -70,34 +79,109 @@ class WeightStore:
         if stored is None or index < 0 or index * self.chunk_bytes >= max(len(stored.data), 1):
             return None
         start = index * self.chunk_bytes
-        return WeightChunk(version, index, stored.data[start : start + self.chunk_bytes])
+        return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
-async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytes:
-    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it."""
+async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytearray:
+    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
+
+    Each chunk is copied once, from the received frame to the end of one buffer as soon as every chunk
+    before it is in, and hashed in a worker thread, so the sha256 is done about when the last chunk
+    arrives. The buffer is returned only once its checksum matched.
+    """
     await client.send(WeightQuery(version))
     meta = await _expect(client, WeightMeta, version, timeout_s)
     if not meta.available:
         raise WeightError(f"publisher {client.address} does not hold version {version}")
-    parts: dict[int, bytes] = {}
+    if meta.chunk_bytes <= 0 or meta.chunks != max(1, -(-meta.nbytes // meta.chunk_bytes)):
+        raise WeightError(
+            f"version {version} from {client.address}: {meta.chunks} chunks of {meta.chunk_bytes} bytes "
+            f"cannot hold {meta.nbytes} bytes"
+        )
+    assembly = _Assembly(meta.nbytes, meta.chunk_bytes)
     next_index = 0
     while next_index < min(window, meta.chunks):
         await client.send(WeightChunkRequest(version, next_index))
         next_index += 1
-    while len(parts) < meta.chunks:
+    while assembly.received < meta.chunks:
         chunk = await _expect(client, WeightChunk, version, timeout_s)
         if not 0 <= chunk.index < meta.chunks:
             raise WeightError(
                 f"version {version} from {client.address}: chunk {chunk.index} of {meta.chunks}"
             )
-        parts[chunk.index] = chunk.data
+        size = assembly.size(chunk.index)
+        if len(chunk.data) != size:
+            raise WeightError(
+                f"version {version} from {client.address}: chunk {chunk.index} of {len(chunk.data)} bytes,"
+                f" expected {size}"
+            )
+        if not assembly.add(chunk.index, chunk.data):
+            continue  # a duplicate, left over from an earlier pull: its request was answered already
         if next_index < meta.chunks:
             await client.send(WeightChunkRequest(version, next_index))
             next_index += 1
-    data = b"".join(parts[i] for i in range(meta.chunks))
-    if len(data) != meta.nbytes or checksum(data) != meta.sha256:
+    if await assembly.hexdigest() != meta.sha256:
         raise WeightError(f"version {version} from {client.address} failed its checksum")
-    return data
+    return assembly.data
+
+
+class _Assembly:
+    """Chunks that arrive in any order, appended to one buffer in order, and their sha256.
+
+    The buffer grows as chunks are appended, so its pages are first touched while later chunks are
+    still on the wire rather than all before the first request. Each appended chunk (the received
+    frame, kept until then) is hashed in a worker thread, one update at a time and in order; hashlib
+    releases the GIL, so the loop goes on receiving meanwhile.
+    """
+
+    def __init__(self, nbytes: int, chunk_bytes: int) -> None:
+        self.data = bytearray()
+        self._nbytes = nbytes
+        self._chunk_bytes = chunk_bytes
+        self._early: dict[int, Payload] = {}  # chunks that came before one they follow
+        self._appended = 0  # chunks [0, _appended) are in `data`
+        self._unhashed: list[Payload] = []
+        self._sha = hashlib.sha256()
+        self._job: asyncio.Future[None] | None = None
+        self.received = 0
+
+    def size(self, index: int) -> int:
+        return min(self._chunk_bytes, self._nbytes - index * self._chunk_bytes)
+
+    def add(self, index: int, data: Payload) -> bool:
+        """Take chunk `index`; False if it was already in (and nothing changes)."""
+        if index < self._appended or index in self._early:
+            return False
+        self._early[index] = data
+        self.received += 1
+        while self._appended in self._early:
+            part = self._early.pop(self._appended)
+            self.data += part
+            self._unhashed.append(part)
+            self._appended += 1
+        self._hash_next()
+        return True
+
+    def _hash_next(self) -> None:
+        if (self._job is not None and not self._job.done()) or not self._unhashed:
+            return
+        parts, self._unhashed = self._unhashed, []
+        self._job = asyncio.get_running_loop().run_in_executor(None, self._update, parts)
+        self._job.add_done_callback(lambda _: self._hash_next())
+
+    def _update(self, parts: list[Payload]) -> None:
+        for part in parts:
+            self._sha.update(part)
+
+    async def hexdigest(self) -> str:
+        """The sha256 of the chunks appended so far, once they are hashed."""
+        while True:
+            if self._job is not None and not self._job.done():
+                await self._job
+            elif self._unhashed:
+                self._hash_next()
+            else:
+                return self._sha.hexdigest()
 
 
 async def _expect(client: Client, kind: type[T], version: int, timeout_s: float) -> T:
@@ -116,13 +200,13 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 async def upload_weights(
     client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float
 ) -> str:
-    """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it."""
-    from cadence.messages import WeightUpload
-
+    """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it.
+    The chunks are views of `data`, sent without copies."""
     sha = checksum(data)
     chunks = max(1, -(-len(data) // chunk_bytes))
+    view = memoryview(data)
     for index in range(chunks):
-        part = data[index * chunk_bytes : (index + 1) * chunk_bytes]
+        part = view[index * chunk_bytes : (index + 1) * chunk_bytes]
         await client.send(WeightUpload(version, index, chunks, sha, part))
     await client.send(WeightQuery(version))  # answered after the upload: one peer's frames stay in order
     meta = await _expect(client, WeightMeta, version, timeout_s)

@@ -26,9 +26,12 @@ from cadence.messages import (
     Shutdown,
     WeightChunk,
     WeightChunkRequest,
+    WeightMeta,
     WeightQuery,
+    WeightUpload,
     WorkRequest,
     encode,
+    encode_frames,
 )
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
@@ -125,7 +128,7 @@ async def test_hostile_frames_are_refused_logged_and_the_server_keeps_working(
     wrong_proto = msgpack.packb(
         {"type": "work_request", "proto": 99, "run": RUN, "sender": "rogue", "body": {"credits": 1}}
     )
-    oversized = encode(WeightChunk(1, 0, b"\x00" * 3000), "rogue", RUN)
+    oversized = encode(Shutdown("x" * 3000), "rogue", RUN)
     assert 2048 < len(oversized) < 4 * 2048  # above the codec's limit, below libzmq's cut-off
     with structlog.testing.capture_logs() as logs:
         await rogue.send(b"\x93garbage that is not msgpack")
@@ -157,6 +160,46 @@ async def test_hostile_frames_are_refused_logged_and_the_server_keeps_working(
     peer, env = await recv_from(server)
     assert (peer, env.message) == (b"worker-1", WorkRequest(2))
     assert server.refused == 5
+
+
+async def test_payload_frames_that_disagree_with_their_header_are_refused_and_the_channel_goes_on(
+    net: ZmqNetwork, rogue: zmq.asyncio.Socket
+) -> None:
+    server = net.bind("publisher", ADDRESS)
+    rogue.connect(server.address)
+    header, payload = encode_frames(WeightChunk(1, 0, b"\x07" * 100), "rogue", RUN)
+    with structlog.testing.capture_logs() as logs:
+        await rogue.send_multipart([header, b"\x07" * 99])  # announced 100, 99 came
+        await rogue.send_multipart([header, b"\x07" * 101])
+        await rogue.send_multipart([header])  # no payload at all
+        await rogue.send_multipart(encode_frames(WeightChunk(1, 0, b"\x07" * 3000), "rogue", RUN))
+        await rogue.send_multipart([encode(WorkRequest(1), "rogue", RUN), payload])
+        await rogue.send_multipart([header, payload])  # the one good message
+        peer, env = await recv_from(server)
+    assert peer == b"rogue" and env.message == WeightChunk(1, 0, b"\x07" * 100)
+    reasons = [e["reason"] for e in logs if e["event"] == "message_refused"]
+    assert server.refused == len(reasons) == 5
+    assert "payload frame of 99 bytes, the header announced 100" in reasons[0]
+    assert "payload frame of 101 bytes, the header announced 100" in reasons[1]
+    assert "expected 2 frames" in reasons[2]
+    assert "announces a payload of 3000, not a size within 2048" in reasons[3]
+    assert "expected 1 frame, got 2" in reasons[4]
+
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(2))
+    assert (await recv_from(server))[1].message == WorkRequest(2)
+
+
+async def test_a_payload_reaches_a_client_as_the_bytes_sent(net: ZmqNetwork) -> None:
+    server = net.bind("publisher", ADDRESS)
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(1))
+    peer, _ = await recv_from(server)
+    data = payload(6000)
+    await server.send(peer, WeightChunk(2, 5, memoryview(data)[1000:2000]))
+    got = (await asyncio.wait_for(client.recv(), WAIT)).message
+    assert isinstance(got, WeightChunk) and (got.version, got.index) == (2, 5)
+    assert bytes(got.data) == data[1000:2000]
 
 
 async def test_a_server_of_another_run_refuses_the_client(net: ZmqNetwork) -> None:
@@ -191,23 +234,42 @@ def payload(size: int = 5000) -> bytes:
 
 
 async def serve_weights(
-    server: ZmqServer, store: WeightStore, corrupt: int | None = None, misindex: bool = False
+    server: ZmqServer,
+    store: WeightStore,
+    corrupt: int | None = None,
+    misindex: bool = False,
+    short: int | None = None,
+    reverse: int = 1,
+    repeat: int | None = None,
+    meta: WeightMeta | None = None,
 ) -> None:
-    """A minimal publisher: meta for queries, chunks for chunk requests; optionally one bad chunk."""
+    """A minimal publisher: meta for queries, chunks for chunk requests. Optionally one chunk with a
+    flipped byte (`corrupt`), a wrong index, one byte short (`short`), or sent twice (`repeat`);
+    answers in reverse order, `reverse` requests at a time; `meta` replaces the true one."""
+    held: list[tuple[bytes, WeightChunk]] = []
     while True:
         peer, env = await server.recv()
         msg: Message = env.message
         if isinstance(msg, WeightQuery):
-            await server.send(peer, store.meta(msg.version))
+            await server.send(peer, meta or store.meta(msg.version))
         elif isinstance(msg, WeightChunkRequest):
             chunk = store.chunk(msg.version, msg.index)
             assert chunk is not None
             if msg.index == corrupt:
                 flipped = bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:]
                 chunk = WeightChunk(chunk.version, chunk.index, flipped)
+            if msg.index == short:
+                chunk = WeightChunk(chunk.version, chunk.index, chunk.data[:-1])
             if misindex and msg.index == 1:
                 chunk = WeightChunk(chunk.version, 99, chunk.data)
-            await server.send(peer, chunk)
+            held.append((peer, chunk))
+            last = msg.index == store.meta(msg.version).chunks - 1
+            if len(held) == reverse or last:
+                for to, answer in reversed(held):
+                    await server.send(to, answer)
+                    if answer.index == repeat:
+                        await server.send(to, answer)
+                held.clear()
 
 
 async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytes:
@@ -247,6 +309,36 @@ async def test_a_corrupted_chunk_fails_the_checksum() -> None:
         await pull_against(store, 4, corrupt=6)
 
 
+async def test_chunks_out_of_order_and_repeated_still_give_the_published_bytes() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    data = payload()
+    store.put(4, data)
+    assert await pull_against(store, 4, reverse=3, repeat=2) == data
+
+
+async def test_a_corrupted_chunk_out_of_order_fails_the_checksum() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    with pytest.raises(WeightError, match="version 4 .* failed its checksum"):
+        await pull_against(store, 4, corrupt=0, reverse=3)
+
+
+async def test_a_chunk_of_the_wrong_size_raises_weight_error() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    with pytest.raises(WeightError, match="chunk 3 of 511 bytes, expected 512"):
+        await pull_against(store, 4, short=3)
+
+
+async def test_meta_whose_chunks_cannot_hold_the_size_raises_weight_error() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    store.put(4, payload())
+    true = store.meta(4)
+    meta = WeightMeta(4, True, 1 << 40, true.sha256, true.chunk_bytes, true.chunks)
+    with pytest.raises(WeightError, match="cannot hold"):
+        await pull_against(store, 4, meta=meta)
+
+
 async def test_a_chunk_with_a_wrong_index_raises_weight_error() -> None:
     store = WeightStore(chunk_bytes=512, keep=2)
     store.put(4, payload())
@@ -284,9 +376,12 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
 
         data = payload(3000)
         trainer = network.connect("trainer", server.address)
-        sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
+        with structlog.testing.capture_logs() as logs:
+            await trainer.send(WeightUpload(2, 7, 5, checksum(data), b"stray"))  # index past the count
+            sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
         assert sha == checksum(data)
         assert store.latest == 2
+        assert [e["index"] for e in logs if e["event"] == "upload_chunk_refused"] == [7]
 
         worker = network.connect("worker-1", server.address)
         assert await pull_weights(worker, 2, timeout_s=WAIT) == data

@@ -154,6 +154,11 @@ def test_non_positive_values_are_refused(key: str, value: str) -> None:
     assert key in message and "positive" in message
 
 
+def test_a_weight_chunk_larger_than_a_frame_is_refused() -> None:
+    message = config_error(["weights.chunk_bytes=2048", "transport.max_frame_bytes=1024"])
+    assert "weights.chunk_bytes (2048) must be at most transport.max_frame_bytes (1024)" in message
+
+
 def test_negative_workers_and_bad_top_p_are_refused() -> None:
     assert "rollout.workers must be >= 0" in config_error(["rollout.workers=-1"])
     assert "rollout.top_p" in config_error(["rollout.top_p=0"])

@@ -20,9 +20,12 @@ from cadence.messages import (
     Envelope,
     Heartbeat,
     Message,
+    WeightChunk,
     WorkRequest,
     decode,
+    decode_frames,
     encode,
+    encode_frames,
 )
 
 
@@ -87,16 +90,19 @@ def test_registry_is_not_empty_and_tags_match() -> None:
 @pytest.mark.parametrize("tag", sorted(REGISTRY))
 def test_every_message_round_trips(tag: str) -> None:
     msg = build(REGISTRY[tag])
-    env = decode(encode(msg, sender="actor-7", run="run-x"))
+    env = decode_frames(encode_frames(msg, sender="actor-7", run="run-x"))
     assert env == Envelope(msg, "actor-7", "run-x")
     assert type(env.message) is REGISTRY[tag]
 
 
 def required_fields(cls: type[Message]) -> list[str]:
+    """Required fields of the header's body (a payload travels in a frame of its own)."""
     return [
         f.name
         for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name != cls.PAYLOAD
     ]
 
 
@@ -104,11 +110,14 @@ def required_fields(cls: type[Message]) -> list[str]:
 def test_every_message_refuses_a_missing_required_field(tag: str) -> None:
     cls = REGISTRY[tag]
     for name in required_fields(cls):
-        body = msgpack.unpackb(encode(build(cls), "s"), raw=False)["body"]
-        del body[name]
-        err = refusal(frame(body, type=tag))
+        header, *payload = encode_frames(build(cls), "s")
+        raw = msgpack.unpackb(header, raw=False)
+        del raw["body"][name]
+        with pytest.raises(DecodeError) as info:
+            decode_frames([msgpack.packb(raw), *payload])
+        err = info.value
         assert f"missing field {name!r}" in err.reason
-        assert err.type_tag == tag and err.sender == "w1"
+        assert err.type_tag == tag and err.sender == "s"
 
 
 def test_defaults_fill_in_omitted_optional_fields() -> None:
@@ -148,14 +157,16 @@ def test_refuses_a_frame_without_type() -> None:
     assert "no string 'type'" in refusal(frame({"credits": 1}, type=...)).reason
 
 
-@pytest.mark.parametrize("proto", [0, 2, "1", None, ...])
+@pytest.mark.parametrize(
+    "proto", [0, PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1, str(PROTOCOL_VERSION), None, ...]
+)
 def test_refuses_a_wrong_protocol_version(proto: Any) -> None:
     err = refusal(frame({"credits": 1}, proto=proto))
     assert "protocol version" in err.reason and f"expected {PROTOCOL_VERSION}" in err.reason
     assert err.type_tag == "work_request"
 
 
-@pytest.mark.parametrize("proto", [True, 1.0])
+@pytest.mark.parametrize("proto", [True, float(PROTOCOL_VERSION)])
 def test_refuses_a_protocol_version_of_the_wrong_type(proto: Any) -> None:
     refusal(frame({"credits": 1}, proto=proto))
 
@@ -186,7 +197,7 @@ def test_refuses_a_missing_field() -> None:
         ("work_request", {"credits": True}, "credits", "int", "bool"),
         ("work_request", {"credits": 2.0}, "credits", "int", "float"),
         ("shutdown", {"reason": b"bytes"}, "reason", "str", "bytes"),
-        ("weight_chunk", {"version": 1, "index": 0, "data": "not bytes"}, "data", "bytes", "str"),
+        ("weight_chunk", {"version": 1, "index": b"0"}, "index", "int", "bytes"),
         (
             "weight_meta",
             {"version": 1, "available": 1, "nbytes": 0, "sha256": "", "chunk_bytes": 1, "chunks": 0},
@@ -257,6 +268,86 @@ def test_refuses_an_oversized_frame() -> None:
     assert f"frame of {len(data)} bytes exceeds the limit of {len(data) - 1}" in err.reason
 
 
+# ---------------------------------------------------------------- payload frames
+
+
+def frames_refusal(frames: list[Any], max_bytes: int = 1 << 20) -> DecodeError:
+    with pytest.raises(DecodeError) as info:
+        decode_frames(frames, max_bytes)
+    return info.value
+
+
+def chunk_header(body: dict[str, Any] | None = None, **overrides: Any) -> bytes:
+    """A weight_chunk header announcing a payload of 4 bytes unless overridden."""
+    overrides = {"type": "weight_chunk", "payload": 4, **overrides}
+    return frame({"version": 1, "index": 0} if body is None else body, **overrides)
+
+
+def test_a_payload_travels_uncopied_in_its_own_frame() -> None:
+    data = bytes(range(256)) * 4
+    view = memoryview(data)[100:300]
+    header, payload = encode_frames(WeightChunk(3, 1, view), "s", "r")
+    assert payload is view
+    raw = msgpack.unpackb(header, raw=False)
+    assert raw["payload"] == 200 and raw["body"] == {"version": 3, "index": 1}
+    env = decode_frames([header, data[100:300]])
+    assert env == Envelope(WeightChunk(3, 1, data[100:300]), "s", "r")
+    got = env.message.data  # type: ignore[attr-defined]
+    assert isinstance(got, memoryview) and got.readonly and bytes(got) == data[100:300]
+
+
+def test_an_empty_payload_round_trips() -> None:
+    env = decode_frames(encode_frames(WeightChunk(0, 0, b""), "s"))
+    assert env.message == WeightChunk(0, 0, b"")
+
+
+def test_encode_refuses_a_message_with_a_payload() -> None:
+    with pytest.raises(TypeError, match="encode_frames"):
+        encode(WeightChunk(1, 0, b"abcd"), "s")
+
+
+@pytest.mark.parametrize("size", [0, 3, 5, 4096])
+def test_refuses_a_payload_frame_of_another_size_than_announced(size: int) -> None:
+    err = frames_refusal([chunk_header(), b"x" * size])
+    assert f"payload frame of {size} bytes, the header announced 4" in err.reason
+    assert err.type_tag == "weight_chunk" and err.sender == "w1"
+
+
+def test_refuses_a_payload_frame_over_the_limit() -> None:
+    header = chunk_header(payload=100)
+    assert decode_frames([header, b"x" * 100], max_bytes=100).message == WeightChunk(1, 0, b"x" * 100)
+    err = frames_refusal([header, b"x" * 100], max_bytes=99)
+    assert "announces a payload of 100, not a size within 99" in err.reason
+    err = frames_refusal([chunk_header(payload=4), b"x" * 100], max_bytes=99)
+    assert "payload frame of 100 bytes exceeds the limit of 99" in err.reason
+
+
+@pytest.mark.parametrize("announced", [None, -1, "4", 4.0, True, 1 << 40, ...])
+def test_refuses_a_header_that_announces_no_valid_payload_size(announced: Any) -> None:
+    err = frames_refusal([chunk_header(payload=announced), b"abcd"])
+    assert "header announces a payload of" in err.reason
+
+
+def test_refuses_a_payload_message_without_its_payload_frame() -> None:
+    assert "expected 2 frames" in frames_refusal([chunk_header()]).reason
+
+
+def test_refuses_a_payload_inside_the_header_body() -> None:
+    err = frames_refusal([chunk_header({"version": 1, "index": 0, "data": b"abcd"}), b"abcd"])
+    assert "unknown fields ['data']" in err.reason
+
+
+def test_refuses_a_payload_for_a_type_without_one() -> None:
+    assert "expected 1 frame, got 2" in frames_refusal([frame({"credits": 1}), b"abcd"]).reason
+    err = frames_refusal([frame({"credits": 1}, payload=4)])
+    assert "announces a payload" in err.reason
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_refuses_a_wrong_number_of_frames(count: int) -> None:
+    assert f"got {count}" in frames_refusal([chunk_header(), b"abcd", b"more"][:count]).reason
+
+
 # ---------------------------------------------------------------- properties
 
 _scalars = (
@@ -310,6 +401,23 @@ def test_arbitrary_maps_decode_or_refuse(raw: dict[str, Any]) -> None:
 @given(_frames)
 def test_frame_shaped_maps_decode_or_refuse(raw: dict[str, Any]) -> None:
     _decodes_or_refuses(msgpack.packb(raw, use_bin_type=True))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(_frames, st.none() | st.integers(-2, 40) | _values, st.lists(st.binary(max_size=40), max_size=2))
+def test_headers_with_payload_frames_decode_or_refuse(
+    raw: dict[str, Any], announced: Any, payloads: list[bytes]
+) -> None:
+    if announced is not None:
+        raw = {**raw, "payload": announced}
+    header = msgpack.packb(raw, use_bin_type=True)
+    try:
+        result = decode_frames([header, *payloads], max_bytes=32)
+    except DecodeError as err:
+        assert isinstance(err.reason, str) and err.reason
+    else:
+        assert isinstance(result.message, Message)
+        assert len(payloads) == (1 if result.message.PAYLOAD else 0)
 
 
 _i64 = st.integers(-(2**63), 2**63 - 1)

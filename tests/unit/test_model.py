@@ -172,3 +172,28 @@ def test_state_bytes_keep_dtype_and_values() -> None:
     assert set(state) == set(model.state_dict()) - {"lm_head.weight"}
     reference = model.state_dict()
     assert all(v.dtype == torch.bfloat16 and torch.equal(v, reference[k]) for k, v in state.items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_from_a_bytearray_views_it_and_equals_the_safetensors_reading(dtype: torch.dtype) -> None:
+    model = init_model(CFG, seed=4).to(dtype)
+    data = state_dict_to_bytes(model)
+    buffer = bytearray(data)
+    views = state_dict_from_bytes(buffer)
+    copies = state_dict_from_bytes(data)
+    assert set(views) == set(copies)
+    for name, tensor in copies.items():
+        assert views[name].dtype == tensor.dtype and views[name].shape == tensor.shape
+        assert torch.equal(views[name], tensor), name
+    some = views["model.embed_tokens.weight"]
+    before = some.flatten()[0].item()
+    buffer[:] = bytes(len(buffer))  # views, not copies: a write to the buffer shows through
+    assert some.flatten()[0].item() == 0 != before
+
+
+def test_state_from_a_bytearray_refuses_a_layout_that_overruns_the_data() -> None:
+    data = bytearray(state_dict_to_bytes(init_model(CFG, seed=4)))
+    with pytest.raises(ValueError, match="overruns|not readable"):
+        state_dict_from_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="no header"):
+        state_dict_from_bytes(bytearray(b"\x01"))

@@ -30,6 +30,15 @@ def test_chunks_have_full_sizes_then_a_short_last_one_and_join_to_the_data() -> 
     assert b"".join(c.data for c in chunks if c) == DATA
 
 
+def test_chunks_are_views_of_the_stored_bytes_not_copies() -> None:
+    store = WeightStore(chunk_bytes=1000, keep=2)
+    store.put(1, DATA)
+    chunk = store.chunk(1, 1)
+    assert chunk is not None and isinstance(chunk.data, memoryview)
+    assert chunk.data.obj is store.get(1).data  # type: ignore[union-attr]
+    assert chunk.data == DATA[1000:2000]
+
+
 def test_exact_multiple_has_no_empty_trailing_chunk() -> None:
     store = WeightStore(chunk_bytes=4, keep=1)
     store.put(0, b"abcdefgh")
