@@ -224,12 +224,13 @@ class WeightQuery(Message):
 @message("weight_meta")
 @dataclass(frozen=True)
 class WeightMeta(Message):
-    """`available` False: the publisher does not hold that version (any more)."""
+    """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
+    xxh3-128, which a puller checks the whole against."""
 
     version: int
     available: bool
     nbytes: int
-    sha256: str
+    digest: str
     chunk_bytes: int
     chunks: int
 
@@ -264,7 +265,7 @@ class WeightUpload(Message):
     version: int
     index: int
     chunks: int
-    sha256: str
+    digest: str  # xxh3-128 of the whole version
     data: Payload
 
 

@@ -244,7 +244,9 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     from cadence.build import make_engine, make_tokenizer
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
+    from cadence.transport.malloc import keep_freed_memory
 
+    keep_freed_memory()  # every version arrives as large frames: reuse their pages
     net = _network(cfg)
     try:
         tokenizer = make_tokenizer(cfg)

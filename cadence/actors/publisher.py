@@ -5,7 +5,7 @@
  trainer (elsewhere) ── WeightUpload(k, i/n) ─► assembled, verified ─► store[k]
  with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
  worker ─ BroadcastJoin ─► a member from the next version on
- worker ─ WeightQuery(k) ─► WeightMeta(k, size, sha256, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
+ worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
 
 Invariant: a version is served only once complete and verified; a request for a version not held
@@ -111,7 +111,7 @@ class Publisher:
         data = b"".join(parts[i] for i in range(msg.chunks))
         del self._uploads[msg.version]
         try:
-            self.store.put(msg.version, data, msg.sha256)
+            self.store.put(msg.version, data, msg.digest)
         except WeightError as err:
             log.error("upload_refused", peer=sender, version=msg.version, reason=str(err))
             return

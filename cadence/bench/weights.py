@@ -16,8 +16,13 @@ medians:
 
 `gbps` is gigabits a second of payload delivered to all workers together
 (`bytes * workers * 8 / seconds / 1e9`); `ratio_to_raw` is `raw_seconds / seconds`. The default size
-is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes). Another transport (gloo or NCCL
-broadcast) is one more entry in `TRANSPORTS`, reported under `transports` with the same keys.
+is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes).
+
+- `gloo`, the broadcast transport: a `Publisher` with a `BroadcastRoot` (buckets of
+  `weights.bucket_bytes`) and a `BroadcastMember` in each worker; a one-byte version forms the
+  group first, and the figure is the whole state dict through the formed group (as every period after
+  the first), the buckets' sha256 checked by each worker. NCCL and HCCL need their devices: they
+  would be entries of their own, with the same keys.
 `load_1min` is the machine's load average at the end: other work on the cores moves every figure.
 
 Invariant: a `zmq` figure counts only pulls whose bytes passed `pull_weights`' sha256 check against
@@ -44,11 +49,13 @@ from cadence.config import WeightsConfig
 from cadence.log import configure_logging
 from cadence.messages import Shutdown
 from cadence.transport.heartbeat import Liveness
+from cadence.transport.malloc import keep_freed_memory
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
 
 SMOLLM2_135M_FP32_BYTES = 134_515_008 * 4
 CHUNK_BYTES = WeightsConfig().chunk_bytes
+BUCKET_BYTES = WeightsConfig().bucket_bytes
 WORKERS = 2
 PULL_TIMEOUT_S = 120.0
 
@@ -158,15 +165,90 @@ async def _zmq_pull(reply: Reply, address: str, version: int, name: str) -> None
         net.close()
 
 
+# ---------------------------------------------------------------- gloo: BroadcastRoot and BroadcastMember
+
+
+def _gloo_send(data: bytes, version: int, conns: list[Connection]) -> float:
+    return asyncio.run(_gloo_publish(data, version, conns))
+
+
+async def _gloo_publish(data: bytes, version: int, conns: list[Connection]) -> float:
+    """The workers join a `Publisher`'s broadcast; a first one-byte version forms the group, and the
+    figure is the second, the whole state dict, through the formed group as in every later period."""
+    import torch
+
+    from cadence.transport.broadcast import BroadcastRoot
+
+    net = ZmqNetwork("bench-weights")
+    dispatcher = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    server = net.bind("publisher", "tcp://127.0.0.1:*")
+    root = BroadcastRoot(
+        server, "gloo", "127.0.0.1", "", 0, BUCKET_BYTES, PULL_TIMEOUT_S, f"bench-weights-{version}"
+    )
+    liveness = Liveness(interval_s=1.0, liveness=3600, clock=time.monotonic)
+    store = WeightStore(CHUNK_BYTES, keep=1)
+    publisher = Publisher(server, net.connect("publisher", dispatcher.address), store, liveness, root)
+    tensors = {"weights": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+    running = asyncio.ensure_future(publisher.run())
+    try:
+        for i, conn in enumerate(conns):
+            conn.send(("gloo", server.address, f"worker-{i}"))
+        while len(root.members) < len(conns):
+            await asyncio.sleep(0.01)
+        if not await root.broadcast(0, {"weights": torch.zeros(1, dtype=torch.uint8)}):
+            raise RuntimeError("gloo: the group did not form")
+        begin = time.perf_counter()
+        if not await root.broadcast(1, tensors):
+            raise RuntimeError("gloo: the broadcast did not reach every worker")
+        await asyncio.to_thread(_collect, conns, len(data), "gloo")
+        seconds = time.perf_counter() - begin
+        peer, _ = await dispatcher.recv()  # the publisher's Register
+        await dispatcher.send(peer, Shutdown("bench done"))
+        await asyncio.wait_for(running, 10)
+    finally:
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        net.close()
+    return seconds
+
+
+def _gloo_receive(reply: Reply, address: str, name: str) -> None:
+    asyncio.run(_gloo_member(reply, address, name))
+
+
+async def _gloo_member(reply: Reply, address: str, name: str) -> None:
+    from cadence.transport.broadcast import BroadcastMember
+
+    net = ZmqNetwork("bench-weights")
+    member = BroadcastMember(name)
+    running = asyncio.ensure_future(member.run(net.connect(name, address)))
+    try:
+        while member.from_version is None:
+            await asyncio.sleep(0.01)
+        for version in (0, 1):  # None unless every bucket arrived and passed the sha256
+            state = await member.weights(version, PULL_TIMEOUT_S)
+        reply(0 if state is None else sum(t.numel() * t.element_size() for t in state.values()))
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        net.close()
+
+
 RAW = Transport(_raw_send, _raw_receive)
-TRANSPORTS: dict[str, Transport] = {"zmq": Transport(_zmq_send, _zmq_receive)}
+TRANSPORTS: dict[str, Transport] = {
+    "zmq": Transport(_zmq_send, _zmq_receive),
+    "gloo": Transport(_gloo_send, _gloo_receive),
+}
 
 
 # ---------------------------------------------------------------- the bench
 
 
 def _worker(conn: Connection) -> None:
-    """A worker process: receives as each order names, answers with the byte count it received."""
+    """A worker process: receives as each order names, answers with the byte count it received. Its heap
+    is set up as a rollout worker's (`keep_freed_memory`)."""
+    keep_freed_memory()
     receivers = {"raw": RAW.receive, **{name: t.receive for name, t in TRANSPORTS.items()}}
     while True:
         order = conn.recv()

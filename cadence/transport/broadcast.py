@@ -4,8 +4,8 @@
  worker ── BroadcastJoin ─► publisher (root) ── BroadcastJoined(from_version) ─► worker
  trainer publishes k ─► root: roster changed since the last group (join, loss)? new generation
                      ─► BroadcastPlan(k, generation, rank, layout) to every member (ZeroMQ)
-                     ─► [form the group] ─► buckets by broadcast ─► sha256 and done keys (store)
- member: plan ─► [form the group] ─► receive buckets ─► check sha256 ─► version k ready
+                     ─► [form the group] ─► buckets by broadcast ─► digest and done keys (store)
+ member: plan ─► [form the group] ─► receive buckets ─► check digest ─► version k ready
  any step out of time or broken ─► root drops who did not finish; members that failed join again
                                    and pull that version over ZeroMQ instead
 ```
@@ -15,14 +15,13 @@ next version on. The broadcast is an accelerator beside the pull, never a replac
 wrong with it, a worker still gets its version, checksummed, from the publisher's store.
 
 Invariant: a member hands out a version's tensors only when every bucket arrived and (on CPU
-buffers) their sha256 equals the root's; the root's group always holds exactly the roster it
+buffers) their xxh3-128 digest equals the root's; the root's group always holds exactly the roster it
 planned, and a member that did not finish a version is out of the roster until it joins again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 import structlog
 import torch.distributed as dist
+import xxhash
 from torch import Tensor
 
 from cadence.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
@@ -52,11 +52,12 @@ log = structlog.get_logger()
 
 
 def _hasher(device: str) -> tuple[Any, Callable[[Tensor], None] | None]:
-    """A sha256 over CPU buffers; on a device the bytes are not copied back to be hashed."""
+    """The xxh3-128 of CPU buffers (as pulls check); on a device the bytes are not copied back to be
+    hashed."""
     if device != "cpu":
         return None, None
-    sha = hashlib.sha256()
-    return sha, lambda buffer: sha.update(buffer.numpy())
+    hasher = xxhash.xxh3_128()
+    return hasher, lambda buffer: hasher.update(buffer.numpy())
 
 
 class BroadcastRoot:
@@ -169,13 +170,13 @@ class BroadcastRoot:
         if group is None:
             root_rendezvous(store, world, self.timeout_s)
             group = self.group = new_group(self.backend, store, 0, world, self.timeout_s, self.host)
-        sha, digest = _hasher(self.device)
+        hasher, digest = _hasher(self.device)
         broken: Exception | None = None
         try:
             send_buckets(group, plan, state, self.device, self.timeout_s, digest)
         except RuntimeError as err:
             broken = err
-        store.set(f"sha/{version}", sha.hexdigest() if sha is not None and broken is None else "")
+        store.set(f"digest/{version}", hasher.hexdigest() if hasher is not None and broken is None else "")
         missing = wait_keys(store, {r: f"done/{version}/{r}" for r in range(1, world)}, self.timeout_s)
         if missing or broken is not None:
             cause = f": {broken}" if broken is not None else ""
@@ -270,10 +271,10 @@ class BroadcastMember:
             self._generation = msg.generation
             log.info("broadcast_group_formed", generation=msg.generation, rank=msg.rank, world=msg.world)
         device = DEVICES[msg.backend]
-        sha, digest = _hasher(device)
+        hasher, digest = _hasher(device)
         state = receive_buckets(self._group, _layout(msg), device, msg.timeout_s, digest)
-        expected = store.get(f"sha/{msg.version}").decode()
-        if sha is not None and expected and sha.hexdigest() != expected:
+        expected = store.get(f"digest/{msg.version}").decode()
+        if hasher is not None and expected and hasher.hexdigest() != expected:
             raise BroadcastError(f"version {msg.version} failed its checksum", [msg.rank])
         store.set(f"done/{msg.version}/{msg.rank}", "1")
         return state

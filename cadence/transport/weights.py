@@ -1,7 +1,7 @@
-"""Weights as safetensors bytes, served in bounded chunks and checked against a sha256.
+"""Weights as safetensors bytes, served in bounded chunks and checked against a digest.
 
 Invariant: `pull_weights` returns its buffer only when the buffer has the announced size and its
-sha256 equals the checksum the publisher announced for that version; anything else raises
+xxh3-128 `digest` equals the one the publisher announced for that version; anything else raises
 `WeightError` naming the version and the peer. Chunks are served as views of the stored bytes and
 travel as payload frames (see `cadence.messages`), so neither side copies them into messages.
 """
@@ -13,6 +13,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
+
+import xxhash
 
 from cadence.messages import (
     Payload,
@@ -31,8 +33,16 @@ class WeightError(RuntimeError):
     """Weights could not be had or did not verify."""
 
 
-def checksum(data: bytes) -> str:
+def checksum(data: bytes | bytearray) -> str:
+    """The sha256 of a version's bytes: its identity in logs, summaries and checkpoints."""
     return hashlib.sha256(data).hexdigest()
+
+
+def digest(data: bytes | bytearray | memoryview) -> str:
+    """The xxh3-128 of a version's bytes: what a transfer is checked against. It catches any corruption
+    a checksum can (128 bits), at a twentieth of sha256's CPU time, which a worker would otherwise
+    spend on every version; who may send at all is CURVE's business, not the checksum's."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class StoredVersion:
     version: int
     data: bytes
     sha256: str
+    digest: str
 
 
 class WeightStore:
@@ -50,11 +61,12 @@ class WeightStore:
         self.keep = keep
         self._versions: OrderedDict[int, StoredVersion] = OrderedDict()
 
-    def put(self, version: int, data: bytes, sha256: str | None = None) -> StoredVersion:
-        digest = checksum(data)
-        if sha256 is not None and sha256 != digest:
-            raise WeightError(f"version {version}: checksum {digest[:12]} != announced {sha256[:12]}")
-        stored = StoredVersion(version, data, digest)
+    def put(self, version: int, data: bytes, announced: str | None = None) -> StoredVersion:
+        """Hold `version`; with `announced`, only if the bytes' `digest` equals it."""
+        xxh = digest(data)
+        if announced is not None and announced != xxh:
+            raise WeightError(f"version {version}: checksum {xxh[:12]} != announced {announced[:12]}")
+        stored = StoredVersion(version, data, checksum(data), xxh)
         self._versions[version] = stored
         while len(self._versions) > self.keep:
             self._versions.popitem(last=False)
@@ -72,7 +84,7 @@ class WeightStore:
         if stored is None:
             return WeightMeta(version, False, 0, "", self.chunk_bytes, 0)
         chunks = max(1, -(-len(stored.data) // self.chunk_bytes))
-        return WeightMeta(version, True, len(stored.data), stored.sha256, self.chunk_bytes, chunks)
+        return WeightMeta(version, True, len(stored.data), stored.digest, self.chunk_bytes, chunks)
 
     def chunk(self, version: int, index: int) -> WeightChunk | None:
         stored = self._versions.get(version)
@@ -86,7 +98,7 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
     """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
 
     Each chunk is copied once, from the received frame to the end of one buffer as soon as every chunk
-    before it is in, and hashed in a worker thread, so the sha256 is done about when the last chunk
+    before it is in, and hashed in a worker thread, so the digest is done about when the last chunk
     arrives. The buffer is returned only once its checksum matched.
     """
     await client.send(WeightQuery(version))
@@ -120,13 +132,13 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
         if next_index < meta.chunks:
             await client.send(WeightChunkRequest(version, next_index))
             next_index += 1
-    if await assembly.hexdigest() != meta.sha256:
+    if await assembly.hexdigest() != meta.digest:
         raise WeightError(f"version {version} from {client.address} failed its checksum")
     return assembly.data
 
 
 class _Assembly:
-    """Chunks that arrive in any order, appended to one buffer in order, and their sha256.
+    """Chunks that arrive in any order, appended to one buffer in order, and their xxh3-128.
 
     The buffer grows as chunks are appended, so its pages are first touched while later chunks are
     still on the wire rather than all before the first request. Each appended chunk (the received
@@ -141,7 +153,7 @@ class _Assembly:
         self._early: dict[int, Payload] = {}  # chunks that came before one they follow
         self._appended = 0  # chunks [0, _appended) are in `data`
         self._unhashed: list[Payload] = []
-        self._sha = hashlib.sha256()
+        self._hash = xxhash.xxh3_128()
         self._job: asyncio.Future[None] | None = None
         self.received = 0
 
@@ -171,17 +183,17 @@ class _Assembly:
 
     def _update(self, parts: list[Payload]) -> None:
         for part in parts:
-            self._sha.update(part)
+            self._hash.update(part)
 
     async def hexdigest(self) -> str:
-        """The sha256 of the chunks appended so far, once they are hashed."""
+        """The digest of the chunks appended so far, once they are hashed."""
         while True:
             if self._job is not None and not self._job.done():
                 await self._job
             elif self._unhashed:
                 self._hash_next()
             else:
-                return self._sha.hexdigest()
+                return self._hash.hexdigest()
 
 
 async def _expect(client: Client, kind: type[T], version: int, timeout_s: float) -> T:
@@ -202,14 +214,14 @@ async def upload_weights(
 ) -> str:
     """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it.
     The chunks are views of `data`, sent without copies."""
-    sha = checksum(data)
+    xxh = digest(data)
     chunks = max(1, -(-len(data) // chunk_bytes))
     view = memoryview(data)
     for index in range(chunks):
         part = view[index * chunk_bytes : (index + 1) * chunk_bytes]
-        await client.send(WeightUpload(version, index, chunks, sha, part))
+        await client.send(WeightUpload(version, index, chunks, xxh, part))
     await client.send(WeightQuery(version))  # answered after the upload: one peer's frames stay in order
     meta = await _expect(client, WeightMeta, version, timeout_s)
-    if not meta.available or meta.sha256 != sha:
+    if not meta.available or meta.digest != xxh:
         raise WeightError(f"publisher {client.address} did not store version {version}")
-    return sha
+    return checksum(data)

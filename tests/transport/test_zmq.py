@@ -35,7 +35,14 @@ from cadence.messages import (
 )
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
-from cadence.transport.weights import WeightError, WeightStore, checksum, pull_weights, upload_weights
+from cadence.transport.weights import (
+    WeightError,
+    WeightStore,
+    checksum,
+    digest,
+    pull_weights,
+    upload_weights,
+)
 from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
 
 RUN = "run-a"
@@ -334,7 +341,7 @@ async def test_meta_whose_chunks_cannot_hold_the_size_raises_weight_error() -> N
     store = WeightStore(chunk_bytes=512, keep=2)
     store.put(4, payload())
     true = store.meta(4)
-    meta = WeightMeta(4, True, 1 << 40, true.sha256, true.chunk_bytes, true.chunks)
+    meta = WeightMeta(4, True, 1 << 40, true.digest, true.chunk_bytes, true.chunks)
     with pytest.raises(WeightError, match="cannot hold"):
         await pull_against(store, 4, meta=meta)
 
@@ -377,7 +384,7 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         data = payload(3000)
         trainer = network.connect("trainer", server.address)
         with structlog.testing.capture_logs() as logs:
-            await trainer.send(WeightUpload(2, 7, 5, checksum(data), b"stray"))  # index past the count
+            await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray"))  # index past the count
             sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
         assert sha == checksum(data)
         assert store.latest == 2

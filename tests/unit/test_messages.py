@@ -200,7 +200,7 @@ def test_refuses_a_missing_field() -> None:
         ("weight_chunk", {"version": 1, "index": b"0"}, "index", "int", "bytes"),
         (
             "weight_meta",
-            {"version": 1, "available": 1, "nbytes": 0, "sha256": "", "chunk_bytes": 1, "chunks": 0},
+            {"version": 1, "available": 1, "nbytes": 0, "digest": "", "chunk_bytes": 1, "chunks": 0},
             "available",
             "bool",
             "int",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
+import xxhash
 
 from cadence.learner import pad_group
-from cadence.transport.weights import WeightError, WeightStore, checksum
+from cadence.transport.weights import WeightError, WeightStore, checksum, digest
 
 DATA = bytes(range(256)) * 10 + b"tail"  # 2564 bytes
 
@@ -14,9 +17,10 @@ DATA = bytes(range(256)) * 10 + b"tail"  # 2564 bytes
 def test_meta_describes_the_chunks() -> None:
     store = WeightStore(chunk_bytes=1000, keep=2)
     stored = store.put(1, DATA)
-    assert stored.sha256 == checksum(DATA)
+    assert stored.sha256 == checksum(DATA) == hashlib.sha256(DATA).hexdigest()
+    assert stored.digest == digest(DATA) == xxhash.xxh3_128_hexdigest(DATA)
     meta = store.meta(1)
-    assert (meta.version, meta.available, meta.nbytes, meta.sha256) == (1, True, 2564, checksum(DATA))
+    assert (meta.version, meta.available, meta.nbytes, meta.digest) == (1, True, 2564, digest(DATA))
     assert (meta.chunk_bytes, meta.chunks) == (1000, 3)
 
 
@@ -84,13 +88,13 @@ def test_old_versions_are_evicted_after_keep() -> None:
 
 def test_put_with_the_announced_checksum_is_stored() -> None:
     store = WeightStore(chunk_bytes=1000, keep=2)
-    assert store.put(1, DATA, checksum(DATA)).sha256 == checksum(DATA)
+    assert store.put(1, DATA, digest(DATA)).sha256 == checksum(DATA)
 
 
 def test_put_with_a_wrong_announced_checksum_raises_and_stores_nothing() -> None:
     store = WeightStore(chunk_bytes=1000, keep=2)
     with pytest.raises(WeightError, match="version 5"):
-        store.put(5, DATA, checksum(DATA + b"x"))
+        store.put(5, DATA, digest(DATA + b"x"))
     assert store.meta(5).available is False
     assert store.latest is None
 
