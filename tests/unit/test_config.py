@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import cadence.config as config_module
+import cadence.config_sections as config_sections
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
@@ -22,13 +23,12 @@ def config_error(overrides: list[str], path: Path | None = None) -> str:
 
 
 def config_dataclasses() -> list[type]:
-    """Every dataclass defined in the config module."""
+    """Every dataclass defined in the config modules (the run and its sections)."""
+    modules = (config_module.__name__, config_sections.__name__)
     return [
         obj
         for obj in vars(config_module).values()
-        if isinstance(obj, type)
-        and dataclasses.is_dataclass(obj)
-        and obj.__module__ == config_module.__name__
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ in modules
     ]
 
 
