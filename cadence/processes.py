@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
-def run_async(main: Callable[[], Awaitable[None]]) -> int:
-    """Run `main` on a uvloop event loop; 0 when it returns, 1 when it fails."""
+def exit_status(main: Callable[[], object]) -> int:
+    """Call `main`; 0 when it returns, 1 when it fails (logged), 130 when interrupted."""
     try:
-        uvloop.run(main())  # type: ignore[arg-type]
+        main()
     except KeyboardInterrupt:
         log.warning("interrupted")
         return 130
@@ -41,6 +41,11 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
         log.error("actor_failed", error=f"{type(exc).__name__}: {exc}")
         return 1
     return 0
+
+
+def run_async(main: Callable[[], Awaitable[None]]) -> int:
+    """Run `main` on a uvloop event loop; its `exit_status`."""
+    return exit_status(lambda: uvloop.run(main()))  # type: ignore[arg-type]
 
 
 def _bind_address(cfg: RunConfig, port: int) -> str:
@@ -170,20 +175,14 @@ def follower_main(cfg: RunConfig, ranks: Ranks) -> int:
     from cadence.build import join_ranks, make_tokenizer
     from cadence.parallel import follow
 
-    comm = None
-    try:
+    def follow_until_stopped() -> None:
         comm, local = join_ranks(cfg, make_tokenizer(cfg), ranks)
-        follow(local, comm)
-    except KeyboardInterrupt:
-        log.warning("interrupted")
-        return 130
-    except Exception as exc:
-        log.error("actor_failed", error=f"{type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        if comm is not None:
+        try:
+            follow(local, comm)
+        finally:
             comm.close()
-    return 0
+
+    return exit_status(follow_until_stopped)
 
 
 async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStream | None = None) -> None:

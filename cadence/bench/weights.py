@@ -32,6 +32,7 @@ the publisher's announced checksum and have the requested length; nothing is ass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -39,7 +40,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -124,21 +125,24 @@ def _zmq_send(data: bytes, version: int, conns: list[Connection]) -> float:
     return asyncio.run(_zmq_publish(data, version, conns))
 
 
-async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> float:
+@contextlib.asynccontextmanager
+async def _serving(broadcast: str = "") -> AsyncIterator[Publisher]:
+    """A running `Publisher` on loopback (with a `BroadcastRoot` of backend `broadcast`, if named),
+    shut down through its dispatcher channel as in a run."""
     net = ZmqNetwork("bench-weights")
     dispatcher = net.bind("dispatcher", "tcp://127.0.0.1:*")
     server = net.bind("publisher", "tcp://127.0.0.1:*")
-    store = WeightStore(CHUNK_BYTES, keep=1)
+    root = None
+    if broadcast:
+        from cadence.transport.broadcast import BroadcastRoot
+
+        root = BroadcastRoot(server, broadcast, "127.0.0.1", "", 0, BUCKET_BYTES, PULL_TIMEOUT_S, "bench")
     liveness = Liveness(interval_s=1.0, liveness=3600, clock=time.monotonic)
-    publisher = Publisher(server, net.connect("publisher", dispatcher.address), store, liveness)
-    await publisher.publish(version, data)  # hashed before the clock starts, as a trainer would
+    store = WeightStore(CHUNK_BYTES, keep=1)
+    publisher = Publisher(server, net.connect("publisher", dispatcher.address), store, liveness, root)
     running = asyncio.ensure_future(publisher.run())
     try:
-        begin = time.perf_counter()
-        for i, conn in enumerate(conns):
-            conn.send(("zmq", server.address, version, f"worker-{i}"))
-        await asyncio.to_thread(_collect, conns, len(data), "zmq")
-        seconds = time.perf_counter() - begin
+        yield publisher
         peer, _ = await dispatcher.recv()  # the publisher's Register
         await dispatcher.send(peer, Shutdown("bench done"))
         await asyncio.wait_for(running, 10)
@@ -147,7 +151,16 @@ async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> fl
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
         net.close()
-    return seconds
+
+
+async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> float:
+    async with _serving() as publisher:
+        await publisher.publish(version, data)  # hashed before the clock starts, as a trainer would
+        begin = time.perf_counter()
+        for i, conn in enumerate(conns):
+            conn.send(("zmq", publisher.server.address, version, f"worker-{i}"))
+        await asyncio.to_thread(_collect, conns, len(data), "zmq")
+        return time.perf_counter() - begin
 
 
 def _zmq_receive(reply: Reply, address: str, version: int, name: str) -> None:
@@ -177,22 +190,12 @@ async def _gloo_publish(data: bytes, version: int, conns: list[Connection]) -> f
     figure is the second, the whole state dict, through the formed group as in every later period."""
     import torch
 
-    from cadence.transport.broadcast import BroadcastRoot
-
-    net = ZmqNetwork("bench-weights")
-    dispatcher = net.bind("dispatcher", "tcp://127.0.0.1:*")
-    server = net.bind("publisher", "tcp://127.0.0.1:*")
-    root = BroadcastRoot(
-        server, "gloo", "127.0.0.1", "", 0, BUCKET_BYTES, PULL_TIMEOUT_S, f"bench-weights-{version}"
-    )
-    liveness = Liveness(interval_s=1.0, liveness=3600, clock=time.monotonic)
-    store = WeightStore(CHUNK_BYTES, keep=1)
-    publisher = Publisher(server, net.connect("publisher", dispatcher.address), store, liveness, root)
     tensors = {"weights": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
-    running = asyncio.ensure_future(publisher.run())
-    try:
+    async with _serving("gloo") as publisher:
+        root = publisher.broadcaster
+        assert root is not None
         for i, conn in enumerate(conns):
-            conn.send(("gloo", server.address, f"worker-{i}"))
+            conn.send(("gloo", publisher.server.address, f"worker-{i}"))
         while len(root.members) < len(conns):
             await asyncio.sleep(0.01)
         if not await root.broadcast(0, {"weights": torch.zeros(1, dtype=torch.uint8)}):
@@ -201,16 +204,7 @@ async def _gloo_publish(data: bytes, version: int, conns: list[Connection]) -> f
         if not await root.broadcast(1, tensors):
             raise RuntimeError("gloo: the broadcast did not reach every worker")
         await asyncio.to_thread(_collect, conns, len(data), "gloo")
-        seconds = time.perf_counter() - begin
-        peer, _ = await dispatcher.recv()  # the publisher's Register
-        await dispatcher.send(peer, Shutdown("bench done"))
-        await asyncio.wait_for(running, 10)
-    finally:
-        if not running.done():
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-        net.close()
-    return seconds
+        return time.perf_counter() - begin
 
 
 def _gloo_receive(reply: Reply, address: str, name: str) -> None:
