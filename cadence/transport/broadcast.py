@@ -50,6 +50,8 @@ from cadence.transport.groups import (
 
 log = structlog.get_logger()
 
+BROKEN = "broken"  # the digest key's value when the root's send of a version failed
+
 
 def _hasher(device: str) -> tuple[Any, Callable[[Tensor], None] | None]:
     """The xxh3-128 of CPU buffers (as pulls check); on a device the bytes are not copied back to be
@@ -105,6 +107,7 @@ class BroadcastRoot:
         """Send `version` to every member; False (logged, members dropped) when it did not reach all."""
         self.latest = version
         roster = list(self.members)
+        joins_before = self._join_count
         if roster != self.roster or self.group is None or self._reform:
             self.group, self.roster, self._reform = None, roster, False
             self.generation += 1
@@ -114,12 +117,12 @@ class BroadcastRoot:
         prefix = f"{self.prefix}/g{self.generation}/"
         for rank, name in enumerate(roster, start=1):
             await self.server.send(self.members[name], self._plan(version, rank, prefix, plan))
-        joins_before = self._join_count
         begin = time.monotonic()
         try:
             await asyncio.to_thread(self._send, version, prefix, plan, state)
-        except BroadcastError as err:
-            names = [roster[r - 1] for r in err.missing if 0 < r <= len(roster)]
+        except Exception as err:  # whatever broke, the workers still pull this version
+            missing = err.missing if isinstance(err, BroadcastError) else range(1, len(roster) + 1)
+            names = [roster[r - 1] for r in missing if 0 < r <= len(roster)]
             for name in names:  # unless it joined again meanwhile; if it is alive, it joins again
                 if self._joins.get(name, 0) <= joins_before and name in self.members:
                     await self.server.send(self.members.pop(name), BroadcastDropped(version))
@@ -166,17 +169,19 @@ class BroadcastRoot:
         A broken send still waits for the confirmations, so the error names who did not finish."""
         store = dist.PrefixStore(prefix, self.store)
         world = len(self.roster) + 1
-        group = self.group
-        if group is None:
+        if self.group is None:
             root_rendezvous(store, world, self.timeout_s)
-            group = self.group = new_group(self.backend, store, 0, world, self.timeout_s, self.host)
         hasher, digest = _hasher(self.device)
         broken: Exception | None = None
         try:
-            send_buckets(group, plan, state, self.device, self.timeout_s, digest)
-        except RuntimeError as err:
+            if self.group is None:
+                self.group = new_group(self.backend, store, 0, world, self.timeout_s, self.host)
+            send_buckets(self.group, plan, state, self.device, self.timeout_s, digest)
+        except RuntimeError as err:  # a member went away while forming or sending: find out which
             broken = err
-        store.set(f"digest/{version}", hasher.hexdigest() if hasher is not None and broken is None else "")
+        # the digest a member checks its buckets against: empty on device buffers, BROKEN after a failed send
+        sent = "" if hasher is None else hasher.hexdigest()
+        store.set(f"digest/{version}", BROKEN if broken is not None else sent)
         missing = wait_keys(store, {r: f"done/{version}/{r}" for r in range(1, world)}, self.timeout_s)
         if missing or broken is not None:
             cause = f": {broken}" if broken is not None else ""
@@ -274,6 +279,8 @@ class BroadcastMember:
         hasher, digest = _hasher(device)
         state = receive_buckets(self._group, _layout(msg), device, msg.timeout_s, digest)
         expected = store.get(f"digest/{msg.version}").decode()
+        if expected == BROKEN:
+            raise BroadcastError(f"version {msg.version}: the root's send broke off", [0])
         if hasher is not None and expected and hasher.hexdigest() != expected:
             raise BroadcastError(f"version {msg.version} failed its checksum", [msg.rank])
         store.set(f"done/{msg.version}/{msg.rank}", "1")
