@@ -57,7 +57,6 @@ class ShardedLearner(TorchLearner):
             raise ValueError(
                 f"trainer.sharding = 'fsdp2' needs trainer.packing = 'shared_prompt', got {self.packing!r}"
             )
-        self.comm = comm
         whole = list(self.model.parameters())  # rank 0's start on every rank, before it is split
         if self.reference is not None:
             whole += list(self.reference.parameters())
