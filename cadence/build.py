@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -122,17 +122,17 @@ def join_ranks(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks) -> tuple[
 
     device = local_device(cfg.trainer, ranks)
     comm = Collectives(cfg.trainer, ranks, device)
-    return comm, make_torch_learner(cfg, tokenizer, device)
+    return comm, make_torch_learner(cfg, tokenizer, device, comm)
 
 
-def make_torch_learner(cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device) -> TorchLearner:
+def make_torch_learner(
+    cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device, comm: Collectives | None = None
+) -> TorchLearner:
+    """This rank's learner; with `trainer.sharding = "fsdp2"` one whose policy is split over `comm`."""
     torch.set_num_threads(1)
     model, model_cfg = make_model(cfg, tokenizer)
     t = cfg.trainer
-    return TorchLearner(
-        model,
-        model_cfg,
-        tokenizer,
+    settings: dict[str, Any] = dict(
         lr=t.lr,
         weight_decay=t.weight_decay,
         clip_low=t.clip_low,
@@ -142,3 +142,8 @@ def make_torch_learner(cfg: RunConfig, tokenizer: TextTokenizer, device: torch.d
         packing=t.packing,
         device=device,
     )
+    if t.sharding == "fsdp2" and comm is not None:
+        from cadence.sharding import ShardedLearner
+
+        return ShardedLearner(comm, model, model_cfg, tokenizer, **settings)
+    return TorchLearner(model, model_cfg, tokenizer, **settings)

@@ -130,6 +130,16 @@ class RunConfig:
                 f"trainer.ranks = {self.trainer.ranks} needs trainer.learner = 'torch'"
                 f" (got {self.trainer.learner!r})"
             )
+        if self.trainer.sharding == "fsdp2" and self.trainer.ranks < 2:
+            raise ConfigError(
+                f"trainer.sharding = 'fsdp2' needs trainer.ranks > 1 (got {self.trainer.ranks}): one rank"
+                " holds the whole model, use trainer.sharding = 'none'"
+            )
+        if self.trainer.sharding == "fsdp2" and self.trainer.packing != "shared_prompt":
+            raise ConfigError(
+                f"trainer.sharding = 'fsdp2' needs trainer.packing = 'shared_prompt' (got"
+                f" {self.trainer.packing!r}): every rank must run one forward a micro-batch"
+            )
         if self.trainer.collective_timeout_s <= 0:
             raise ConfigError(
                 f"trainer.collective_timeout_s must be positive, got {self.trainer.collective_timeout_s}"

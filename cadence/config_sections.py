@@ -162,6 +162,12 @@ class TrainerConfig:
         "data-parallel ranks of the trainer: each trains its share of every micro-batch and the gradients"
         " are summed before the step; above 1 the trainer runs under torchrun (`cadence run` starts it so)",
     )
+    sharding: Literal["none", "fsdp2"] = doc(
+        "none",
+        "how the ranks hold the policy: none (each the whole model and AdamW state, gradients all-reduced"
+        " at the step) or fsdp2 (torch's fully_shard per transformer block: parameters, gradients and"
+        " AdamW state split over the ranks; needs trainer.ranks > 1 and packing = 'shared_prompt')",
+    )
     device: Literal["cpu", "cuda", "npu"] = doc(
         "cpu",
         "where the trainer computes: cpu (collectives over gloo), cuda (each rank its LOCAL_RANK GPU, nccl)"

@@ -18,12 +18,12 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, state_dict_to_bytes
+from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
@@ -88,6 +88,8 @@ def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> t
 
 
 class TorchLearner:
+    sharded = False  # True: every rank takes part in each forward, backward and state read (sharding.py)
+
     def __init__(
         self,
         model: Transformer,
@@ -216,33 +218,61 @@ class TorchLearner:
         return info
 
     def weights(self) -> bytes:
-        return state_dict_to_bytes(self.model)
+        return tensors_to_bytes(self.tensors())
 
     def tensors(self) -> dict[str, Tensor]:
         return hf_state_dict(self.model)
 
-    def save(self, directory: Path) -> str:
-        save_checkpoint(self.model, self.model_cfg, directory, self.tokenizer.files())
-        return checksum(self.weights())
+    def optimizer_state(self) -> dict[str, Any]:
+        """AdamW's `state_dict()`: moments and step counts keyed by parameter index."""
+        return self.optimizer.state_dict()
 
-    def save_state(self, directory: Path) -> None:
-        """`model.safetensors` (the policy), `optimizer.pt` (AdamW moments and step counts), `rng.pt`
-        (torch's and Python's generators). The frozen reference is rebuilt from the config."""
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "model.safetensors").write_bytes(self.weights())
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
-        version, internal, gauss = random.getstate()
-        rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
-        torch.save(rng, directory / "rng.pt")
-
-    def load_state(self, directory: Path) -> None:
-        weights = state_dict_from_bytes((directory / "model.safetensors").read_bytes())
+    def load(self, weights: Mapping[str, Tensor] | None, optimizer: dict[str, Any] | None) -> None:
+        """Replace the policy's weights (HF-named) and AdamW's state; clear gradients and statistics."""
+        if weights is None or optimizer is None:
+            raise ValueError("one rank's learner loads the whole state")
         with torch.no_grad():
             load_hf_state_dict(self.model, weights)
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        self.optimizer.load_state_dict(optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self._sums = {}
-        rng = torch.load(directory / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        version, internal, gauss = rng["python"]
-        random.setstate((version, tuple(internal), gauss))
+
+    def save(self, directory: Path) -> str:
+        return write_checkpoint(self.tensors(), self.model_cfg, self.tokenizer, directory)
+
+    def save_state(self, directory: Path) -> None:
+        write_state(directory, self.weights(), self.optimizer_state())
+
+    def load_state(self, directory: Path) -> None:
+        self.load(*read_state(directory))
+
+
+def write_checkpoint(
+    weights: Mapping[str, Tensor], model_cfg: ModelConfig, tokenizer: TextTokenizer, directory: Path
+) -> str:
+    """A Hugging Face checkpoint folder of `weights` (HF-named); the checksum of their safetensors bytes."""
+    save_checkpoint(weights, model_cfg, directory, tokenizer.files())
+    return checksum(tensors_to_bytes(weights))
+
+
+def write_state(directory: Path, weights: bytes, optimizer: dict[str, Any]) -> None:
+    """A resumable state: `model.safetensors` (the policy), `optimizer.pt` (AdamW's state_dict: moments
+    and step counts by parameter index), `rng.pt` (torch's and Python's generators). The frozen
+    reference is rebuilt from the config."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.safetensors").write_bytes(weights)
+    torch.save(optimizer, directory / "optimizer.pt")
+    version, internal, gauss = random.getstate()
+    rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+    torch.save(rng, directory / "rng.pt")
+
+
+def read_state(directory: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """What `write_state` wrote: the weights and the optimizer state; the generators are restored."""
+    weights = state_dict_from_bytes((directory / "model.safetensors").read_bytes())
+    optimizer = torch.load(directory / "optimizer.pt", weights_only=True)
+    rng = torch.load(directory / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    return weights, optimizer

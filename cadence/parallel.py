@@ -9,16 +9,20 @@
    the same on rank 0                                    / normaliser ─► clip ─► AdamW step
  load_state(dir) ─ "sync" ─► rank 0's weights and optimizer state on every rank (broadcast)
  idle longer than a quarter of the timeout ─ "ping"      close() ─ "stop" ─► followers return
+ sharded (sharding.py): weights() ─ "gather" ─► every rank's shards to rank 0 (once a version);
+   save_state ─ "gather_optimizer" ─► AdamW's shards too; load_state ─ "load" ─► rank 0's files split
 ```
 
 A group's completions are dealt round-robin: completion i goes to rank i mod N with the whole group's
 advantage, so one group alone still keeps every rank busy; a rank with no completion this micro-batch
 adds nothing (zero gradient). Losses are sums, so the summed gradient is the one-rank gradient up to
-floating-point summation order.
+floating-point summation order. Sharded, every backward already sums the gradients (reduce-scatter),
+and a rank with no completion still runs its forward and backward.
 
 Invariant: every rank runs the same sequence of collectives, in rank 0's order (one lock orders rank
 0's commands), and after every step the weights and optimizer state are the same on every rank: each
-divides, clips and steps the same summed gradient. `weights()` and checkpoints come from rank 0.
+divides, clips and steps the same summed gradient (sharded: each its own shard of it). `weights()` and
+checkpoints come from rank 0, whole and HF-named either way.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import torch
 from torch import Tensor
 
 from cadence.collectives import CollectiveError, Collectives
-from cadence.learner import TorchLearner, TrainGroup
+from cadence.learner import TorchLearner, TrainGroup, read_state, write_checkpoint, write_state
+from cadence.model.checkpoint import tensors_to_bytes
 from cadence.ops.advantages import group_advantages
 
 log = structlog.get_logger()
@@ -50,10 +55,12 @@ class DistributedLearner:
         self.comm = comm
         self._lock = threading.Lock()
         self._sums: dict[str, float] = {}
+        self._full: dict[str, Tensor] | None = None  # sharded: the weights gathered since the last step
         self._last = time.monotonic()
         self._failed: BaseException | None = None
         self._closed = threading.Event()
-        sync_state(local, comm)
+        if not local.sharded:  # a sharded learner started from rank 0's weights before it split them
+            sync_state(local, comm)
         self._pinger = threading.Thread(target=self._ping, name="rank0-ping", daemon=True)
         self._pinger.start()
 
@@ -71,26 +78,53 @@ class DistributedLearner:
         with self._lock:
             self._command({"op": "step", "normaliser": normaliser})
             info = step_all(self.local, normaliser, self.comm)
+            self._full = None
         info |= {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}
         self._sums = {}
         return info
 
     def weights(self) -> bytes:
-        return self.local.weights()
+        if not self.local.sharded:
+            return self.local.weights()
+        return tensors_to_bytes(self.tensors())
 
     def tensors(self) -> Mapping[str, Tensor]:
-        return self.local.tensors()
+        """The policy's weights; sharded, gathered from every rank once a version."""
+        if not self.local.sharded:
+            return self.local.tensors()
+        with self._lock:
+            if self._full is None:
+                self._command({"op": "gather"})
+                self._full = self.local.tensors()
+            return self._full
 
     def save(self, directory: Path) -> str:
-        return self.local.save(directory)
+        if not self.local.sharded:
+            return self.local.save(directory)
+        return write_checkpoint(self.tensors(), self.local.model_cfg, self.local.tokenizer, directory)
 
     def save_state(self, directory: Path) -> None:
-        self.local.save_state(directory)
+        if not self.local.sharded:
+            self.local.save_state(directory)
+            return
+        weights = tensors_to_bytes(self.tensors())
+        with self._lock:
+            self._command({"op": "gather_optimizer"})
+            optimizer = self.local.optimizer_state()
+        write_state(directory, weights, optimizer)
 
     def load_state(self, directory: Path) -> None:
-        """Rank 0 reads the files; every other rank gets the weights and optimizer state from it."""
-        self.local.load_state(directory)
+        """Rank 0 reads the files; every other rank gets the weights and optimizer state (or, sharded,
+        its shards of them) from it."""
         self._sums = {}
+        if self.local.sharded:
+            weights, optimizer = read_state(directory)
+            with self._lock:
+                self._full = None
+                self._command({"op": "load"})
+                self.local.load(weights, optimizer)
+            return
+        self.local.load_state(directory)
         with self._lock:
             self._command({"op": "sync"})
             sync_state(self.local, self.comm)
@@ -132,7 +166,8 @@ class DistributedLearner:
 
 def follow(local: TorchLearner, comm: Collectives) -> None:
     """A follower's life: rank 0's weights, then its commands until "stop"."""
-    sync_state(local, comm)
+    if not local.sharded:
+        sync_state(local, comm)
     rank = comm.ranks.rank
     log.info("follower_ready", rank=rank, world=comm.ranks.world)
     while True:
@@ -144,6 +179,12 @@ def follow(local: TorchLearner, comm: Collectives) -> None:
             step_all(local, float(command["normaliser"]), comm)
         elif op == "sync":
             sync_state(local, comm)
+        elif op == "gather":
+            local.tensors()
+        elif op == "gather_optimizer":
+            local.optimizer_state()
+        elif op == "load":
+            local.load(None, None)
         elif op == "stop":
             log.info("follower_stopped", rank=rank)
             return
@@ -178,7 +219,7 @@ def share(groups: Sequence[TrainGroup], rank: int, world: int) -> list[TrainGrou
 def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collectives) -> dict[str, float]:
     """Every rank: forward/backward of its share; the statistics summed over the ranks."""
     mine = share(groups, comm.ranks.rank, comm.ranks.world)
-    stats = local.train_groups(mine) if mine else {}
+    stats = local.train_groups(mine) if mine or local.sharded else {}
     total: dict[str, float] = {}
     for part in comm.all_gather_bytes(msgpack.packb(stats), "gathering the micro-batch's statistics"):
         for key, value in msgpack.unpackb(part).items():
@@ -187,8 +228,10 @@ def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collect
 
 
 def step_all(local: TorchLearner, normaliser: float, comm: Collectives) -> dict[str, float]:
-    """Every rank: sum the gradients over the ranks, then the one-rank step on the sum."""
-    comm.sum_gradients([p for p in local.model.parameters() if p.requires_grad])
+    """Every rank: sum the gradients over the ranks (sharded: summed by every backward already), then
+    the one-rank step on the sum."""
+    if not local.sharded:
+        comm.sum_gradients([p for p in local.model.parameters() if p.requires_grad])
     return local.step(normaliser)
 
 

@@ -46,6 +46,7 @@ FREE_KEYS = {
     "mode",
     "trainer.checkpoint_every",
     "trainer.ranks",
+    "trainer.sharding",
     "trainer.device",
     "trainer.collective_timeout_s",
     "rollout.workers",

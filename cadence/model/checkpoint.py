@@ -77,7 +77,12 @@ def _safetensors_bytes(state: Mapping[str, Tensor], metadata: Mapping[str, str])
 
 def state_dict_to_bytes(model: Transformer) -> bytes:
     """The HF-named state dict (tied ``lm_head.weight`` dropped) as safetensors bytes."""
-    return _safetensors_bytes(hf_state_dict(model), {"format": "pt"})
+    return tensors_to_bytes(hf_state_dict(model))
+
+
+def tensors_to_bytes(state: Mapping[str, Tensor]) -> bytes:
+    """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes."""
+    return _safetensors_bytes(state, {"format": "pt"})
 
 
 def state_dict_from_bytes(data: bytes | bytearray) -> dict[str, Tensor]:
@@ -150,13 +155,14 @@ def _shards(state: Mapping[str, Tensor], max_shard_bytes: int | None) -> list[di
 
 
 def save_checkpoint(
-    model: Transformer,
+    model: Transformer | Mapping[str, Tensor],
     cfg: ModelConfig,
     directory: Path,
     extra_files: Mapping[str, str] | None = None,
     max_shard_bytes: int | None = None,
 ) -> None:
-    """Write the weights, each extra file (name -> text) and ``config.json`` into ``directory``.
+    """Write the weights (of ``model``, or HF-named tensors), each extra file (name -> text) and
+    ``config.json`` into ``directory``.
 
     The weights go to ``model.safetensors``, or, when they exceed ``max_shard_bytes``, to numbered
     shards and ``model.safetensors.index.json``; weight files of an earlier save that the new one
@@ -171,7 +177,7 @@ def save_checkpoint(
                 f"extra file name {name!r} must be a plain file name other than {CONFIG_FILE!r} and the weight files"
             )
     directory.mkdir(parents=True, exist_ok=True)
-    state = hf_state_dict(model)
+    state = hf_state_dict(model) if isinstance(model, Transformer) else model
     shards = _shards(state, max_shard_bytes)
     written = [WEIGHTS_FILE] if len(shards) == 1 else []
     if len(shards) == 1:

@@ -33,20 +33,27 @@ def _processes_of(out: Path) -> list[int]:
 
 
 def test_two_ranks_end_with_the_weights_of_one(tmp_path: Path) -> None:
+    """1 rank, 2 ranks, 2 sharded ranks (FSDP2): the same data and weights, with the reference model
+    (kl_beta) and resume checkpoints on the way."""
     rows, weights = {}, {}
-    for ranks in (1, 2):
-        out = tmp_path / f"ranks{ranks}"
+    for name, ranks, sharding in (("ranks1", 1, "none"), ("ranks2", 2, "none"), ("fsdp2", 2, "fsdp2")):
+        out = tmp_path / name
         cadence(
             *("run", "configs/quickstart.toml", "--out", str(out), "--set", "periods=4"),
-            *("--set", f"trainer.ranks={ranks}", *SAME),
+            *("--set", f"trainer.ranks={ranks}", "--set", f"trainer.sharding='{sharding}'", *SAME),
+            *("--set", "trainer.kl_beta=0.05", "--set", "trainer.checkpoint_every=2"),
         )
         assert summary(out)["groups_trained"] == 4 * 4
-        rows[ranks] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
-        weights[ranks] = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
+        rows[name] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
+        weights[name] = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
+        assert (out / "checkpoints" / "resume" / "optimizer.pt").exists()
+        steps = [e for e in events(out, "trainer") if e["event"] == "optimizer_step"]
+        assert max(e["grad_norm"] for e in steps) > 0.1 and max(e["kl_sum"] for e in steps) > 0  # they moved
         assert not _processes_of(out)  # torchrun and both ranks are gone with the launcher
-    assert rows[1] == rows[2] and len(set(rows[1])) == 4  # the same data, period by period
-    diff = max(float((weights[1][k] - weights[2][k]).abs().max()) for k in weights[1])
-    assert diff <= 1e-5
+    assert rows["ranks1"] == rows["ranks2"] == rows["fsdp2"] and len(set(rows["ranks1"])) == 4
+    for name in ("ranks2", "fsdp2"):  # the same data period by period, so the same weights
+        diff = max(float((weights["ranks1"][k] - weights[name][k]).abs().max()) for k in weights["ranks1"])
+        assert diff <= 1e-5, name
     follower = events(tmp_path / "ranks2", "trainer.rank1")
     assert [e["event"] for e in follower] == ["follower_ready", "follower_stopped"]
     assert follower[0]["pid"] != events(tmp_path / "ranks2", "trainer")[0]["pid"]

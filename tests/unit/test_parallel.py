@@ -1,7 +1,9 @@
-"""Data-parallel training on 2 gloo ranks equals 1 rank; a follower whose rank 0 dies fails naming itself."""
+"""Data-parallel training on 2 gloo ranks, whole or sharded (FSDP2), equals 1 rank; a follower whose rank 0
+dies fails naming itself."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -9,17 +11,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
 
 from cadence.collectives import CollectiveError, Collectives, local_device
 from cadence.config import ConfigError, TrainerConfig
 from cadence.learner import TorchLearner, TrainGroup
 from cadence.model.checkpoint import state_dict_to_bytes
+from cadence.model.tokenizer import CharTokenizer
+from cadence.model.transformer import init_model
 from cadence.parallel import DistributedLearner, follow, share
 from cadence.ranks import Ranks, free_port, ranks_from_env
+from cadence.sharding import ShardedLearner
 from tests.conftest import tiny_config
 from tests.unit.test_learner import REWARDS, learner
-from tests.unit.test_prefix import make_groups
+from tests.unit.test_prefix import CONFIGS, make_groups
 
 pytestmark = pytest.mark.timeout(180)
 TIMEOUT_S = 4.0  # the collectives' limit; rank 0 idles longer than it once (the followers are pinged)
@@ -66,33 +73,66 @@ def drive(trainer: TorchLearner | DistributedLearner, save: Path, idle: float = 
     trainer.step(1.0)
 
 
-def _rank(rank: int, port: int, out: str, die_after_first: bool) -> None:
+def resume_last_step(trainer: TorchLearner | DistributedLearner, save: Path) -> None:
+    """A fresh trainer continues from `save` (step 0's checkpoint) with the schedule's last step."""
+    trainer.load_state(save)
+    last = schedule()[-1]
+    for batch in last:
+        trainer.train_groups(batch)
+    trainer.step(normaliser(last))
+
+
+def _learner(comm: Collectives, sharding: str) -> TorchLearner:
+    """`learner("shared_prompt")` of test_learner, whole or sharded over `comm`."""
+    if sharding == "none":
+        return learner("shared_prompt")
+    cfg = CONFIGS["qwen3"]
+    return ShardedLearner(comm, init_model(cfg, seed=5), cfg, CharTokenizer(), 1e-3, 0.0, 0.2, 0.28, 0.1, 1.0)
+
+
+def _held(local: TorchLearner) -> dict[str, int]:
+    """Elements of the policy and of AdamW's moments this rank holds, and those of the whole model."""
+    params = list(local.model.parameters())
+    moments = [t for entry in local.optimizer.state.values() for k, t in entry.items() if k != "step"]
+    return {
+        "held": sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in params + moments),
+        "whole": 3 * sum(p.numel() for p in params),
+    }
+
+
+def _rank(rank: int, port: int, out: str, scenario: str, sharding: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     ranks = Ranks(rank, 2, 0)
     comm = Collectives(TrainerConfig(collective_timeout_s=TIMEOUT_S), ranks, torch.device("cpu"))
-    local = learner("shared_prompt")
     try:
+        local = _learner(comm, sharding)
         if rank > 0:
             follow(local, comm)
-            Path(out, f"rank{rank}.safetensors").write_bytes(state_dict_to_bytes(local.model))
+            if sharding == "none":
+                Path(out, f"rank{rank}.safetensors").write_bytes(state_dict_to_bytes(local.model))
+            Path(out, f"rank{rank}.json").write_text(json.dumps(_held(local)))
             return
         leader = DistributedLearner(local, comm)
-        if die_after_first:
+        if scenario == "die":
             leader.train_groups(groups()[:2])
             os._exit(3)  # no "stop": the follower must notice on its own
-        drive(leader, Path(out, "resume"), idle=TIMEOUT_S + 1.0)
+        if scenario == "resume":
+            resume_last_step(leader, Path(out, "resume-one"))
+        else:
+            drive(leader, Path(out, "resume"), idle=TIMEOUT_S + 1.0)
         Path(out, "rank0.safetensors").write_bytes(leader.weights())
+        Path(out, "rank0.json").write_text(json.dumps(_held(local)))
         leader.close()
     except CollectiveError as err:
         Path(out, f"rank{rank}.error").write_text(str(err))
         raise SystemExit(1) from None
 
 
-def _spawn(out: Path, die_after_first: bool = False) -> list[int | None]:
+def _spawn(out: Path, scenario: str = "drive", sharding: str = "none") -> list[int | None]:
     port = free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, port, str(out), die_after_first)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(out), scenario, sharding)) for r in range(2)]
     for p in procs:
         p.start()
     deadline = time.time() + 120
@@ -118,24 +158,40 @@ def test_the_share_of_every_rank_covers_each_completion_once_with_the_group_adva
     assert parts[1][1].rewards == [0.0, 1.0] and parts[1][1].advantages == pytest.approx([-1.0, 1.0])
 
 
-def test_two_ranks_train_like_one(tmp_path: Path) -> None:
-    assert _spawn(tmp_path) == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
+@pytest.mark.parametrize("sharding", ["none", "fsdp2"])
+def test_two_ranks_train_like_one(tmp_path: Path, sharding: str) -> None:
+    assert _spawn(tmp_path, sharding=sharding) == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
     one = learner("shared_prompt")
     drive(one, tmp_path / "resume-one")
     expected = load_file(str(tmp_path / "rank0.safetensors"))  # rank 0's weights, as published
-    follower = load_file(str(tmp_path / "rank1.safetensors"))
-    from safetensors.torch import load as load_bytes
-
     single = load_bytes(one.weights())
     start = load_bytes(learner("shared_prompt").weights())
     assert max(float((single[k] - start[k]).abs().max()) for k in single) > 1e-3  # the steps moved them
     assert max(float((expected[k] - single[k]).abs().max()) for k in single) <= 1e-5
-    assert all(torch.equal(expected[k], follower[k]) for k in expected)  # ranks stay identical
+    held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if sharding == "none":
+        follower = load_file(str(tmp_path / "rank1.safetensors"))
+        assert all(torch.equal(expected[k], follower[k]) for k in expected)  # ranks stay identical
+        assert all(h["held"] == h["whole"] for h in held)
+        return
+    # each rank holds about half of the weights and moments, together all of them
+    assert sum(h["held"] for h in held) == held[0]["whole"] and all(
+        h["held"] < 0.6 * h["whole"] for h in held
+    )
+    # the 2-rank checkpoint resumes on 1 rank (one layout for both), and a fresh 2-rank trainer resumes
+    # from the 1-rank one: both end with the weights of the uninterrupted 1-rank run
+    resumed = learner("shared_prompt")
+    resume_last_step(resumed, tmp_path / "resume")
+    resumed.step(1.0)
+    assert max(float((load_bytes(resumed.weights())[k] - single[k]).abs().max()) for k in single) <= 1e-5
+    assert _spawn(tmp_path, "resume", sharding) == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
+    fresh = load_file(str(tmp_path / "rank0.safetensors"))
+    assert max(float((fresh[k] - single[k]).abs().max()) for k in single) <= 1e-5
 
 
 def test_a_follower_fails_naming_itself_when_rank_0_dies(tmp_path: Path) -> None:
     begin = time.time()
-    codes = _spawn(tmp_path, die_after_first=True)
+    codes = _spawn(tmp_path, "die")
     assert codes == [3, 1]
     error = (tmp_path / "rank1.error").read_text()
     assert "trainer rank 1 of 2" in error and "rank 0's next command" in error
@@ -161,6 +217,8 @@ def test_the_ranks_come_from_torchrun_and_must_match_the_config() -> None:
         ("trainer.ranks=0", "trainer.ranks must be >= 1"),
         ("trainer.device='tpu'", "trainer.device = 'tpu' is not allowed"),
         ("trainer.collective_timeout_s=0", "trainer.collective_timeout_s must be positive"),
+        ("trainer.sharding='fsdp'", "trainer.sharding = 'fsdp' is not allowed"),
+        ("trainer.sharding='fsdp2'", r"trainer.sharding = 'fsdp2' needs trainer.ranks > 1 \(got 1\)"),
     ],
 )
 def test_bad_trainer_rank_settings_name_the_key(override: str, message: str) -> None:
@@ -168,6 +226,11 @@ def test_bad_trainer_rank_settings_name_the_key(override: str, message: str) -> 
         tiny_config(override)
     with pytest.raises(ConfigError, match="trainer.ranks = 2 needs trainer.learner = 'torch'"):
         tiny_config("trainer.ranks=2", "trainer.learner='simulated'")
+    with pytest.raises(
+        ConfigError, match="trainer.sharding = 'fsdp2' needs trainer.packing = 'shared_prompt'"
+    ):
+        tiny_config("trainer.ranks=2", "trainer.sharding='fsdp2'", "trainer.packing='padded'")
+    assert tiny_config("trainer.ranks=2", "trainer.sharding='fsdp2'").trainer.sharding == "fsdp2"
 
 
 def test_a_device_torch_cannot_reach_is_named() -> None:
