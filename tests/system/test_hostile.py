@@ -103,7 +103,7 @@ def _flood_frames(run_id: str) -> list[list[bytes]]:
 
 
 def test_a_flood_of_garbage_changes_nothing_in_the_result(tmp_path: Path) -> None:
-    periods = 40
+    periods = 150  # a few seconds under the flood: held-back refusal counts are reported a second later
     # a group a micro-batch: packing whatever has arrived depends on timing, and so would the last bit
     settings = ("--set", f"periods={periods}", "--set", "rollout.workers=1", "--set", "seed=11")
     settings += ("--set", "trainer.micro_batch_tokens=0")
