@@ -20,8 +20,9 @@ from torch import Tensor
 
 from cadence.config import ConfigError, TrainerConfig
 from cadence.ranks import Ranks
+from cadence.transport.groups import DEVICES
 
-BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+BACKENDS = {device: backend for backend, device in DEVICES.items()}  # trainer.device -> its backend
 BUCKET_BYTES = 32 << 20  # gradients are summed in flat buckets of at most this size
 
 

@@ -223,9 +223,7 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
         return None
     from cadence.transport.broadcast import BroadcastRoot
 
-    host = cfg.transport.advertise_host or (
-        cfg.transport.host if cfg.transport.host != "0.0.0.0" else socket.gethostname()
-    )
+    host = server.address.removeprefix("tcp://").rsplit(":", 1)[0]  # advertised() already chose it
     return BroadcastRoot(
         server,
         w.transport,

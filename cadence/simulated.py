@@ -20,6 +20,7 @@ import torch
 
 from cadence.config import SimulatedConfig
 from cadence.learner import TrainGroup
+from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion
 from cadence.run_dir import write_json
 from cadence.transport.weights import checksum
@@ -36,7 +37,7 @@ class SimulatedEngine:
         self.version_bytes = len(weights)
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.version_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        self.version_bytes = state_nbytes(state)
 
     def length(self, seed: int) -> int:
         rng = random.Random(seed)

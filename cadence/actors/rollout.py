@@ -28,6 +28,7 @@ import structlog
 from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
 from cadence.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
+from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, sample_seed
 from cadence.model.tokenizer import TextTokenizer
 from cadence.samples import is_sampled
@@ -196,7 +197,7 @@ class RolloutWorker:
             state = await self.member.weights(version, wait)
             if state is not None:
                 await asyncio.to_thread(self._load_state, state)
-                return w.transport, sum(t.numel() * t.element_size() for t in state.values())
+                return w.transport, state_nbytes(state)
         data = await self._pull(publisher, version)
         await asyncio.to_thread(self._load, data)
         return "zmq", len(data)

@@ -212,6 +212,7 @@ def _gloo_receive(reply: Reply, address: str, name: str) -> None:
 
 
 async def _gloo_member(reply: Reply, address: str, name: str) -> None:
+    from cadence.model.checkpoint import state_nbytes
     from cadence.transport.broadcast import BroadcastMember
 
     net = ZmqNetwork("bench-weights")
@@ -222,7 +223,7 @@ async def _gloo_member(reply: Reply, address: str, name: str) -> None:
             await asyncio.sleep(0.01)
         for version in (0, 1):  # None unless every bucket arrived and passed the sha256
             state = await member.weights(version, PULL_TIMEOUT_S)
-        reply(0 if state is None else sum(t.numel() * t.element_size() for t in state.values()))
+        reply(0 if state is None else state_nbytes(state))
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)

@@ -85,6 +85,11 @@ def tensors_to_bytes(state: Mapping[str, Tensor]) -> bytes:
     return _safetensors_bytes(state, {"format": "pt"})
 
 
+def state_nbytes(state: Mapping[str, Tensor]) -> int:
+    """The bytes the tensors of `state` hold."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
 def state_dict_from_bytes(data: bytes | bytearray) -> dict[str, Tensor]:
     """The tensors of safetensors `data`: copies for `bytes` (read by safetensors), views of the buffer
     for a `bytearray` (as `pull_weights` returns), which must then stay unchanged while they are used."""
@@ -189,7 +194,7 @@ def save_checkpoint(
             _write_atomic(directory / name, _safetensors_bytes(shard, {"format": "pt"}))
             weight_map.update(dict.fromkeys(shard, name))
             written.append(name)
-        total = sum(t.numel() * t.element_size() for t in state.values())
+        total = state_nbytes(state)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         _write_atomic(directory / INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
         written.append(INDEX_FILE)
