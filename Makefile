@@ -37,7 +37,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check cadence tests
 	$(BIN)/ruff format --check cadence tests
-	$(BIN)/mypy cadence
+	$(BIN)/lint-imports
+	$(BIN)/mypy cadence tests
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-vllm
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cadence.ranks import Ranks
+    from cadence.training.ranks import Ranks
 
 
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -134,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _periods(text: str) -> tuple[int, int]:
-    from cadence.pictures.spans import parse_periods
+    from cadence.monitor.pictures.spans import parse_periods
 
     try:
         return parse_periods(text)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            from cadence.launcher import resume_config, run_command
+            from cadence.launch.launcher import resume_config, run_command
 
             if args.resume is not None:
                 if args.out is not None and args.out.resolve() != args.resume.resolve():
@@ -198,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "logs":
             return _logs(args)
         if args.command == "timeline":
-            from cadence.pictures import write_picture
-            from cadence.pictures.timeline import draw_timeline
+            from cadence.monitor.pictures import write_picture
+            from cadence.monitor.pictures.timeline import draw_timeline
 
             return write_picture(lambda: draw_timeline(args.dir, args.out, args.periods))
         if args.command == "plot":
-            from cadence.pictures import write_picture
-            from cadence.pictures.plot import draw_plot
+            from cadence.monitor.pictures import write_picture
+            from cadence.monitor.pictures.plot import draw_plot
 
             return write_picture(lambda: draw_plot(args.dir, args.out))
         cfg = load_config(args.config, args.overrides)
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 def _ranks(command: str, cfg: object) -> Ranks:
     """The trainer's place among torchrun's processes (alone elsewhere); under torchrun it dies with it."""
     from cadence.config import RunConfig
-    from cadence.ranks import Ranks, die_with_parent, ranks_from_env
+    from cadence.training.ranks import Ranks, die_with_parent, ranks_from_env
 
     assert isinstance(cfg, RunConfig)
     if command != "trainer":
@@ -263,7 +263,7 @@ def _logs(args: argparse.Namespace) -> int:
     import asyncio
 
     from cadence.config import load_config
-    from cadence.logview import Filter, follow_remote, parse_periods, show_logs
+    from cadence.monitor.logview import Filter, follow_remote, parse_periods, show_logs
 
     try:
         periods = parse_periods(args.period) if args.period is not None else None
@@ -299,8 +299,8 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _actor(args: argparse.Namespace, cfg: object, ranks: Ranks) -> int:
-    from cadence import processes
     from cadence.config import RunConfig
+    from cadence.launch import processes
     from cadence.log import LogStream, configure_logging
 
     assert isinstance(cfg, RunConfig)

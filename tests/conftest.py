@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 import pytest
 
 from cadence.config import RunConfig, load_config
-from cadence.messages import Envelope, Heartbeat, Message
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.inproc import InprocNetwork
+from cadence.wire.messages import Envelope, Heartbeat, Message
 
 M = TypeVar("M", bound=Message)
 

@@ -10,9 +10,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from cadence.messages import Heartbeat
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
+from cadence.wire.messages import Heartbeat
 
 
 class PeerLost(RuntimeError):

@@ -29,8 +29,12 @@ import structlog
 
 from cadence.actors.base import first_of
 from cadence.config import RunConfig
-from cadence.logstream import LogHub
-from cadence.messages import (
+from cadence.monitor.logstream import LogHub
+from cadence.monitor.run_dir import RunRecorder
+from cadence.tasks.base import Prompt, Task
+from cadence.transport.endpoint import Server
+from cadence.transport.heartbeat import Liveness
+from cadence.wire.messages import (
     Assignment,
     Consumed,
     Heartbeat,
@@ -44,10 +48,6 @@ from cadence.messages import (
     Welcome,
     WorkRequest,
 )
-from cadence.run_dir import RunRecorder
-from cadence.tasks.base import Prompt, Task
-from cadence.transport.endpoint import Server
-from cadence.transport.heartbeat import Liveness
 
 log = structlog.get_logger()
 

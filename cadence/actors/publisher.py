@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from cadence.actors.base import first_of, keep_alive
-from cadence.messages import (
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.weights import WeightError, WeightStore
+from cadence.wire.messages import (
     BroadcastJoin,
     Heartbeat,
     Payload,
@@ -32,9 +35,6 @@ from cadence.messages import (
     WeightQuery,
     WeightUpload,
 )
-from cadence.transport.endpoint import Client, Server
-from cadence.transport.heartbeat import Liveness
-from cadence.transport.weights import WeightError, WeightStore
 
 if TYPE_CHECKING:
     from torch import Tensor

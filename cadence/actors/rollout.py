@@ -27,15 +27,16 @@ import structlog
 
 from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
-from cadence.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, sample_seed
+from cadence.model.rollout_engine import RolloutEngine
 from cadence.model.tokenizer import TextTokenizer
-from cadence.samples import is_sampled
+from cadence.monitor.samples import is_sampled
 from cadence.tasks.base import Score
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import WeightError, pull_weights
+from cadence.wire.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -47,18 +48,6 @@ log = structlog.get_logger()
 
 class Scorer(Protocol):
     async def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score: ...
-
-
-class RolloutEngine(Protocol):
-    def load(self, weights: bytes | bytearray) -> None:
-        """Take the weights of a version as safetensors bytes (pulled from the publisher)."""
-        ...
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Take the weights of a version as HF-named tensors (received by broadcast)."""
-        ...
-
-    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
 
 
 class RolloutWorker:

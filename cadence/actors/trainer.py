@@ -32,8 +32,14 @@ import structlog
 
 from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
-from cadence.learner import Learner, TrainGroup
-from cadence.messages import (
+from cadence.monitor.metrics import PeriodStats
+from cadence.monitor.samples import SampleWriter
+from cadence.ops.packing import packed_length
+from cadence.training.learner import Learner, TrainGroup
+from cadence.training.resume import load_resume, save_resume
+from cadence.transport.endpoint import Client, Server
+from cadence.transport.heartbeat import Liveness
+from cadence.wire.messages import (
     Consumed,
     Envelope,
     GroupResult,
@@ -43,12 +49,6 @@ from cadence.messages import (
     Shutdown,
     VersionReady,
 )
-from cadence.metrics import PeriodStats
-from cadence.ops.packing import packed_length
-from cadence.resume import load_resume, save_resume
-from cadence.samples import SampleWriter
-from cadence.transport.endpoint import Client, Server
-from cadence.transport.heartbeat import Liveness
 
 log = structlog.get_logger()
 

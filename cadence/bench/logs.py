@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from cadence.log import LogStream, configure_logging
-from cadence.logstream import LogHub, stream_logs
-from cadence.logview import show_logs
-from cadence.messages import LogBatch, Subscribe
+from cadence.monitor.logstream import LogHub, stream_logs
+from cadence.monitor.logview import show_logs
 from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.wire.messages import LogBatch, Subscribe
 
 
 def _event(actor: str, n: int) -> str:

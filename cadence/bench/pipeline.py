@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import load_config
-from cadence.launcher import launch
-from cadence.metrics import serial_finish
-from cadence.run_dir import read_jsonl
+from cadence.launch.launcher import launch
+from cadence.monitor.metrics import serial_finish
+from cadence.monitor.run_dir import read_jsonl
 
 DEFAULTS = [
     "periods=7",

@@ -48,11 +48,11 @@ from typing import Any
 from cadence.actors.publisher import Publisher
 from cadence.config import WeightsConfig
 from cadence.log import configure_logging
-from cadence.messages import Shutdown
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.malloc import keep_freed_memory
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.wire.messages import Shutdown
 
 SMOLLM2_135M_FP32_BYTES = 134_515_008 * 4
 CHUNK_BYTES = WeightsConfig().chunk_bytes

@@ -4,7 +4,7 @@ Prompt k of the run (k = period * count + index) is record perm_e[k mod n] where
 is a permutation of the n records seeded by (run seed, e): consecutive periods take consecutive
 slices, every record is seen once an epoch, and any actor can regenerate any period.
 Invariant: reward = format_weight * (finished and an answer was stated)
-+ (1 - format_weight) * correct, in 0..1; correctness is `cadence.rewards.math.is_correct`.
++ (1 - format_weight) * correct, in 0..1; correctness is `cadence.tasks.answers.is_correct`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import TaskConfig
-from cadence.rewards.math import extract_answer, is_correct
+from cadence.tasks.answers import extract_answer, is_correct
 from cadence.tasks.base import Prompt, Score
 
 # what a char tokenizer must hold beyond the data, so "\boxed{...}" or "answer is" can be written

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cadence.config import TaskConfig
-from cadence.rewards.math import extract_answer, is_correct
+from cadence.tasks.answers import extract_answer, is_correct
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.dataset import alphabet_of, stated_reward, walk
 

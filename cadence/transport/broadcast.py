@@ -32,11 +32,10 @@ import torch.distributed as dist
 import xxhash
 from torch import Tensor
 
-from cadence.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
+from cadence.config.devices import DEVICES
 from cadence.transport.buckets import BucketPlan, plan_buckets, plan_from_layout
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.groups import (
-    DEVICES,
     BroadcastError,
     connect_store,
     host_store,
@@ -47,6 +46,7 @@ from cadence.transport.groups import (
     send_buckets,
     wait_keys,
 )
+from cadence.wire.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
 
 log = structlog.get_logger()
 

@@ -18,7 +18,7 @@ import abc
 import structlog
 
 from cadence.log import Throttle
-from cadence.messages import (
+from cadence.wire.messages import (
     DEFAULT_MAX_FRAME_BYTES,
     DecodeError,
     Envelope,

@@ -32,7 +32,6 @@ from torch import Tensor
 from cadence.transport.buckets import BucketPlan, fill_bucket, read_bucket
 from cadence.transport.weights import WeightError
 
-DEVICES = {"gloo": "cpu", "nccl": "cuda", "hccl": "npu"}  # each backend's device kind, one a backend
 POLL_S = 0.01
 
 

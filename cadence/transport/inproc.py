@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from cadence.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 from cadence.transport.endpoint import Client, Server
+from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 
 
 class InprocServer(Server):

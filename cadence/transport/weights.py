@@ -3,20 +3,21 @@
 Invariant: `pull_weights` returns its buffer only when the buffer has the announced size and its
 xxh3-128 `digest` equals the one the publisher announced for that version; anything else raises
 `WeightError` naming the version and the peer. Chunks are served as views of the stored bytes and
-travel as payload frames (see `cadence.messages`), so neither side copies them into messages.
+travel as payload frames (see `cadence.wire.messages`), so neither side copies them into messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
 import xxhash
 
-from cadence.messages import (
+from cadence.transport.endpoint import Client
+from cadence.wire.digest import checksum, digest
+from cadence.wire.messages import (
     Payload,
     WeightChunk,
     WeightChunkRequest,
@@ -24,25 +25,12 @@ from cadence.messages import (
     WeightQuery,
     WeightUpload,
 )
-from cadence.transport.endpoint import Client
 
 T = TypeVar("T")
 
 
 class WeightError(RuntimeError):
     """Weights could not be had or did not verify."""
-
-
-def checksum(data: bytes | bytearray) -> str:
-    """The sha256 of a version's bytes: its identity in logs, summaries and checkpoints."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def digest(data: bytes | bytearray | memoryview) -> str:
-    """The xxh3-128 of a version's bytes: what a transfer is checked against. It catches any corruption
-    a checksum can (128 bits), at a twentieth of sha256's CPU time, which a worker would otherwise
-    spend on every version; who may send at all is CURVE's business, not the checksum's."""
-    return xxhash.xxh3_128_hexdigest(data)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from cadence.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 from cadence.transport.curve import CurveGate
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.keys import CurveKeys
+from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 
 
 def _socket(ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int) -> zmq.asyncio.Socket:

@@ -11,7 +11,10 @@ import pytest
 import structlog
 
 from cadence.actors.dispatcher import Dispatcher
-from cadence.messages import (
+from cadence.monitor.run_dir import RunRecorder, read_jsonl
+from cadence.tasks.registry import make_task
+from cadence.transport.inproc import InprocClient, InprocNetwork
+from cadence.wire.messages import (
     Assignment,
     Consumed,
     Heartbeat,
@@ -23,9 +26,6 @@ from cadence.messages import (
     WorkRequest,
     encode,
 )
-from cadence.run_dir import RunRecorder, read_jsonl
-from cadence.tasks.registry import make_task
-from cadence.transport.inproc import InprocClient, InprocNetwork
 from tests.conftest import expect, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)

@@ -20,10 +20,10 @@ from cadence.actors.dispatcher import Dispatcher
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.actors.trainer import Trainer
-from cadence.build import make_engine, make_learner, make_tokenizer
 from cadence.config import RunConfig
+from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.rewards.scorer import make_scorer
-from cadence.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
@@ -143,7 +143,7 @@ def make_checkpoint(directory: Path) -> Path:
 async def test_a_run_from_a_checkpoint_with_its_own_tokenizer(tmp_path: Path) -> None:
     from cadence.model.checkpoint import load_checkpoint, state_dict_to_bytes
     from cadence.model.hf_tokenizer import HFTokenizer
-    from cadence.transport.weights import checksum
+    from cadence.wire.digest import checksum
 
     source = make_checkpoint(tmp_path / "source")
     cfg = tiny_config("task.name='arithmetic'", f"model.checkpoint='{source}'", "rollout.max_new_tokens=3")

@@ -13,8 +13,14 @@ import structlog
 from cadence.actors.dispatcher import Dispatcher
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
-from cadence.build import make_engine, make_learner, make_tokenizer
-from cadence.messages import (
+from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.monitor.run_dir import RunRecorder, read_jsonl
+from cadence.rewards.scorer import make_scorer
+from cadence.tasks.registry import make_task
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.inproc import InprocClient, InprocNetwork, InprocServer
+from cadence.transport.weights import WeightStore
+from cadence.wire.messages import (
     Assignment,
     GroupResult,
     Register,
@@ -23,12 +29,6 @@ from cadence.messages import (
     Welcome,
     WorkRequest,
 )
-from cadence.rewards.scorer import make_scorer
-from cadence.run_dir import RunRecorder, read_jsonl
-from cadence.tasks.registry import make_task
-from cadence.transport.heartbeat import Liveness
-from cadence.transport.inproc import InprocClient, InprocNetwork, InprocServer
-from cadence.transport.weights import WeightStore
 from tests.conftest import expect, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,13 +9,13 @@ import pytest
 
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
-from cadence.build import make_engine, make_learner, make_tokenizer
-from cadence.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
+from cadence.launch.build import make_engine, make_learner, make_tokenizer
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightError, WeightStore
+from cadence.wire.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
 from tests.conftest import expect, tiny_config
 
 pytestmark = pytest.mark.timeout(30)

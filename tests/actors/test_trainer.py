@@ -14,10 +14,10 @@ import pytest
 import structlog
 
 from cadence.actors.trainer import Trainer
-from cadence.learner import TrainGroup
-from cadence.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
-from cadence.samples import SampleWriter
+from cadence.monitor.samples import SampleWriter
+from cadence.training.learner import TrainGroup
 from cadence.transport.inproc import InprocNetwork
+from cadence.wire.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
 from tests.conftest import expect, tiny_config
 
 pytestmark = pytest.mark.timeout(30)

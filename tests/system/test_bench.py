@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.run_dir import read_jsonl
+from cadence.monitor.run_dir import read_jsonl
 from tests.system.helpers import cadence
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

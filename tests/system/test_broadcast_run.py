@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cadence.run_dir import read_jsonl
+from cadence.monitor.run_dir import read_jsonl
 from tests.system.helpers import ROOT, events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from cadence.log import THROTTLED
-from cadence.messages import PROTOCOL_VERSION, Consumed, WorkRequest, encode
+from cadence.wire.messages import PROTOCOL_VERSION, Consumed, WorkRequest, encode
 from tests.system.helpers import events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from cadence.run_dir import read_jsonl
+from cadence.monitor.run_dir import read_jsonl
 from tests.system.helpers import SMALL, cadence, events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

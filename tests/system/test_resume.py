@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cadence.config import load_config, to_dict
-from cadence.run_dir import read_jsonl, write_json
+from cadence.monitor.run_dir import read_jsonl, write_json
 from tests.system.helpers import ROOT, SMALL, cadence, events, start_run, summary
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]

@@ -19,11 +19,11 @@ import structlog
 import torch
 
 from cadence.actors.publisher import Publisher
-from cadence.messages import BroadcastJoin, Register
 from cadence.transport.broadcast import BroadcastMember, BroadcastRoot
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.wire.messages import BroadcastJoin, Register
 
 ADDRESS = "tcp://127.0.0.1:*"
 WAIT = 20.0

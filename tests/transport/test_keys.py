@@ -20,10 +20,10 @@ import uvloop
 import zmq.auth
 
 from cadence import cli
-from cadence.messages import Heartbeat, WorkRequest
 from cadence.transport.curve import PeerRefusals
 from cadence.transport.keys import ROLES, KeysError, make_keys
 from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
+from cadence.wire.messages import Heartbeat, WorkRequest
 
 RUN = "run-k"
 ADDRESS = "tcp://127.0.0.1:*"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from cadence.log import LogStream
-from cadence.logstream import LogHub, stream_logs
-from cadence.messages import LogBatch, Subscribe
+from cadence.monitor.logstream import LogHub, stream_logs
 from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.wire.messages import LogBatch, Subscribe
 
 pytestmark = pytest.mark.timeout(30)
 WAIT = 5.0

@@ -19,7 +19,18 @@ import zmq
 import zmq.asyncio
 
 from cadence.actors.publisher import Publisher
-from cadence.messages import (
+from cadence.transport.endpoint import Server
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.weights import (
+    WeightError,
+    WeightStore,
+    checksum,
+    digest,
+    pull_weights,
+    upload_weights,
+)
+from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
+from cadence.wire.messages import (
     Assignment,
     Message,
     Register,
@@ -33,17 +44,6 @@ from cadence.messages import (
     encode,
     encode_frames,
 )
-from cadence.transport.endpoint import Server
-from cadence.transport.heartbeat import Liveness
-from cadence.transport.weights import (
-    WeightError,
-    WeightStore,
-    checksum,
-    digest,
-    pull_weights,
-    upload_weights,
-)
-from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
 
 RUN = "run-a"
 ADDRESS = "tcp://127.0.0.1:*"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from cadence.config import load_config
-from cadence.processes import advertised
+from cadence.launch.processes import advertised
 
 
 def test_advertised_address_replaces_the_host_and_keeps_the_port() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import cadence.config as config_module
-import cadence.config_sections as config_sections
+import cadence.config.run as config_module
+import cadence.config.sections as config_sections
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))

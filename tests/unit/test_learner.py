@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from cadence.learner import TorchLearner, TrainGroup
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
+from cadence.training.learner import TorchLearner, TrainGroup
 from tests.unit.test_prefix import CONFIGS, make_groups
 
 REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.8]]

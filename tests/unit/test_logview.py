@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cadence.log import LogStream, Throttle
-from cadence.logview import Filter, _Held, format_event, parse_periods, show_logs
+from cadence.monitor.logview import Filter, _Held, format_event, parse_periods, show_logs
 
 EVENTS = [
     {"time": 3.0, "actor": "rollout-0", "level": "debug", "event": "span", "period": 1},

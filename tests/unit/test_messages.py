@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cadence.messages import (
+from cadence.wire.messages import (
     PROTOCOL_VERSION,
     REGISTRY,
     Assignment,

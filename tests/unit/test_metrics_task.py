@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cadence.config import TaskConfig
-from cadence.metrics import PeriodStats, overlap, samples_digest, serial_finish
-from cadence.run_dir import summarize
+from cadence.monitor.metrics import PeriodStats, overlap, samples_digest, serial_finish
+from cadence.monitor.run_dir import summarize
 from cadence.tasks.digits import DigitsTask
 
 # ---------------------------------------------------------------- overlap and serial finish

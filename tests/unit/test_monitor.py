@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cadence.config import ConfigError, load_config
-from cadence.metric_writers import TensorBoardWriter, make_writers, scalars
-from cadence.metrics import PeriodStats
-from cadence.run_dir import RunRecorder
-from cadence.samples import SampleWriter, is_sampled
+from cadence.monitor.metrics import PeriodStats
+from cadence.monitor.run_dir import RunRecorder
+from cadence.monitor.samples import SampleWriter, is_sampled
+from cadence.monitor.writers import TensorBoardWriter, make_writers, scalars
 
 
 def test_reward_functions_and_inference_idle_per_period() -> None:

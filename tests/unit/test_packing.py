@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import Tensor
 
-from cadence.learner import pad_group
 from cadence.model.config import ModelConfig
 from cadence.model.transformer import Transformer, init_model
 from cadence.ops.logprobs import token_logprobs
@@ -22,6 +21,7 @@ from cadence.ops.packing import (
     per_sample,
     to_padded,
 )
+from cadence.training.learner import pad_group
 
 PAD = 0
 CFG = ModelConfig(

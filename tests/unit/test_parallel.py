@@ -15,15 +15,15 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
-from cadence.collectives import CollectiveError, Collectives, local_device
 from cadence.config import ConfigError, TrainerConfig
-from cadence.learner import TorchLearner, TrainGroup
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
-from cadence.parallel import DistributedLearner, follow, share
-from cadence.ranks import Ranks, free_port, ranks_from_env
-from cadence.sharding import ShardedLearner
+from cadence.training.collectives import CollectiveError, Collectives, local_device
+from cadence.training.learner import TorchLearner, TrainGroup
+from cadence.training.parallel import DistributedLearner, follow, share
+from cadence.training.ranks import Ranks, free_port, ranks_from_env
+from cadence.training.sharding import ShardedLearner
 from tests.conftest import tiny_config
 from tests.unit.test_learner import REWARDS, learner
 from tests.unit.test_prefix import CONFIGS, make_groups

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from cadence.cli import main
-from cadence.pictures import PictureError
-from cadence.pictures.plot import draw_plot, moving_average
-from cadence.pictures.spans import (
+from cadence.monitor.pictures import PictureError
+from cadence.monitor.pictures.plot import draw_plot, moving_average
+from cadence.monitor.pictures.spans import (
     Span,
     Window,
     choose_window,
@@ -23,7 +23,7 @@ from cadence.pictures.spans import (
     read_spans,
     row_order,
 )
-from cadence.pictures.timeline import draw_timeline
+from cadence.monitor.pictures.timeline import draw_timeline
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,15 +8,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from cadence.build import make_learner, make_tokenizer
-from cadence.learner import TorchLearner, pad_group
+from cadence.launch.build import make_learner, make_tokenizer
 from cadence.model.config import ModelConfig
+from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import KVCache, Transformer, init_model
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import Group
-from cadence.ops.prefix import prefix_logprobs
+from cadence.training.learner import TorchLearner, pad_group
 from tests.conftest import tiny_config
 
 PAD = 0

@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from cadence.progress import Progress, status_line
+from cadence.monitor.progress import Progress, status_line
 
 ROW = {
     "reward_mean": 0.5,

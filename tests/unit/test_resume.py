@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from cadence.config import ConfigError, SimulatedConfig
-from cadence.learner import TorchLearner
-from cadence.resume import ResumeError, check_config, find_resume, load_resume, save_resume
-from cadence.run_dir import RunRecorder, read_jsonl, truncate_metrics
-from cadence.simulated import SimulatedLearner
+from cadence.monitor.run_dir import RunRecorder, read_jsonl, truncate_metrics
+from cadence.training.learner import TorchLearner
+from cadence.training.resume import ResumeError, check_config, find_resume, load_resume, save_resume
+from cadence.training.simulated import SimulatedLearner
 from tests.conftest import tiny_config
 from tests.unit.test_learner import learner, micro_batch
 

@@ -10,8 +10,8 @@ import pytest
 
 from cadence.config import ConfigError, RunConfig, TaskConfig, load_config
 from cadence.rewards.base import Sample, get_reward, load_modules, registered, reward
-from cadence.rewards.math import answers_match, extract_answer, is_correct, normalize
 from cadence.rewards.scorer import make_scorer
+from cadence.tasks.answers import answers_match, extract_answer, is_correct, normalize
 from cadence.tasks.arithmetic import ArithmeticTask
 
 EQUIVALENT = [

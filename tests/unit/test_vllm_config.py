@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from cadence.build import make_engine, make_tokenizer
 from cadence.config import ConfigError, load_config
+from cadence.launch.build import make_engine, make_tokenizer
 from tests.conftest import tiny_config
 
 

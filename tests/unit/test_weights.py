@@ -8,8 +8,9 @@ import pytest
 import torch
 import xxhash
 
-from cadence.learner import pad_group
-from cadence.transport.weights import WeightError, WeightStore, checksum, digest
+from cadence.training.learner import pad_group
+from cadence.transport.weights import WeightError, WeightStore
+from cadence.wire.digest import checksum, digest
 
 DATA = bytes(range(256)) * 10 + b"tail"  # 2564 bytes
 

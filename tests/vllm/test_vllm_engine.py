@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from cadence.build import make_engine, make_model, make_tokenizer
 from cadence.config import RunConfig, load_config
+from cadence.launch.build import make_engine, make_model, make_tokenizer
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams
@@ -179,7 +179,7 @@ def test_a_new_version_is_exactly_the_published_weights(
 
 def test_torch_workers_do_not_import_vllm() -> None:
     code = (
-        "import sys; from cadence.build import make_engine, make_tokenizer; from cadence.config import"
+        "import sys; from cadence.launch.build import make_engine, make_tokenizer; from cadence.config import"
         " load_config; cfg = load_config(None); make_engine(cfg, make_tokenizer(cfg));"
         " assert 'vllm' not in sys.modules"
     )

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from cadence.run_dir import read_new_lines
+from cadence.monitor.run_dir import read_new_lines
 
 
 def period_line(row: dict[str, Any], periods: int) -> str:

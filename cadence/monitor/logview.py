@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from cadence.run_dir import read_new_lines
+from cadence.monitor.run_dir import read_new_lines
 
 _SHOWN_FIRST = ("ts", "actor", "level", "event")
 _HIDDEN = ("time", "host", "pid")
@@ -160,8 +160,8 @@ async def follow_remote(
     Without `follow` it prints the backlog and returns; with it, it returns 0 once the run is done
     and the dispatcher has gone quiet, or 1 when the dispatcher stays silent `silence_s` before that.
     """
-    from cadence.messages import LogBatch, Subscribe
     from cadence.transport.zmq_socket import ZmqNetwork
+    from cadence.wire.messages import LogBatch, Subscribe
 
     net = ZmqNetwork(run_id, keys=keys)
     client = net.connect(f"logs-{socket.gethostname()}-{os.getpid()}", address)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cadence.metric_writers import MetricWriter
+    from cadence.monitor.writers import MetricWriter
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadence import logview
-from cadence.pictures import PictureError
-from cadence.run_dir import read_new_lines
+from cadence.monitor import logview
+from cadence.monitor.pictures import PictureError
+from cadence.monitor.run_dir import read_new_lines
 
 DEFAULT_PERIODS = 4
 

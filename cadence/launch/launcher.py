@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
-from cadence.progress import Progress
-from cadence.ranks import die_with_parent, free_port, torchrun
-from cadence.resume import ResumeError, check_config, find_resume
-from cadence.run_dir import truncate_metrics, write_json
+from cadence.monitor.progress import Progress
+from cadence.monitor.run_dir import truncate_metrics, write_json
+from cadence.training.ranks import die_with_parent, free_port, torchrun
+from cadence.training.resume import ResumeError, check_config, find_resume
 
 
 class LaunchError(RuntimeError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cadence.pictures import PictureError, check_run_dir, picture_format, read_metrics
-from cadence.pictures.spans import (
+from cadence.monitor.pictures import PictureError, check_run_dir, picture_format, read_metrics
+from cadence.monitor.pictures.spans import (
     Span,
     Window,
     choose_window,

@@ -39,10 +39,10 @@ import structlog
 import torch
 from torch import Tensor
 
-from cadence.collectives import CollectiveError, Collectives
-from cadence.learner import TorchLearner, TrainGroup, read_state, write_checkpoint, write_state
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.ops.advantages import group_advantages
+from cadence.training.collectives import CollectiveError, Collectives
+from cadence.training.learner import TorchLearner, TrainGroup, read_state, write_checkpoint, write_state
 
 log = structlog.get_logger()
 

@@ -1,4 +1,4 @@
-"""The wire contract: every message type and its fields; the codec they travel by is `cadence.wire`,
+"""The wire contract: every message type and its fields; the codec they travel by is `cadence.wire.codec`,
 re-exported here so that actors and tests import the whole contract from one place.
 
 Invariant: every type here is a frozen dataclass declared once under its tag (`@message`), its fields
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cadence.wire import (
+from cadence.wire.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     REGISTRY,

@@ -9,7 +9,7 @@ id, "sender": actor name, "body": {field: value}}``, and for a type that declare
 ``"payload": n`` and leaves the field out of its body, the second frame must have exactly n bytes,
 and both frames are bounded by the same limit. The payload is never copied by the codec: it is sent
 from the caller's buffer and decoded as a view of the received frame. The message types themselves
-are declared in `cadence.messages`, which is where everyone imports both from. This module imports
+are declared in `cadence.wire.messages`, which is where everyone imports both from. This module imports
 nothing of cadence.
 """
 

@@ -18,7 +18,7 @@ import structlog
 import uvloop
 
 from cadence.config import ConfigError, RunConfig
-from cadence.ranks import Ranks
+from cadence.training.ranks import Ranks
 from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ async def _with_log_stream(
         await actor
         return
     from cadence.actors.base import first_of
-    from cadence.logstream import stream_logs
+    from cadence.monitor.logstream import stream_logs
 
     await first_of(actor, stream_logs(net.connect(f"{name}.logs", connect), stream))  # type: ignore[arg-type]
 
@@ -86,9 +86,9 @@ async def dispatcher_main(
 ) -> None:
     """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
-    from cadence.logstream import LogHub
-    from cadence.metric_writers import make_writers
-    from cadence.run_dir import RunRecorder
+    from cadence.monitor.logstream import LogHub
+    from cadence.monitor.run_dir import RunRecorder
+    from cadence.monitor.writers import make_writers
     from cadence.tasks.registry import make_task
 
     net = _network(cfg)
@@ -117,8 +117,8 @@ async def trainer_main(
     `resume` it continues from `out/checkpoints/resume`; with several `ranks` it is rank 0 of them."""
     from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
-    from cadence.build import make_learner, make_tokenizer
-    from cadence.samples import SampleWriter
+    from cadence.launch.build import make_learner, make_tokenizer
+    from cadence.monitor.samples import SampleWriter
     from cadence.transport.weights import upload_weights
 
     net = _network(cfg)
@@ -172,8 +172,8 @@ async def trainer_main(
 def follower_main(cfg: RunConfig, ranks: Ranks) -> int:
     """A data-parallel rank other than 0: trains rank 0's micro-batches until told to stop; 0 when
     stopped, 1 when a collective failed (rank 0 ended or hung)."""
-    from cadence.build import join_ranks, make_tokenizer
-    from cadence.parallel import follow
+    from cadence.launch.build import join_ranks, make_tokenizer
+    from cadence.training.parallel import follow
 
     def follow_until_stopped() -> None:
         comm, local = join_ranks(cfg, make_tokenizer(cfg), ranks)
@@ -238,7 +238,7 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
 
 async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
-    from cadence.build import make_engine, make_tokenizer
+    from cadence.launch.build import make_engine, make_tokenizer
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory

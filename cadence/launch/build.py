@@ -7,26 +7,25 @@ so weights published by the trainer always fit every worker's engine.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cadence.actors.rollout import RolloutEngine
 from cadence.config import RunConfig
-from cadence.learner import Learner, TorchLearner
-from cadence.model.checkpoint import load_checkpoint, save_checkpoint, state_dict_from_bytes
+from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
-from cadence.model.engine import Completion, SamplingParams, TorchEngine
+from cadence.model.engine import SamplingParams, TorchEngine
+from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
-from cadence.ranks import Ranks
-from cadence.simulated import SimulatedEngine, SimulatedLearner
 from cadence.tasks.registry import make_task
+from cadence.training.learner import Learner, TorchLearner
+from cadence.training.ranks import Ranks
+from cadence.training.simulated import SimulatedEngine, SimulatedLearner
 
 if TYPE_CHECKING:
-    from cadence.collectives import Collectives
+    from cadence.training.collectives import Collectives
 
 
 def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
@@ -56,23 +55,6 @@ def make_model_config(cfg: RunConfig, tokenizer: TextTokenizer) -> ModelConfig:
         intermediate_size=m.intermediate_size,
         max_position=m.max_position,
     )
-
-
-class TorchRolloutEngine:
-    """The built-in engine behind the worker's `RolloutEngine` interface."""
-
-    def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
-        self.engine = engine
-        self.params = params
-
-    def load(self, weights: bytes | bytearray) -> None:
-        self.engine.load_state_dict(state_dict_from_bytes(weights))
-
-    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.engine.load_state_dict(state)
-
-    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
-        return self.engine.generate(prompt, seeds, self.params)
 
 
 def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
@@ -107,10 +89,10 @@ def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None =
         return SimulatedLearner(cfg.simulated)
     ranks = ranks or Ranks()
     if ranks.world == 1:
-        from cadence.collectives import local_device
+        from cadence.training.collectives import local_device
 
         return make_torch_learner(cfg, tokenizer, local_device(cfg.trainer, ranks))
-    from cadence.parallel import DistributedLearner
+    from cadence.training.parallel import DistributedLearner
 
     comm, local = join_ranks(cfg, tokenizer, ranks)
     return DistributedLearner(local, comm)
@@ -118,7 +100,7 @@ def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None =
 
 def join_ranks(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks) -> tuple[Collectives, TorchLearner]:
     """Join the process group of the trainer's ranks; the collectives and this rank's own learner."""
-    from cadence.collectives import Collectives, local_device
+    from cadence.training.collectives import Collectives, local_device
 
     device = local_device(cfg.trainer, ranks)
     comm = Collectives(cfg.trainer, ranks, device)
@@ -143,7 +125,7 @@ def make_torch_learner(
         device=device,
     )
     if t.sharding == "fsdp2" and comm is not None:
-        from cadence.sharding import ShardedLearner
+        from cadence.training.sharding import ShardedLearner
 
         return ShardedLearner(comm, model, model_cfg, tokenizer, **settings)
     return TorchLearner(model, model_cfg, tokenizer, **settings)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from cadence.config import RunConfig, to_dict
 
 if TYPE_CHECKING:
-    from cadence.learner import Learner
+    from cadence.training.learner import Learner
 
 NAME = "resume"
 STATE = "state.json"

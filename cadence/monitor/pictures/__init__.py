@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cadence.run_dir import read_new_lines
+from cadence.monitor.run_dir import read_new_lines
 
 FORMATS = (".png", ".svg", ".pdf")
 

@@ -27,8 +27,8 @@ from typing import IO
 import structlog
 
 from cadence.log import LogStream
-from cadence.messages import LogBatch, Subscribe
 from cadence.transport.endpoint import Client, Server
+from cadence.wire.messages import LogBatch, Subscribe
 
 log = structlog.get_logger()
 

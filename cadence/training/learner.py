@@ -25,14 +25,14 @@ from torch import Tensor
 
 from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
+from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import pack_groups, packed_logprobs, to_padded
-from cadence.ops.prefix import prefix_logprobs
-from cadence.transport.weights import checksum
+from cadence.wire.digest import checksum
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from cadence.config_sections import (
+from cadence.config.sections import (
     ConfigError,
     ModelConfigSection,
     MonitorConfig,

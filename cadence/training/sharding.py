@@ -37,9 +37,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from cadence.collectives import Collectives
-from cadence.learner import TorchLearner, TrainGroup
 from cadence.model.transformer import EMBED_KEY, TIED_HEAD_KEY
+from cadence.training.collectives import Collectives
+from cadence.training.learner import TorchLearner, TrainGroup
 
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only
 SCATTER = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cadence.pictures import PictureError, check_run_dir, picture_format, read_metrics
+from cadence.monitor.pictures import PictureError, check_run_dir, picture_format, read_metrics
 
 _SMOOTH_FROM = 40
 _BLUE = "#4C72B0"

@@ -19,10 +19,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from cadence.config import ConfigError, TrainerConfig
-from cadence.ranks import Ranks
-from cadence.transport.groups import DEVICES
+from cadence.config.devices import BACKENDS
+from cadence.training.ranks import Ranks
 
-BACKENDS = {device: backend for backend, device in DEVICES.items()}  # trainer.device -> its backend
 BUCKET_BYTES = 32 << 20  # gradients are summed in flat buckets of at most this size
 
 

@@ -19,11 +19,10 @@ from pathlib import Path
 import torch
 
 from cadence.config import SimulatedConfig
-from cadence.learner import TrainGroup
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion
-from cadence.run_dir import write_json
-from cadence.transport.weights import checksum
+from cadence.training.learner import TrainGroup
+from cadence.wire.digest import checksum
 
 
 class SimulatedEngine:
@@ -81,11 +80,11 @@ class SimulatedLearner:
         data = self.weights()
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "weights.bin").write_bytes(data)
-        write_json(directory / "config.json", {"simulated": True, "steps": self.steps})
+        (directory / "config.json").write_text(json.dumps({"simulated": True, "steps": self.steps}))
         return checksum(data)
 
     def save_state(self, directory: Path) -> None:
-        write_json(directory / "simulated.json", {"steps": self.steps})
+        (directory / "simulated.json").write_text(json.dumps({"steps": self.steps}))
 
     def load_state(self, directory: Path) -> None:
         self.steps = int(json.loads((directory / "simulated.json").read_text())["steps"])

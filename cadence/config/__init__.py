@@ -1,0 +1,42 @@
+"""The run's configuration: typed sections (`sections.py`), the whole run and its loading (`run.py`).
+
+Everyone imports from here; this package imports nothing else of cadence.
+"""
+
+from cadence.config.run import (
+    ConfigError,
+    ModelConfigSection,
+    MonitorConfig,
+    RewardsConfig,
+    RolloutConfig,
+    RunConfig,
+    SimulatedConfig,
+    TaskConfig,
+    TrainerConfig,
+    TransportConfig,
+    VllmConfig,
+    WeightsConfig,
+    doc,
+    from_dict,
+    load_config,
+    to_dict,
+)
+
+__all__ = [
+    "ConfigError",
+    "ModelConfigSection",
+    "MonitorConfig",
+    "RewardsConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SimulatedConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "TransportConfig",
+    "VllmConfig",
+    "WeightsConfig",
+    "doc",
+    "from_dict",
+    "load_config",
+    "to_dict",
+]

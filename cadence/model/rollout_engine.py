@@ -1,0 +1,45 @@
+"""What a rollout worker asks of an engine, and the built-in engine behind that interface.
+
+Invariant: an engine generates only with the weights it was last given (`load` or `load_state`);
+the worker decides which version that is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from cadence.model.checkpoint import state_dict_from_bytes
+from cadence.model.engine import Completion, SamplingParams, TorchEngine
+
+
+class RolloutEngine(Protocol):
+    def load(self, weights: bytes | bytearray) -> None:
+        """Take the weights of a version as safetensors bytes (pulled from the publisher)."""
+        ...
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Take the weights of a version as HF-named tensors (received by broadcast)."""
+        ...
+
+    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
+
+
+class TorchRolloutEngine:
+    """The built-in engine behind the worker's `RolloutEngine` interface."""
+
+    def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
+        self.engine = engine
+        self.params = params
+
+    def load(self, weights: bytes | bytearray) -> None:
+        self.engine.load_state_dict(state_dict_from_bytes(weights))
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.engine.load_state_dict(state)
+
+    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+        return self.engine.generate(prompt, seeds, self.params)
