@@ -1,7 +1,7 @@
 """The sections of a run's configuration, one typed dataclass each, every field documented.
 
 Invariant: every field has a default and a `doc` text (the documentation `cadence.config.run` and the
-README draw on); the cross-field checks live in `RunConfig` (cadence/config.py). No torch here.
+README draw on); the cross-field checks live in `RunConfig` (cadence/config/run.py). No torch here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ```
  config.json ─► dispatcher (binds, writes dispatcher.addr) ─► trainer + publisher ─► N rollout workers
- (trainer.ranks > 1: torchrun starts the trainer's ranks; rank 0 is the actor, see cadence/ranks.py)
+ (trainer.ranks > 1: torchrun starts the trainer's ranks; rank 0 is the actor, see cadence/training/ranks.py)
  (--resume DIR: metrics.jsonl cut back to the checkpoint's period; dispatcher and trainer get --resume)
  every 0.2 s: new metrics.jsonl lines ─► progress; a process that failed ─► stop all, exit 1
  dispatcher done ─► summary.json ─► the rest stop on its Shutdown (or are terminated)

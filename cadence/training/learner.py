@@ -4,7 +4,7 @@ A micro-batch is one or more whole groups. With `packing = "shared_prompt"` they
 prompt computed once and every group attending only within itself (ops/packing.py): one forward of
 the policy (with gradient; detached, it is also the old policy) and one of the reference. With
 `"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
-(ops/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
+(model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
 them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
