@@ -1,6 +1,6 @@
 """`cadence bench packing`: forward + backward of one period's groups on CPU, three ways: unpacked
 (one [P | Ri] row per sample, as ``pad_group`` builds them), the packed row (ops/packing.py, a bool
-mask over the whole row) and the prefix cache (ops/prefix.py, the prompt once, the responses batched
+mask over the whole row) and the prefix cache (model/prefix.py, the prompt once, the responses batched
 against its repeated KV cache).
 
 Invariant: every variant runs the same model, groups and advantages, each in a fresh spawned process
