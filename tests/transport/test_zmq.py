@@ -306,7 +306,7 @@ async def serve_weights(
                 held.clear()
 
 
-async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytes:
+async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytearray:
     network = ZmqNetwork(run=RUN)
     task: asyncio.Future[None] | None = None
     try:
