@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -55,7 +55,7 @@ async def expect(endpoint: Client | Server, kind: type[M], timeout: float = 5.0,
     return await asyncio.wait_for(next_one(), timeout)
 
 
-def keep_beating(clients: list[Client]) -> asyncio.Task[None]:
+def keep_beating(clients: Sequence[Client]) -> asyncio.Task[None]:
     """Heartbeats from every client in `clients` (the list may grow) until the task is cancelled."""
 
     async def beat() -> None:

@@ -5,10 +5,13 @@ over its old route (ROUTER_HANDOVER), so a restarted actor is reachable again at
 sent and received with `copy=False`: a payload goes from the sender's buffer to the wire, and from
 the wire to the receiver as a view of ZeroMQ's message, without a copy in Python. A network given
 a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
+Every receive gives the event loop a turn: a frame already waiting is received without one, so a
+peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import zmq
@@ -48,6 +51,7 @@ class ZmqServer(Server):
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def _recv_raw(self) -> tuple[bytes, list[Payload]]:
+        await asyncio.sleep(0)  # a turn for the other tasks, however many frames are waiting
         frames = await self._sock.recv_multipart(copy=False)
         return frames[0].bytes, [f.buffer for f in frames[1:]]
 
@@ -79,6 +83,7 @@ class ZmqClient(Client):
         self._sock.connect(address)
 
     async def _recv_raw(self) -> list[Payload]:
+        await asyncio.sleep(0)  # a turn for the other tasks, however many frames are waiting
         return [f.buffer for f in await self._sock.recv_multipart(copy=False)]
 
     async def _send_raw(self, frames: list[Payload]) -> None:

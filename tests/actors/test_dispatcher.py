@@ -71,7 +71,7 @@ async def test_assigns_only_after_version_published_and_within_credits(
 
 
 async def test_dead_worker_prompts_go_to_another(network: InprocNetwork, tmp_path: Path) -> None:
-    dispatcher, task = await start(network, tmp_path, "transport.liveness=4")
+    dispatcher, task = await start(network, tmp_path, "transport.liveness=20")
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     alive = [trainer, publisher]
@@ -152,7 +152,7 @@ async def test_malformed_frames_are_refused_and_the_dispatcher_goes_on(
 async def test_no_worker_left_the_run_waits_says_so_and_a_woken_lost_worker_is_sent_away(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    dispatcher, task = await start(network, tmp_path, "transport.liveness=4")
+    dispatcher, task = await start(network, tmp_path, "transport.liveness=20")
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     alive = [trainer, publisher]

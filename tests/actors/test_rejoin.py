@@ -47,7 +47,7 @@ def row(period: int, reward: float) -> dict[str, float]:
 async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_over(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    cfg = tiny_config("transport.liveness=4", "trainer.checkpoint_every=2", "periods=4")
+    cfg = tiny_config("transport.liveness=20", "trainer.checkpoint_every=2", "periods=4")
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)
     task = asyncio.create_task(

@@ -47,7 +47,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
         time.time,
     )
     tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
-    peers = {}
+    peers: dict[str, bytes] = {}
     while len(peers) < 2:
         peer, env = await asyncio.wait_for(dispatcher.recv(), 5)
         if isinstance(env.message, Register):

@@ -7,11 +7,12 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import structlog
+from torch import Tensor
 
 from cadence.actors.trainer import Trainer
 from cadence.monitor.samples import SampleWriter
@@ -50,8 +51,17 @@ class RecordingLearner:
     def weights(self) -> bytes:
         return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
 
+    def tensors(self) -> Mapping[str, Tensor]:
+        return {}
+
     def save(self, directory: Path) -> str:
         return "final-sha"
+
+    def save_state(self, directory: Path) -> None:
+        raise AssertionError("these runs keep no resume checkpoint")
+
+    def load_state(self, directory: Path) -> None:
+        raise AssertionError("these runs keep no resume checkpoint")
 
 
 def group(period: int, prompt_id: int, version: int | None = None, tag: float = 0.0) -> GroupResult:

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,26 @@ def cadence(*args: str, timeout: float = 240, check: bool = True) -> subprocess.
             f"cadence {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def wait_until(
+    ready: Callable[[], object],
+    timeout_s: float,
+    what: str,
+    alive: subprocess.Popen[Any] | None = None,
+    interval_s: float = 0.1,
+) -> None:
+    """Poll `ready` until it holds; fail naming `what` after `timeout_s`, or as soon as `alive` exits.
+
+    A bound on waiting for something that should happen, never a timing claim: on a loaded machine
+    it may take long, so `timeout_s` is generous."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert alive is None or alive.poll() is None, (
+            f"the process exited (status {alive.poll()}) before {what}"
+        )
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+        time.sleep(interval_s)
 
 
 def events(run_dir: Path, actor: str) -> list[dict[str, Any]]:

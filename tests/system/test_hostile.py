@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
 import time
 from pathlib import Path
@@ -10,9 +12,9 @@ import msgpack
 import pytest
 import zmq
 
-from cadence.log import THROTTLED
+from cadence.log import THROTTLED, Throttle
 from cadence.wire.messages import PROTOCOL_VERSION, Consumed, WorkRequest, encode
-from tests.system.helpers import events, start_run, summary
+from tests.system.helpers import Launched, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -33,17 +35,19 @@ GARBAGE = [
 ]
 
 
-def _addresses(run_dir: Path, deadline: float) -> dict[str, str]:
-    while time.time() < deadline:
-        log = run_dir / "logs" / "dispatcher.jsonl"
-        if log.exists():
-            joined = {
-                e["role"]: e["address"] for e in events(run_dir, "dispatcher") if e["event"] == "peer_joined"
-            }
-            if "trainer" in joined and "publisher" in joined:
-                return {"dispatcher": (run_dir / "dispatcher.addr").read_text().strip(), **joined}
-        time.sleep(0.1)
-    raise AssertionError("the run did not come up")
+def _addresses(run: Launched) -> dict[str, str]:
+    """Each bound socket's address, once the trainer and the publisher have joined the dispatcher."""
+    run_dir = run.out
+
+    def joined() -> dict[str, str]:
+        if not (run_dir / "logs" / "dispatcher.jsonl").exists():
+            return {}
+        return {e["role"]: e["address"] for e in events(run_dir, "dispatcher") if e["event"] == "peer_joined"}
+
+    wait_until(
+        lambda: {"trainer", "publisher"} <= set(joined()), 120, "trainer and publisher joined", run.proc
+    )
+    return {"dispatcher": (run_dir / "dispatcher.addr").read_text().strip(), **joined()}
 
 
 def _dealers(
@@ -65,7 +69,7 @@ def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path
     proc = start_run(tmp_path, "--set", f"periods={periods}")
     ctx = zmq.Context()
     try:
-        addresses = _addresses(tmp_path, time.time() + 120)
+        addresses = _addresses(proc)
         sockets = _dealers(ctx, addresses, linger_ms=1000)
         for sock in sockets:
             for frames in GARBAGE:
@@ -87,25 +91,47 @@ def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path
         assert "not msgpack" in reasons and "protocol version" in reasons and "missing field" in reasons
 
 
-def _flood_frames(run_id: str) -> list[list[bytes]]:
+def _flood_frames(run_id: str) -> tuple[list[list[bytes]], list[list[bytes]]]:
     """Every kind of bad frame: random bytes, truncated and oversized msgpack, wrong shapes,
-    another run's and another protocol's messages, a valid message from a stranger."""
+    another run's and another protocol's messages (all refused by the codec); and well-formed
+    messages of this run from a stranger (which reach the actor, that ignores them)."""
     rng = random.Random(5)
     good = encode(WorkRequest(3), "stranger", run_id)
-    frames = [[bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))] for _ in range(20)]
-    frames += [[good[:cut]] for cut in (1, 5, len(good) // 2, len(good) - 1)]
-    frames += [[msgpack.packb(v)] for v in (None, 7, "text", [1, 2], {"type": 3})]
-    frames += [[encode(WorkRequest(3), "stranger", "another-run")]]
-    frames += [[msgpack.packb({"type": "heartbeat", "proto": PROTOCOL_VERSION + 1, "run": run_id,
-                               "sender": "x", "body": {}})]]  # fmt: skip
-    frames += [[encode(Consumed(0, [0, 1, 2]), "stranger", run_id)], [good]]  # well formed, unregistered
-    return frames
+    refused = [[bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))] for _ in range(20)]
+    refused += [[good[:cut]] for cut in (1, 5, len(good) // 2, len(good) - 1)]
+    refused += [[msgpack.packb(v)] for v in (None, 7, "text", [1, 2], {"type": 3})]
+    refused += [[encode(WorkRequest(3), "stranger", "another-run")]]
+    refused += [[msgpack.packb({"type": "heartbeat", "proto": PROTOCOL_VERSION + 1, "run": run_id,
+                                "sender": "x", "body": {}})]]  # fmt: skip
+    stranger = [[encode(Consumed(0, [0, 1, 2]), "stranger", run_id)], [good]]  # well formed, unregistered
+    return refused, stranger
+
+
+def _assert_rate_limited(times: list[float], per_second: int, what: str) -> None:
+    """`times` (the logged events' `time`) keep to a throttle of `per_second` events in each window of
+    a second, however long the run went on. The throttle opens a window at most once a second, so a
+    span shorter than a second overlaps at most two windows, and a span of n seconds at most n + 1.
+    `slack` covers the moment between the throttle's decision and the event's time stamp."""
+    slack = 0.1
+    times = sorted(times)
+    for i, t in enumerate(times):
+        within = bisect.bisect_left(times, t + 1.0 - slack) - i
+        assert within <= 2 * per_second, f"{what}: {within} logged within a second from {t}"
+    windows = math.floor(times[-1] - times[0] + slack) + 1
+    assert len(times) <= per_second * windows, f"{what}: {len(times)} logged over {windows} windows"
 
 
 def test_a_flood_of_garbage_changes_nothing_in_the_result(tmp_path: Path) -> None:
     periods = 150  # a few seconds under the flood: held-back refusal counts are reported a second later
     # a group a micro-batch: packing whatever has arrived depends on timing, and so would the last bit
-    settings = ("--set", f"periods={periods}", "--set", "rollout.workers=1", "--set", "seed=11")
+    settings: tuple[str, ...] = (
+        "--set",
+        f"periods={periods}",
+        "--set",
+        "rollout.workers=1",
+        "--set",
+        "seed=11",
+    )
     settings += ("--set", "trainer.micro_batch_tokens=0")
     clean = start_run(tmp_path / "clean", *settings, "--set", "run_id='flood'")
     try:
@@ -115,39 +141,58 @@ def test_a_flood_of_garbage_changes_nothing_in_the_result(tmp_path: Path) -> Non
     assert code == 0, err
     run = start_run(tmp_path / "flooded", *settings, "--set", "run_id='flood'")
     ctx = zmq.Context()
-    sent = 0
+    refusable, stranger = _flood_frames("flood")
+    roles = ("dispatcher", "trainer", "publisher")
+    sent = {role: {"refused": 0, "stranger": 0} for role in roles}  # frames handed to each socket
     try:
-        addresses = _addresses(tmp_path / "flooded", time.time() + 120)
-        sockets = _dealers(ctx, addresses, linger_ms=0)
-        for sock in sockets:
+        addresses = _addresses(run)
+        sockets = dict(zip(roles, _dealers(ctx, addresses, linger_ms=0), strict=True))
+        for role, sock in sockets.items():
             sock.send(
                 msgpack.packb({"type": "weight_chunk", "body": {"data": b"x" * (70 << 20)}})
             )  # oversized
-        frames = _flood_frames("flood")
+            sent[role]["refused"] += 1
         while run.proc.poll() is None:  # for the whole run
-            for sock in sockets:
-                for parts in frames:
-                    try:
-                        sock.send_multipart(parts, flags=zmq.NOBLOCK)
-                        sent += 1
-                    except zmq.Again:
-                        pass
+            for role, sock in sockets.items():
+                for kind, frames in (("refused", refusable), ("stranger", stranger)):
+                    for parts in frames:
+                        try:
+                            sock.send_multipart(parts, flags=zmq.NOBLOCK)
+                            sent[role][kind] += 1
+                        except zmq.Again:
+                            pass
             time.sleep(0.005)
         code, _, err = run.finish(timeout=240)
-        for sock in sockets:
+        for sock in sockets.values():
             sock.close()
     finally:
         run.kill()
         ctx.destroy(linger=0)
     assert code == 0, err
-    assert sent > 1000  # the flood was real
+    assert sum(n for kinds in sent.values() for n in kinds.values()) > 1000  # the flood was real
     assert summary(tmp_path / "flooded")["weights_sha256"] == summary(tmp_path / "clean")["weights_sha256"]
     assert summary(tmp_path / "flooded")["groups_trained"] == periods * 4
-    logged = events(tmp_path / "flooded", "dispatcher")
-    refused = [e for e in logged if e["event"] == "message_refused"]
-    suppressed = sum(e["count"] for e in logged if e["event"] == "messages_refused_suppressed")
-    assert refused and suppressed > 0  # refusals are logged, and rate limited
-    assert len(refused) < suppressed
-    for actor in ("dispatcher", "trainer"):  # well-formed messages from a stranger: throttled too
-        noisy = [e for e in events(tmp_path / "flooded", actor) if e["event"] in THROTTLED]
-        assert noisy and len(noisy) < 100 and any(e.get("suppressed", 0) > 0 for e in noisy), actor
+    budget = Throttle().per_second
+    channels = {"dispatcher": ("dispatcher",), "trainer": ("trainer", "publisher")}  # process: its sockets
+    for actor, sockets_of in channels.items():
+        logged = events(tmp_path / "flooded", actor)
+        for channel in sockets_of:  # each socket's refusals: rate limited, and every one counted
+            refused = [e for e in logged if e["event"] == "message_refused" and e["channel"] == channel]
+            held = [
+                e["count"]
+                for e in logged
+                if e["event"] == "messages_refused_suppressed" and e["channel"] == channel
+            ]
+            assert refused and sum(held) > 0, channel  # refusals are logged, and rate limited
+            _assert_rate_limited([e["time"] for e in refused], budget, f"{channel} refusals")
+            total = refused[-1]["refused_total"]
+            assert len(refused) + sum(held) == total, channel  # held-back counts add up
+            assert total <= sent[channel]["refused"], channel
+        # well-formed messages from a stranger: throttled too, their held-back counts on the next line
+        from_stranger = sum(sent[channel]["stranger"] for channel in sockets_of)
+        noisy = [e for e in logged if e["event"] in THROTTLED]
+        assert any(e.get("suppressed", 0) > 0 for e in noisy), actor
+        for name in {e["event"] for e in noisy}:
+            shown = [e for e in noisy if e["event"] == name]
+            _assert_rate_limited([e["time"] for e in shown], budget, f"{actor} {name}")
+            assert len(shown) + sum(e.get("suppressed", 0) for e in shown) <= from_stranger, (actor, name)

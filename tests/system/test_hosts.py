@@ -13,14 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cadence.monitor.run_dir import read_jsonl
-from tests.system.helpers import ROOT, events, summary
+from tests.system.helpers import ROOT, events, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -102,13 +101,6 @@ class Actor:
         self.proc.wait(30)
 
 
-def _wait(condition: object, what: str, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def _periods_done(out: Path) -> int:
     return len(read_jsonl(out / "metrics.jsonl"))
 
@@ -135,7 +127,7 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
         address = f"tcp://{HOSTS['a']}:{port}"
         dispatcher = Actor("dispatcher", hosts["a"], HOSTS["a"], out, "dispatcher", "--bind", address, *sets)
         actors.append(dispatcher)
-        _wait(lambda: (out / "dispatcher.addr").exists(), "the dispatcher to bind")
+        wait_until(lambda: (out / "dispatcher.addr").exists(), 120, "the dispatcher to bind", dispatcher.proc)
         # the trainer binds every interface on fixed ports and tells the others the address they reach
         fixed = ("--set", "transport.trainer_port=5601", "--set", "transport.publisher_port=5602")
         trainer = Actor("trainer", hosts["a"], "0.0.0.0", out, "trainer", "--connect", address, *sets, *fixed,
@@ -145,9 +137,11 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
         doomed = Actor("rollout-b", hosts["b"], HOSTS["b"], out, *worker, "rollout-b")
         actors.append(doomed)
         actors.append(Actor("rollout-c", hosts["c"], HOSTS["c"], out, *worker, "rollout-c"))
-        _wait(lambda: _periods_done(out) >= 40, "40 periods")
+        wait_until(lambda: _periods_done(out) >= 40, 120, "40 periods", dispatcher.proc)
         doomed.kill()
-        _wait(lambda: _periods_done(out) >= 80, "40 more periods without rollout-b")
+        wait_until(
+            lambda: _periods_done(out) >= 80, 120, "40 more periods without rollout-b", dispatcher.proc
+        )
         actors.append(Actor("rollout-d", hosts["d"], HOSTS["d"], out, *worker, "rollout-d"))
         assert dispatcher.proc.wait(240) == 0
         for actor in actors[1:]:

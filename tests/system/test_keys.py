@@ -11,13 +11,11 @@ import json
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.system.helpers import ROOT, cadence, events, start_run, summary
+from tests.system.helpers import ROOT, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -52,16 +50,6 @@ def _rollout(run: Path, address: str, name: str, out: Path, *extra: str) -> subp
         )
 
 
-def _wait(
-    what: str, ready: Callable[[], bool], alive: subprocess.Popen[bytes], timeout_s: float = 90
-) -> None:
-    deadline = time.time() + timeout_s
-    while not ready():
-        assert alive.poll() is None, f"the run exited before {what}"
-        assert time.time() < deadline, f"no {what} within {timeout_s:.0f}s"
-        time.sleep(0.1)
-
-
 def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: Path) -> None:
     keys, out = tmp_path / "keys", tmp_path / "run"
     cadence("keys", str(keys))
@@ -70,7 +58,7 @@ def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: P
     )
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        _wait("dispatcher address", lambda: (out / "dispatcher.addr").exists(), run.proc)
+        wait_until(lambda: (out / "dispatcher.addr").exists(), 90, "dispatcher address", run.proc)
         address = (out / "dispatcher.addr").read_text().strip()
 
         def refused() -> list[dict[str, object]]:
@@ -78,7 +66,7 @@ def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: P
 
         intruder = _rollout(out, address, "intruder", tmp_path / "intruder", "--set", "transport.keys=''")
         workers.append(intruder)
-        _wait("refusal of the worker without keys", lambda: bool(refused()), run.proc)
+        wait_until(refused, 90, "refusal of the worker without keys", run.proc)
         # the live run's log, followed with the keys named in its config
         backlog = cadence("logs", "--connect", address, "--config", str(out / "config.json"), "--json")
         assert "peer_refused" in {json.loads(line)["event"] for line in backlog.stdout.splitlines()}

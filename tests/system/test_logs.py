@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.system.helpers import cadence, start_run
+from tests.system.helpers import cadence, start_run, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -17,10 +16,8 @@ def test_follow_a_live_two_worker_run_through_the_dispatcher(tmp_path: Path) -> 
     out = tmp_path / "live"
     run = start_run(out, "--set", "periods=60", "--set", "rollout.workers=2")
     try:
-        deadline = time.time() + 60
-        while not (out / "dispatcher.addr").exists() or not (out / "config.json").exists():
-            assert time.time() < deadline and run.proc.poll() is None, "the run did not start"
-            time.sleep(0.1)
+        ready = (out / "dispatcher.addr", out / "config.json")
+        wait_until(lambda: all(p.exists() for p in ready), 120, "dispatcher address and config", run.proc)
         address = (out / "dispatcher.addr").read_text().strip()
         follow = cadence(
             "logs", "-f", "--connect", address, "--config", str(out / "config.json"), "--json", timeout=180

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from cadence.monitor.run_dir import read_jsonl
-from tests.system.helpers import SMALL, cadence, events, start_run, summary
+from tests.system.helpers import SMALL, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 SAME = ["--set", "rollout.workers=1", "--set", "trainer.micro_batch_tokens=0", "--set", "seed=3", *SMALL]
@@ -61,20 +60,26 @@ def test_two_ranks_end_with_the_weights_of_one(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
 def test_stopping_the_run_takes_torchrun_and_every_rank_with_it(tmp_path: Path, signum: int) -> None:
-    run = start_run(tmp_path, "--set", "periods=1000000", "--set", "trainer.ranks=2", *SAME)
+    # a lost dispatcher would end the actors only after 5 minutes of silence: well after the wait below
+    run = start_run(
+        tmp_path,
+        "--set",
+        "periods=1000000",
+        "--set",
+        "trainer.ranks=2",
+        "--set",
+        "transport.liveness=600",
+        *SAME,
+    )
     try:
-        deadline = time.time() + 120
-        while not ((tmp_path / "metrics.jsonl").exists() and read_jsonl(tmp_path / "metrics.jsonl")):
-            assert time.time() < deadline and run.proc.poll() is None, "the run did not come up"
-            time.sleep(0.2)
+        wait_until(lambda: read_jsonl(tmp_path / "metrics.jsonl"), 120, "first period", run.proc, 0.2)
         ranks = {int(events(tmp_path, name)[0]["pid"]) for name in ("trainer", "trainer.rank1")}
         started = set(_processes_of(tmp_path)) - {run.proc.pid}
         assert ranks < started  # torchrun besides the ranks
         os.kill(run.proc.pid, signum)
         run.proc.wait(60)
-        deadline = time.time() + 5  # well before a lost dispatcher would end them (liveness 10 s)
-        while set(_processes_of(tmp_path)) & started and time.time() < deadline:
-            time.sleep(0.2)
-        assert not set(_processes_of(tmp_path)) & started
+        wait_until(
+            lambda: not set(_processes_of(tmp_path)) & started, 90, "every process gone", interval_s=0.2
+        )
     finally:
         run.kill()

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from cadence.monitor.run_dir import read_jsonl
-from tests.system.helpers import SMALL, Launched, cadence, events, start_run, summary
+from tests.system.helpers import SMALL, Launched, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -116,14 +115,15 @@ def test_bad_config_names_the_key() -> None:
 
 def _wait_up(run_dir: Path, run: Launched, timeout: float = 120) -> dict[str, int]:
     """Once every actor has logged and the first period is done: each actor's pid."""
-    deadline = time.time() + timeout
-    while True:
-        assert time.time() < deadline and run.proc.poll() is None, "the run did not come up"
+
+    def pids() -> dict[str, int]:
         logs = sorted((run_dir / "logs").glob("*.jsonl")) if (run_dir / "logs").is_dir() else []
-        pids = {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
-        if len(pids) == 4 and read_jsonl(run_dir / "metrics.jsonl"):
-            return pids
-        time.sleep(0.1)
+        return {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
+
+    wait_until(
+        lambda: len(pids()) == 4 and read_jsonl(run_dir / "metrics.jsonl"), timeout, "first period", run.proc
+    )
+    return pids()
 
 
 def _alive(pid: int) -> bool:
@@ -144,8 +144,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path, signum: int) -> None:
         code, out, err = proc.finish(timeout=60)
         assert code == 130, (out, err)
         assert "interrupted; every process stopped" in err
-        time.sleep(0.5)
-        assert not [p for p in children if _alive(p)]
+        assert not [p for p in children if _alive(p)]  # the launcher waited for each before it said so
         assert not (tmp_path / "summary.json").exists()
     finally:
         proc.kill()
@@ -185,8 +184,7 @@ def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> 
         os.kill(victim, signal.SIGKILL)
         code, out, err = proc.finish(timeout=60)
         assert code == 1 and "trainer exited" in err, (out, err)
-        time.sleep(0.5)
-        assert not [p for p in children if _alive(p)]
+        assert not [p for p in children if _alive(p)]  # the launcher waited for each before it exited
     finally:
         proc.kill()
 
@@ -197,9 +195,7 @@ def test_a_launcher_killed_outright_takes_its_actors_with_it(tmp_path: Path) -> 
         children = set(_wait_up(tmp_path, proc).values())
         proc.proc.kill()  # SIGKILL: no clean-up code runs in the launcher
         proc.proc.wait(30)
-        deadline = time.time() + 30
-        while [p for p in children if _alive(p)] and time.time() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in children if _alive(p)]
+        # each actor notices its launcher is gone by itself
+        wait_until(lambda: not [p for p in children if _alive(p)], 60, "every actor gone", interval_s=0.2)
     finally:
         proc.kill()

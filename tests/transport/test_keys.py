@@ -10,7 +10,7 @@ import asyncio
 import re
 import shutil
 import stat
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ async def networks() -> AsyncIterator[Networks]:
 
 
 @pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
     with structlog.testing.capture_logs() as captured:
         yield captured
 
@@ -74,8 +74,8 @@ async def keyed_exchange(server_net: ZmqNetwork, client_net: ZmqNetwork) -> None
 
 
 async def nothing_arrives(
-    server: ZmqServer, client_net: ZmqNetwork, logs: list[dict[str, Any]]
-) -> dict[str, Any]:
+    server: ZmqServer, client_net: ZmqNetwork, logs: list[MutableMapping[str, Any]]
+) -> MutableMapping[str, Any]:
     """The client's message never reaches `server`; the refusal logged for it."""
     client = client_net.connect("intruder", server.address)
     await client.send(WorkRequest(1))
@@ -104,7 +104,7 @@ async def test_keyed_client_and_server_exchange_messages(keys: Path, networks: N
 
 
 async def test_a_client_without_keys_delivers_nothing_and_is_logged(
-    keys: Path, networks: Networks, logs: list[dict[str, Any]]
+    keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
 ) -> None:
     server = networks(keys).bind("dispatcher", ADDRESS)
     event = await nothing_arrives(server, networks(None), logs)
@@ -114,7 +114,7 @@ async def test_a_client_without_keys_delivers_nothing_and_is_logged(
 
 
 async def test_a_foreign_client_key_delivers_nothing_and_is_logged_with_its_address(
-    tmp_path: Path, keys: Path, networks: Networks, logs: list[dict[str, Any]]
+    tmp_path: Path, keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
 ) -> None:
     intruder = foreign_client(tmp_path, keys)
     server = networks(keys).bind("trainer", ADDRESS)
@@ -125,7 +125,7 @@ async def test_a_foreign_client_key_delivers_nothing_and_is_logged_with_its_addr
 
 
 async def test_another_runs_keys_deliver_nothing_and_are_logged(
-    tmp_path: Path, keys: Path, networks: Networks, logs: list[dict[str, Any]]
+    tmp_path: Path, keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
 ) -> None:
     other = tmp_path / "other-run"
     make_keys(other)
@@ -144,7 +144,7 @@ async def test_a_keyed_client_cannot_talk_to_a_server_without_keys(keys: Path, n
 
 
 def test_the_zap_handler_works_on_the_uvloop_actors_run_on(tmp_path: Path, keys: Path) -> None:
-    async def scenario() -> dict[str, Any]:
+    async def scenario(logs: list[MutableMapping[str, Any]]) -> MutableMapping[str, Any]:
         nets = [ZmqNetwork(RUN, keys=keys) for _ in range(2)]
         nets.append(ZmqNetwork(RUN, keys=foreign_client(tmp_path, keys)))
         try:
@@ -155,7 +155,7 @@ def test_the_zap_handler_works_on_the_uvloop_actors_run_on(tmp_path: Path, keys:
                 net.close()
 
     with structlog.testing.capture_logs() as logs:
-        event = uvloop.run(scenario())
+        event = uvloop.run(scenario(logs))
     assert event["address"] == "127.0.0.1" and event["channel"] == "trainer"
 
 

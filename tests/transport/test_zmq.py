@@ -169,6 +169,34 @@ async def test_hostile_frames_are_refused_logged_and_the_server_keeps_working(
     assert server.refused == 5
 
 
+async def test_a_flood_waiting_on_a_socket_leaves_the_other_tasks_their_turns(
+    net: ZmqNetwork, rogue: zmq.asyncio.Socket
+) -> None:
+    """Frames already waiting are received without a turn of the event loop; the server yields one
+    for each, so a peer faster than this process cannot starve its heartbeats and its work."""
+    server = net.bind("dispatcher", "inproc://flooded")
+    rogue.connect(server.address)
+    flood = 500
+    for _ in range(flood):  # in-process: every frame is waiting on the server before it reads one
+        await rogue.send(b"\x93garbage that is not msgpack")
+    await rogue.send(encode(WorkRequest(7), "rogue", RUN))
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(other())
+    try:
+        peer, env = await recv_from(server)
+    finally:
+        beside.cancel()
+    assert (peer, env.message, server.refused) == (b"rogue", WorkRequest(7), flood)
+    assert turns >= flood
+
+
 async def test_payload_frames_that_disagree_with_their_header_are_refused_and_the_channel_goes_on(
     net: ZmqNetwork, rogue: zmq.asyncio.Socket
 ) -> None:
@@ -222,9 +250,8 @@ async def test_a_server_of_another_run_refuses_the_client(net: ZmqNetwork) -> No
         assert (peer, env.message, env.run) == (b"worker-b", WorkRequest(5), "run-b")
         if server.refused == 0:  # the insider's frame overtook the outsider's: wait for the refusal
             receiving = asyncio.ensure_future(server.recv())
-            for _ in range(100):
-                if server.refused:
-                    break
+            deadline = time.monotonic() + WAIT
+            while not server.refused and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             receiving.cancel()
             await asyncio.gather(receiving, return_exceptions=True)
@@ -279,7 +306,7 @@ async def serve_weights(
                 held.clear()
 
 
-async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytes:
+async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytearray:
     network = ZmqNetwork(run=RUN)
     task: asyncio.Future[None] | None = None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def file_task(path: Path, *overrides: str, seed: int = 0) -> Task:
     return make_task(cfg.task, seed)
 
 
-def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+def write_jsonl(path: Path, rows: Sequence[Mapping[str, object]]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,12 +29,14 @@ def test_imported_smollm2_matches_transformers_and_generates_the_same(tmp_path: 
     reference = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     model, _ = load_checkpoint(out)
     chat = [{"role": "user", "content": "What is 12+30? Answer with the number."}]
-    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
-    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
+    encoded: Any = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    ids: torch.Tensor = encoded if torch.is_tensor(encoded) else encoded["input_ids"]
     with torch.no_grad():
         assert float((model(ids) - reference(ids).logits).abs().max()) <= 1e-4
     ours = TorchEngine(model, tokenizer.eos_token_id).generate(
         ids[0].tolist(), [0], SamplingParams(8, temperature=0.0)
     )
-    theirs = reference.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :].tolist()
+    # transformers types `generate`'s self as a Protocol its own auto models do not declare
+    generated = reference.generate(ids, max_new_tokens=8, do_sample=False)  # type: ignore[misc]
+    theirs = generated[0, ids.shape[1] :].tolist()
     assert ours[0].tokens == theirs[: len(ours[0].tokens)] and len(ours[0].tokens) > 0

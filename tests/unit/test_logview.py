@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cadence.log import LogStream, Throttle
 from cadence.monitor.logview import Filter, _Held, format_event, parse_periods, show_logs
 
-EVENTS = [
+EVENTS: list[dict[str, Any]] = [
     {"time": 3.0, "actor": "rollout-0", "level": "debug", "event": "span", "period": 1},
     {"time": 1.0, "actor": "trainer", "level": "info", "event": "optimizer_step", "period": 0},
     {"time": 2.0, "actor": "rollout-1", "level": "warning", "event": "stale_dropped", "period": 2},

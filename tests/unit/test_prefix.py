@@ -137,6 +137,7 @@ def test_learner_prefix_cache_matches_padded_and_refuses_unknown_packing() -> No
     for loss, grad in zip(losses[1:], grads[1:], strict=True):
         assert abs(loss - losses[0]) <= 1e-5 * max(1.0, abs(losses[0]))
         assert (grad - grads[0]).abs().max() <= 1e-5 * grads[0].abs().max()
+    assert isinstance(learner, TorchLearner)
     with pytest.raises(ValueError, match="trainer.packing"):
         TorchLearner(
             learner.model, learner.model_cfg, learner.tokenizer, 1e-3, 0.0, 0.2, 0.28, 0.0, 1.0, "rows"
