@@ -5,9 +5,9 @@
  worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment)
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
+ worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
  trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
- worker re-welcomed ────────► the same: what it held goes back to the front of pending
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
