@@ -5,10 +5,11 @@
  worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment)
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
+ worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
  trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
- trainer or publisher lost ─► checkpoint_every = 0: fail the run
-                              else: trainer_lost_waiting; nothing pending, nothing assigned, until a
+ trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
+                              "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
                               ─► its VersionReady(k, metrics of k-1) (k from its resume checkpoint):
                               metrics.jsonl rewound to k-1, that row recorded, period k started over
@@ -24,16 +25,16 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import structlog
 
-from cadence.actors.base import first_of
-from cadence.config import RunConfig
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.run_dir import RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
+from cadence.transport.session import first_of
 from cadence.wire.messages import (
     Assignment,
     Consumed,
@@ -52,6 +53,19 @@ from cadence.wire.messages import (
 log = structlog.get_logger()
 
 
+@dataclass(frozen=True)
+class DispatcherSettings:
+    """What the dispatcher reads of the run's configuration (built by `launch/settings.py`).
+
+    `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
+    the workers until a trainer resumed from its checkpoint registers again."""
+
+    periods: int
+    prompts_per_period: int
+    group_size: int
+    on_trainer_loss: Literal["fail", "wait"]
+
+
 @dataclass
 class Peer:
     name: str
@@ -63,23 +77,26 @@ class Peer:
 
 
 class Dispatcher:
+    """`liveness`: how often to beat every peer and how long one may be silent before it is lost."""
+
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: DispatcherSettings,
         server: Server,
         task: Task,
         recorder: RunRecorder,
+        liveness: Liveness,
         clock: Callable[[], float],
         hub: LogHub | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.settings = settings
         self.hub = hub
         self.server = server
         self.task = task
         self.recorder = recorder
         self.clock = clock
-        self.B = cfg.task.prompts_per_period
-        self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
+        self.B = settings.prompts_per_period
+        self.liveness = liveness
         self.peers: dict[bytes, Peer] = {}
         self.period = -1
         self.pending: deque[Prompt] = deque()
@@ -95,7 +112,7 @@ class Dispatcher:
     # ------------------------------------------------------------------ life
 
     async def run(self) -> None:
-        log.info("dispatcher_started", address=self.server.address, periods=self.cfg.periods, B=self.B)
+        log.info("dispatcher_started", address=self.server.address, periods=self.settings.periods, B=self.B)
         self.recorder.start(self.clock())
         await first_of(self._receive(), self._watch(), self.done.wait())
         for peer in list(self.peers):
@@ -164,7 +181,7 @@ class Dispatcher:
         if peer in self.peers:
             self._lost(self.peers[peer].name, 0.0, reason="re-registered")
             self.liveness.seen(sender)
-        if msg.role in ("trainer", "publisher") and self.cfg.trainer.checkpoint_every > 0:
+        if msg.role in ("trainer", "publisher") and self.settings.on_trainer_loss == "wait":
             for old in [p.name for p in self.peers.values() if p.role == msg.role]:
                 self._lost(old, 0.0, reason=f"replaced by {sender}")
                 self.liveness.seen(sender)
@@ -193,7 +210,7 @@ class Dispatcher:
         if msg.metrics:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period({**msg.metrics, "workers": workers, "reassigned": self.reassigned})
-        if msg.version >= self.cfg.periods:
+        if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
             return
         self.period = msg.version
@@ -209,7 +226,7 @@ class Dispatcher:
             return
         info = self.peers.pop(peer)
         self.liveness.forget(name)
-        if info.role != "rollout" and self.cfg.trainer.checkpoint_every > 0:
+        if info.role != "rollout" and self.settings.on_trainer_loss == "wait":
             self._await_trainer(info, silent_s, reason)
             return
         if info.role != "rollout":
@@ -217,11 +234,18 @@ class Dispatcher:
             log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
             self.done.set()
             return
+        back = self._requeue(info)
+        self.reassigned += back
+        self.lost.append(name)
+        log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
+
+    def _requeue(self, info: Peer) -> int:
+        """Put what `info` held, still outstanding, back at the front of pending, in prompt order;
+        it holds nothing after. How many went back."""
         back = [self.outstanding.pop(pid)[1] for pid in sorted(info.outstanding) if pid in self.outstanding]
         self.pending.extendleft(reversed(back))
-        self.reassigned += len(back)
-        self.lost.append(name)
-        log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=len(back))
+        info.outstanding.clear()
+        return len(back)
 
     def _check_workers(self) -> None:
         """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is back."""
@@ -271,13 +295,7 @@ class Dispatcher:
             if info.role == "rollout" and not info.welcomed and len(addresses) == 2:
                 info.welcomed = True
                 info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
-                back = [
-                    self.outstanding.pop(pid)[1]
-                    for pid in sorted(info.outstanding)
-                    if pid in self.outstanding
-                ]
-                self.pending.extendleft(reversed(back))
-                info.outstanding.clear()
+                self._requeue(info)
                 self._outbox.append(
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
@@ -299,7 +317,7 @@ class Dispatcher:
                         prompt.prompt_id,
                         prompt.text,
                         prompt.answer,
-                        self.cfg.rollout.group_size,
+                        self.settings.group_size,
                     ),
                 )
             )

@@ -1,6 +1,7 @@
 """The weight publisher: holds the last published versions and serves them in checksummed chunks.
 
 ```
+ session (transport/session.py): Register, heartbeats, until the dispatcher's Shutdown
  trainer (same process) ─ publish(k, bytes) ─► store[k] (sha256) ─► returns sha256
  trainer (elsewhere) ── WeightUpload(k, i/n) ─► assembled, verified ─► store[k]
  with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
@@ -14,27 +15,15 @@ gets `available=False`, never partial bytes.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import structlog
 
-from cadence.actors.base import first_of, keep_alive
-from cadence.transport.endpoint import Client, Server
-from cadence.transport.heartbeat import Liveness
+from cadence.transport.endpoint import Server
+from cadence.transport.session import Session
 from cadence.transport.weights import WeightError, WeightStore
-from cadence.wire.messages import (
-    BroadcastJoin,
-    Heartbeat,
-    Payload,
-    Register,
-    Shutdown,
-    WeightChunkRequest,
-    WeightQuery,
-    WeightUpload,
-)
+from cadence.wire.messages import BroadcastJoin, Payload, WeightChunkRequest, WeightQuery, WeightUpload
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -45,18 +34,18 @@ log = structlog.get_logger()
 
 
 class Publisher:
+    """`session`: with the dispatcher, registered as "publisher" at `server`'s address."""
+
     def __init__(
         self,
         server: Server,
-        dispatcher: Client,
+        session: Session,
         store: WeightStore,
-        liveness: Liveness,
         broadcaster: BroadcastRoot | None = None,
     ) -> None:
         self.server = server
-        self.dispatcher = dispatcher
+        self.session = session
         self.store = store
-        self.liveness = liveness
         self.broadcaster = broadcaster
         self._uploads: dict[int, dict[int, Payload]] = {}
 
@@ -69,11 +58,7 @@ class Publisher:
         return sha
 
     async def run(self) -> None:
-        await self.dispatcher.send(
-            Register("publisher", self.server.address, os.getpid(), socket.gethostname())
-        )
-        self.liveness.seen("dispatcher")
-        await first_of(self._serve(), self._listen(), keep_alive(self.dispatcher, "publisher", self.liveness))
+        await self.session.run(self._serve())
 
     async def _serve(self) -> None:
         while True:
@@ -116,13 +101,3 @@ class Publisher:
             log.error("upload_refused", peer=sender, version=msg.version, reason=str(err))
             return
         log.info("version_stored", version=msg.version, nbytes=len(data))
-
-    async def _listen(self) -> None:
-        while True:
-            env = await self.dispatcher.recv()
-            self.liveness.seen("dispatcher")
-            if isinstance(env.message, Shutdown):
-                log.info("shutdown", reason=env.message.reason)
-                return
-            if not isinstance(env.message, Heartbeat):
-                log.warning("unexpected_message", peer=env.sender, type=env.message.TAG)

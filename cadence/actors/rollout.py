@@ -2,7 +2,8 @@
 scores, and pushes every finished group to the trainer at once.
 
 ```
- Register ─► Welcome(trainer, publisher) ─► WorkRequest(inflight)
+ session (transport/session.py): Register, heartbeats, until the dispatcher's Shutdown
+ Welcome(trainer, publisher) ─► WorkRequest(inflight)
  a later Welcome (the trainer came back) ─► drop queued and current jobs, reconnect, WorkRequest(inflight)
  broadcast weights.transport: BroadcastJoin ─► publisher; its plans received beside the jobs
  Assignment(k, v) ─► queue ─► v loaded? else v broadcast to this worker? load it : pull v, verify, load
@@ -17,26 +18,24 @@ verified by checksum; an assignment of a period older than the newest one seen i
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import structlog
 
-from cadence.actors.base import first_of, keep_alive
-from cadence.config import RunConfig
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, sample_seed
 from cadence.model.rollout_engine import RolloutEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
+from cadence.monitor.span import span
 from cadence.tasks.base import Score
 from cadence.transport.endpoint import Client
-from cadence.transport.heartbeat import Liveness
+from cadence.transport.session import Session, first_of
 from cadence.transport.weights import WeightError, pull_weights
-from cadence.wire.messages import Assignment, GroupResult, Heartbeat, Register, Shutdown, Welcome, WorkRequest
+from cadence.wire.messages import Assignment, GroupResult, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -50,27 +49,45 @@ class Scorer(Protocol):
     async def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score: ...
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a rollout worker reads of the run's configuration (built by `launch/settings.py`).
+
+    `on_trainer_loss`: "wait" when a lost trainer may come back (so a failing publisher may be
+    replaced), "fail" when its loss ends the run."""
+
+    seed: int
+    inflight: int
+    samples_fraction: float
+    weights_transport: Literal["zmq", "gloo", "nccl", "hccl"]
+    broadcast_timeout_s: float
+    on_trainer_loss: Literal["fail", "wait"]
+
+
 class RolloutWorker:
+    """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
+    channel to the trainer or publisher a Welcome names."""
+
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: WorkerSettings,
         name: str,
-        dispatcher: Client,
+        session: Session,
         connect: Callable[[str, str], Client],
         engine: RolloutEngine,
         scorer: Scorer,
         tokenizer: TextTokenizer,
         clock: Callable[[], float],
     ) -> None:
-        self.cfg = cfg
+        self.settings = settings
         self.name = name
-        self.dispatcher = dispatcher
+        self.session = session
+        self.liveness = session.liveness
         self.connect = connect
         self.engine = engine
         self.scorer = scorer
         self.tokenizer = tokenizer
         self.clock = clock
-        self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
         self.queue: asyncio.Queue[Assignment] = asyncio.Queue()
         self.welcome: Welcome | None = None
         self.rejoin = (
@@ -81,41 +98,32 @@ class RolloutWorker:
         self.loaded: int | None = None
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
+        session.on(Assignment, self._assigned)
+        session.on(Welcome, self._welcomed)
 
     async def run(self) -> None:
-        await self.dispatcher.send(Register("rollout", "", os.getpid(), socket.gethostname()))
-        self.liveness.seen("dispatcher")
-        await first_of(self._work(), self._listen(), keep_alive(self.dispatcher, "rollout", self.liveness))
+        await self.session.run(self._work())
         log.info("worker_stopped", groups_sent=self.groups_sent)
 
-    async def _listen(self) -> None:
-        while True:
-            env = await self.dispatcher.recv()
-            self.liveness.seen("dispatcher")
-            msg = env.message
-            if isinstance(msg, Assignment):
-                self.newest_period = max(self.newest_period, msg.period)
-                self.queue.put_nowait(msg)
-            elif isinstance(msg, Welcome):
-                if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
-                    dropped = 0
-                    while not self.queue.empty():
-                        self.queue.get_nowait()
-                        dropped += 1
-                    log.info(
-                        "trainer_changed",
-                        trainer=msg.trainer_address,
-                        publisher=msg.publisher_address,
-                        dropped=dropped,
-                    )
-                self.welcome = msg
-                self.newest_period = -1
-                self.rejoin.set()
-            elif isinstance(msg, Shutdown):
-                log.info("shutdown", reason=msg.reason)
-                return
-            elif not isinstance(msg, Heartbeat):
-                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+    def _assigned(self, msg: Assignment) -> None:
+        self.newest_period = max(self.newest_period, msg.period)
+        self.queue.put_nowait(msg)
+
+    def _welcomed(self, msg: Welcome) -> None:
+        if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
+            dropped = 0
+            while not self.queue.empty():
+                self.queue.get_nowait()
+                dropped += 1
+            log.info(
+                "trainer_changed",
+                trainer=msg.trainer_address,
+                publisher=msg.publisher_address,
+                dropped=dropped,
+            )
+        self.welcome = msg
+        self.newest_period = -1
+        self.rejoin.set()
 
     async def _work(self) -> None:
         """Serve the trainer and publisher of the latest Welcome; a later Welcome (a trainer that came
@@ -133,7 +141,7 @@ class RolloutWorker:
             loops = [self._jobs(trainer, publisher), self.rejoin.wait()]
             channels = [trainer, publisher]
             self.member = None
-            if self.cfg.weights.transport != "zmq":
+            if self.settings.weights_transport != "zmq":
                 from cadence.transport.broadcast import BroadcastMember
 
                 self.member = BroadcastMember(self.name)
@@ -146,7 +154,7 @@ class RolloutWorker:
                     channel.close()
 
     async def _jobs(self, trainer: Client, publisher: Client) -> None:
-        await self.dispatcher.send(WorkRequest(self.cfg.rollout.inflight))
+        await self.session.send(WorkRequest(self.settings.inflight))
         while True:
             job = await self.queue.get()
             if job.period < self.newest_period:
@@ -154,16 +162,17 @@ class RolloutWorker:
             else:
                 await trainer.send(await self._rollout(job, publisher))
                 self.groups_sent += 1
-            await self.dispatcher.send(WorkRequest(1))
+            await self.session.send(WorkRequest(1))
 
     async def _pull(self, publisher: Client, version: int) -> bytearray:
-        """The weights of `version`. When the run can resume and the publisher fails, its trainer may be
-        coming back: wait (up to 10 liveness timeouts) for the Welcome naming the new one, which ends
-        this job; without resume, or past that wait, the failure ends the worker."""
+        """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
+        the publisher fails, its trainer may be coming back: wait (up to 10 liveness timeouts) for the
+        Welcome naming the new one, which ends this job; otherwise, or past that wait, the failure
+        ends the worker."""
         try:
             return await pull_weights(publisher, version, self.liveness.timeout_s)
         except WeightError as err:
-            if self.cfg.trainer.checkpoint_every <= 0:
+            if self.settings.on_trainer_loss != "wait":
                 raise
             log.warning("weights_unavailable_waiting", version=version, error=str(err))
             await asyncio.sleep(10 * self.liveness.timeout_s)
@@ -181,12 +190,11 @@ class RolloutWorker:
         """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
         Where they came from and their size."""
         if self.member is not None:
-            w = self.cfg.weights
-            wait = 3 * w.broadcast_timeout_s + self.liveness.timeout_s
+            wait = 3 * self.settings.broadcast_timeout_s + self.liveness.timeout_s
             state = await self.member.weights(version, wait)
             if state is not None:
                 await asyncio.to_thread(self._load_state, state)
-                return w.transport, state_nbytes(state)
+                return self.settings.weights_transport, state_nbytes(state)
         data = await self._pull(publisher, version)
         await asyncio.to_thread(self._load, data)
         return "zmq", len(data)
@@ -198,27 +206,24 @@ class RolloutWorker:
     async def _rollout(self, job: Assignment, publisher: Client) -> GroupResult:
         load_s = 0.0
         if job.version != self.loaded:
-            begin = self.clock()
-            source, nbytes = await self._fetch_and_load(publisher, job.version)
-            self.loaded = job.version
-            end = self.clock()
-            load_s = end - begin
+            with span(self.clock, "load", period=job.period, version=job.version) as loading:
+                source, nbytes = await self._fetch_and_load(publisher, job.version)
+                self.loaded = job.version
+            load_s = loading.duration
             log.info(
                 "weights_loaded", version=job.version, source=source, nbytes=nbytes, load_s=round(load_s, 4)
             )
-            log.debug("span", kind="load", start=begin, end=end, period=job.period, version=job.version)
-        begin = self.clock()
-        prompt = self.tokenizer.encode_prompt(job.prompt)
-        seeds = [sample_seed(self.cfg.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
-        completions = await asyncio.to_thread(self._generate, prompt, seeds)
-        texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
-        scores = [
-            await self.scorer.score(job.prompt, text, job.answer, c.finished)
-            for text, c in zip(texts, completions, strict=True)
-        ]
-        keep = is_sampled(self.cfg.seed, job.prompt_id, self.cfg.monitor.samples_fraction)
-        end = self.clock()
-        log.debug("span", kind="generate", start=begin, end=end, period=job.period, prompt_id=job.prompt_id)
+        seed = self.settings.seed
+        with span(self.clock, "generate", period=job.period, prompt_id=job.prompt_id) as generating:
+            prompt = self.tokenizer.encode_prompt(job.prompt)
+            seeds = [sample_seed(seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
+            completions = await asyncio.to_thread(self._generate, prompt, seeds)
+            texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
+            scores = [
+                await self.scorer.score(job.prompt, text, job.answer, c.finished)
+                for text, c in zip(texts, completions, strict=True)
+            ]
+            keep = is_sampled(seed, job.prompt_id, self.settings.samples_fraction)
         return GroupResult(
             period=job.period,
             version=job.version,
@@ -228,9 +233,9 @@ class RolloutWorker:
             logprobs=[c.logprobs for c in completions],
             rewards=[s.reward for s in scores],
             correct=[s.correct for s in scores],
-            gen_s=end - begin,
+            gen_s=generating.duration,
             load_s=load_s,
-            finished_at=end,
+            finished_at=generating.end,
             reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in scores[0].parts},
             prompt=job.prompt if keep else "",
             answer=job.answer if keep else "",

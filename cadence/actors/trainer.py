@@ -1,6 +1,7 @@
 """The trainer: accepts only groups of the current version, accumulates, one optimizer step a period.
 
 ```
+ session (transport/session.py): Register, heartbeats; Shutdown before RunDone ─► the run failed
  (--resume: load checkpoints/resume, k = its version)
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
@@ -22,83 +23,87 @@ and nowhere else.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
-from cadence.actors.base import first_of, keep_alive
 from cadence.config import RunConfig
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.samples import SampleWriter
+from cadence.monitor.span import span
 from cadence.ops.packing import packed_length
 from cadence.training.learner import Learner, TrainGroup
 from cadence.training.resume import load_resume, save_resume
-from cadence.transport.endpoint import Client, Server
-from cadence.transport.heartbeat import Liveness
-from cadence.wire.messages import (
-    Consumed,
-    Envelope,
-    GroupResult,
-    Heartbeat,
-    Register,
-    RunDone,
-    Shutdown,
-    VersionReady,
-)
+from cadence.transport.endpoint import Server
+from cadence.transport.session import Session
+from cadence.wire.messages import Consumed, Envelope, GroupResult, RunDone, Shutdown, VersionReady
 
 log = structlog.get_logger()
 
 Publish = Callable[[int, bytes], Awaitable[str]]
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What the trainer reads of the run's configuration (built by `launch/settings.py`)."""
+
+    periods: int
+    prompts_per_period: int
+    mode: Literal["sync", "periodic"]
+    steps_per_period: int
+    micro_batch_tokens: int
+    normaliser: Literal["tokens", "samples"]
+    checkpoint_every: int
+
+
 class Trainer:
+    """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `saved_config`:
+    the run's configuration, recorded in each resume checkpoint and compared with it on resume."""
+
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: TrainerSettings,
         server: Server,
-        dispatcher: Client,
+        session: Session,
         learner: Learner,
         publish: Publish,
         clock: Callable[[], float],
         checkpoint_dir: Path,
+        saved_config: RunConfig,
         samples: SampleWriter | None = None,
         resume: bool = False,
     ) -> None:
+        self.settings = settings
         self.samples = samples
         self.resume = resume
-        self.cfg = cfg
         self.server = server
-        self.dispatcher = dispatcher
+        self.session = session
         self.learner = learner
         self.publish = publish
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
-        self.B = cfg.task.prompts_per_period
+        self.saved_config = saved_config
+        self.B = settings.prompts_per_period
         self.consumed: dict[int, set[int]] = {}
         self._batch: list[GroupResult] = []  # trained groups since the last optimizer step
         self._micro: list[GroupResult] = []  # accepted groups not yet trained
         self._micro_tokens = 0
-        self.liveness = Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
+        session.on(Shutdown, self._stop)
 
     async def run(self) -> None:
         first, row = await self._resume() if self.resume else (0, {})
-        await self.dispatcher.send(
-            Register("trainer", self.server.address, os.getpid(), socket.gethostname())
-        )
-        self.liveness.seen("dispatcher")
-        await first_of(
-            self._periods(first, row),
-            self._receive(),
-            self._listen(),
-            keep_alive(self.dispatcher, "trainer", self.liveness),
-        )
+        await self.session.run(self._periods(first, row), self._receive())
+
+    def _stop(self, msg: Shutdown) -> None:
+        self.stopped.set()
+        if not self.finished.is_set():
+            raise RuntimeError(f"dispatcher stopped the run: {msg.reason}")
 
     async def _receive(self) -> None:
         """Take every frame off the socket as it comes, stamped with its arrival time, even mid-training."""
@@ -109,8 +114,8 @@ class Trainer:
     async def _periods(self, first: int, row: dict[str, Any]) -> None:
         """`row`: a resumed run's metrics of the period before `first`, kept in its checkpoint."""
         start, sha, nbytes = await self._publish(first)
-        await self.dispatcher.send(VersionReady(first, sha, nbytes, row))
-        for period in range(first, self.cfg.periods):
+        await self.session.send(VersionReady(first, sha, nbytes, row))
+        for period in range(first, self.settings.periods):
             stats = PeriodStats(period, start)
             await self._period(period, stats)
             publish_start = self.clock()
@@ -126,15 +131,15 @@ class Trainer:
                 duplicates_dropped=metrics["duplicates_dropped"],
             )
             await self._checkpoint(period + 1, metrics)
-            await self.dispatcher.send(VersionReady(period + 1, sha, nbytes, metrics))
+            await self.session.send(VersionReady(period + 1, sha, nbytes, metrics))
             start = end
         final = self.checkpoint_dir / "final"
         sha = await asyncio.to_thread(self.learner.save, final)
-        log.info("checkpoint_saved", path=str(final), version=self.cfg.periods, sha256=sha)
+        log.info("checkpoint_saved", path=str(final), version=self.settings.periods, sha256=sha)
         self.finished.set()
-        await self.dispatcher.send(RunDone(self.cfg.periods, sha, str(final)))
+        await self.session.send(RunDone(self.settings.periods, sha, str(final)))
         try:
-            await asyncio.wait_for(self.stopped.wait(), 10 * self.liveness.timeout_s)
+            await asyncio.wait_for(self.stopped.wait(), 10 * self.session.liveness.timeout_s)
         except TimeoutError:
             log.warning("no_shutdown_from_dispatcher")
 
@@ -142,7 +147,7 @@ class Trainer:
         """Load the resume checkpoint: the version (= period) to continue from, and the metrics of the
         period before it."""
         begin = self.clock()
-        state = await asyncio.to_thread(load_resume, self.checkpoint_dir, self.learner, self.cfg)
+        state = await asyncio.to_thread(load_resume, self.checkpoint_dir, self.learner, self.saved_config)
         version = int(state["version"])
         if self.samples is not None:
             self.samples.drop_from(version)
@@ -155,16 +160,14 @@ class Trainer:
         """Every `trainer.checkpoint_every` periods (and after the last), after the optimizer step and
         before version `version` is announced: the resume checkpoint of `version`, with the metrics of
         the period just done (a kill may come before the dispatcher has recorded them)."""
-        every = self.cfg.trainer.checkpoint_every
-        if every <= 0 or (version % every and version != self.cfg.periods):
+        every = self.settings.checkpoint_every
+        if every <= 0 or (version % every and version != self.settings.periods):
             return
-        begin = self.clock()
-        path = await asyncio.to_thread(
-            save_resume, self.checkpoint_dir, self.learner, version, self.cfg, metrics
-        )
-        end = self.clock()
-        log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(end - begin, 3))
-        log.debug("span", kind="checkpoint", start=begin, end=end, period=version - 1, version=version)
+        with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
+            path = await asyncio.to_thread(
+                save_resume, self.checkpoint_dir, self.learner, version, self.saved_config, metrics
+            )
+        log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         seen = self.consumed.setdefault(period, set())
@@ -189,8 +192,8 @@ class Trainer:
             )
             if msg.responses and self.samples is not None:
                 self._keep_sample(msg, self.samples)
-            await self.dispatcher.send(Consumed(period, [msg.prompt_id]))
-            if self.cfg.mode == "periodic":
+            await self.session.send(Consumed(period, [msg.prompt_id]))
+            if self.settings.mode == "periodic":
                 # train now, together with whatever else has arrived meanwhile (up to the budget)
                 await self._add(msg, stats, flush=self.arrivals.empty())
             else:
@@ -237,13 +240,13 @@ class Trainer:
     async def _add(self, msg: GroupResult, stats: PeriodStats, flush: bool) -> None:
         """Put a group in the micro-batch: trained when the token budget or the optimizer step's
         share of groups would be exceeded, or when `flush` (nothing else is waiting)."""
-        budget = self.cfg.trainer.micro_batch_tokens
+        budget = self.settings.micro_batch_tokens
         size = packed_length(msg.prompt_tokens, msg.completions)
         if self._micro and (budget == 0 or self._micro_tokens + size > budget):
             await self._flush(stats)
         self._micro.append(msg)
         self._micro_tokens += size
-        if flush or len(self._batch) + len(self._micro) >= self.B // self.cfg.trainer.steps_per_period:
+        if flush or len(self._batch) + len(self._micro) >= self.B // self.settings.steps_per_period:
             await self._flush(stats)
 
     async def _flush(self, stats: PeriodStats) -> None:
@@ -252,46 +255,28 @@ class Trainer:
         if not self._micro:
             return
         micro, self._micro, self._micro_tokens = self._micro, [], 0
-        steps = self.cfg.trainer.steps_per_period
+        steps = self.settings.steps_per_period
         groups = [
             TrainGroup(m.prompt_tokens, m.completions, m.rewards, m.logprobs if steps > 1 else None)
             for m in micro
         ]
-        begin = self.clock()
-        await asyncio.to_thread(self.learner.train_groups, groups)
-        end = self.clock()
-        stats.spans.append((begin, end))
-        log.debug("span", kind="train", start=begin, end=end, period=stats.period, groups=len(groups))
+        with span(self.clock, "train", period=stats.period, groups=len(groups)) as training:
+            await asyncio.to_thread(self.learner.train_groups, groups)
+        stats.spans.append((training.start, training.end))
         self._batch.extend(micro)
         if len(self._batch) < self.B // steps:
             return
         lengths = [len(c) for g in self._batch for c in g.completions]
-        normaliser = sum(lengths) if self.cfg.trainer.normaliser == "tokens" else len(lengths)
-        begin = self.clock()
-        info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
-        end = self.clock()
-        stats.step_s += end - begin
-        log.debug("span", kind="step", start=begin, end=end, period=stats.period)
+        normaliser = sum(lengths) if self.settings.normaliser == "tokens" else len(lengths)
+        with span(self.clock, "step", period=stats.period) as stepping:
+            info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
+        stats.step_s += stepping.duration
         self._batch = []
         log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
-        begin = self.clock()
-        data = await asyncio.to_thread(self.learner.weights)
-        sha = await self.publish(version, data)
-        end = self.clock()
+        with span(self.clock, "publish", period=version - 1, version=version) as publishing:
+            data = await asyncio.to_thread(self.learner.weights)
+            sha = await self.publish(version, data)
         log.info("version_published", version=version, nbytes=len(data), sha256=sha)
-        log.debug("span", kind="publish", start=begin, end=end, period=version - 1, version=version)
-        return end, sha, len(data)
-
-    async def _listen(self) -> None:
-        while True:
-            env = await self.dispatcher.recv()
-            self.liveness.seen("dispatcher")
-            if isinstance(env.message, Shutdown):
-                self.stopped.set()
-                if not self.finished.is_set():
-                    raise RuntimeError(f"dispatcher stopped the run: {env.message.reason}")
-                return
-            if not isinstance(env.message, Heartbeat):
-                log.warning("unexpected_message", peer=env.sender, type=env.message.TAG)
+        return publishing.end, sha, len(data)

@@ -50,6 +50,7 @@ from cadence.config import WeightsConfig
 from cadence.log import configure_logging
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.malloc import keep_freed_memory
+from cadence.transport.session import Session
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
 from cadence.wire.messages import Shutdown
@@ -139,7 +140,8 @@ async def _serving(broadcast: str = "") -> AsyncIterator[Publisher]:
         root = BroadcastRoot(server, broadcast, "127.0.0.1", "", 0, BUCKET_BYTES, PULL_TIMEOUT_S, "bench")
     liveness = Liveness(interval_s=1.0, liveness=3600, clock=time.monotonic)
     store = WeightStore(CHUNK_BYTES, keep=1)
-    publisher = Publisher(server, net.connect("publisher", dispatcher.address), store, liveness, root)
+    session = Session(net.connect("publisher", dispatcher.address), "publisher", liveness, server.address)
+    publisher = Publisher(server, session, store, root)
     running = asyncio.ensure_future(publisher.run())
     try:
         yield publisher

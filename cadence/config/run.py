@@ -146,6 +146,11 @@ class RunConfig:
             )
         if self.trainer.checkpoint_every < 0:
             raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")
+        if self.trainer.on_loss == "wait" and self.trainer.checkpoint_every <= 0:
+            raise ConfigError(
+                "trainer.on_loss = 'wait' needs trainer.checkpoint_every > 0 (got"
+                f" {self.trainer.checkpoint_every}): a lost trainer comes back only from a resume checkpoint"
+            )
         if self.vllm.max_model_len < 0 or self.vllm.kv_cache_mib < 0:
             raise ConfigError(
                 f"vllm.max_model_len ({self.vllm.max_model_len}) and vllm.kv_cache_mib"

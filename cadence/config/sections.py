@@ -157,6 +157,12 @@ class TrainerConfig:
         "tokens", "the period's summed loss is divided by its response tokens or its samples"
     )
     checkpoint_every: int = doc(0, "save a resumable checkpoint every N periods (0: only the final weights)")
+    on_loss: Literal["fail", "wait"] = doc(
+        "fail",
+        "when the trainer (or its publisher) is lost: fail the run, or wait with the workers held until a"
+        " trainer resumed from its checkpoint (`cadence trainer --resume`) registers again; wait needs"
+        " trainer.checkpoint_every > 0",
+    )
     ranks: int = doc(
         1,
         "data-parallel ranks of the trainer: each trains its share of every micro-batch and the gradients"

@@ -10,9 +10,9 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvloop
@@ -23,7 +23,9 @@ from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
+    from cadence.actors.trainer import Publish
     from cadence.log import LogStream
+    from cadence.training.learner import Learner
     from cadence.transport.broadcast import BroadcastRoot
     from cadence.transport.endpoint import Server
 
@@ -75,8 +77,8 @@ async def _with_log_stream(
     if stream is None:
         await actor
         return
-    from cadence.actors.base import first_of
     from cadence.monitor.logstream import stream_logs
+    from cadence.transport.session import first_of
 
     await first_of(actor, stream_logs(net.connect(f"{name}.logs", connect), stream))  # type: ignore[arg-type]
 
@@ -86,6 +88,7 @@ async def dispatcher_main(
 ) -> None:
     """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
+    from cadence.launch.settings import dispatcher_settings, liveness
     from cadence.monitor.logstream import LogHub
     from cadence.monitor.run_dir import RunRecorder
     from cadence.monitor.writers import make_writers
@@ -98,7 +101,9 @@ async def dispatcher_main(
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
-        await Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time, hub).run()
+        task = make_task(cfg.task, cfg.seed)
+        settings = dispatcher_settings(cfg)
+        await Dispatcher(settings, server, task, recorder, liveness(cfg, time.time), time.time, hub).run()
     finally:
         hub.close()
         net.close()
@@ -115,11 +120,11 @@ async def trainer_main(
 ) -> None:
     """The trainer; with `publisher_address` None it hosts the weight publisher in this process; with
     `resume` it continues from `out/checkpoints/resume`; with several `ranks` it is rank 0 of them."""
-    from cadence.actors.base import first_of
     from cadence.actors.trainer import Trainer
     from cadence.launch.build import make_learner, make_tokenizer
+    from cadence.launch.settings import session, trainer_settings
     from cadence.monitor.samples import SampleWriter
-    from cadence.transport.weights import upload_weights
+    from cadence.transport.session import first_of
 
     net = _network(cfg)
     learner = None
@@ -127,38 +132,17 @@ async def trainer_main(
         learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg), ranks)
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
-        jobs = []
-        if publisher_address is None:
-            publisher = _publisher(cfg, net, connect)
-            jobs.append(publisher.run())
-            if publisher.broadcaster is not None:
-
-                async def publish(version: int, data: bytes) -> str:
-                    return await publisher.publish(version, data, learner.tensors())
-
-            else:
-                publish = publisher.publish
-        elif cfg.weights.transport != "zmq":
-            raise ConfigError(
-                f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
-                " run the trainer without --publisher"
-            )
-        else:
-            uploads = net.connect("trainer", publisher_address)
-            timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
-
-            async def publish(version: int, data: bytes) -> str:
-                return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
-
+        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner)
         trainer = Trainer(
-            cfg,
+            trainer_settings(cfg),
             server,
-            net.connect("trainer", connect),
+            session(cfg, net.connect("trainer", connect), "trainer", time.time, server.address),
             learner,
             publish,
             time.time,
             out / "checkpoints",
-            SampleWriter(out / "samples"),
+            saved_config=cfg,
+            samples=SampleWriter(out / "samples"),
             resume=resume,
         )
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
@@ -167,6 +151,37 @@ async def trainer_main(
         close = getattr(learner, "close", None)  # a data-parallel learner stops its followers
         if close is not None:
             await asyncio.to_thread(close)
+
+
+def _publish_function(
+    cfg: RunConfig, net: ZmqNetwork, connect: str, publisher_address: str | None, learner: Learner
+) -> tuple[Publish, list[Coroutine[Any, Any, None]]]:
+    """How the trainer publishes a version: to a publisher it hosts (whose loop is returned to run
+    beside it), broadcasting the learner's tensors when it has a broadcaster; or uploaded in chunks
+    to the publisher at `publisher_address`."""
+    from cadence.transport.weights import upload_weights
+
+    if publisher_address is None:
+        publisher = _publisher(cfg, net, connect)
+        if publisher.broadcaster is None:
+            return publisher.publish, [publisher.run()]
+
+        async def broadcast(version: int, data: bytes) -> str:
+            return await publisher.publish(version, data, learner.tensors())
+
+        return broadcast, [publisher.run()]
+    if cfg.weights.transport != "zmq":
+        raise ConfigError(
+            f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
+            " run the trainer without --publisher"
+        )
+    uploads = net.connect("trainer", publisher_address)
+    timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
+
+    async def upload(version: int, data: bytes) -> str:
+        return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
+
+    return upload, []
 
 
 def follower_main(cfg: RunConfig, ranks: Ranks) -> int:
@@ -202,16 +217,15 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
 
 def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bool = True) -> Publisher:
     from cadence.actors.publisher import Publisher
-    from cadence.transport.heartbeat import Liveness
+    from cadence.launch.settings import session
     from cadence.transport.weights import WeightStore
 
     server = net.bind("publisher", _bind_address(cfg, cfg.transport.publisher_port))
     server.address = advertised(server.address, cfg)
     return Publisher(
         server,
-        net.connect("publisher", connect),
+        session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
-        Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, time.time),
         _broadcaster(cfg, server) if with_broadcast else None,
     )
 
@@ -239,6 +253,7 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
 async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
     from cadence.launch.build import make_engine, make_tokenizer
+    from cadence.launch.settings import session, worker_settings
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory
@@ -249,9 +264,9 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
         tokenizer = make_tokenizer(cfg)
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
         worker = RolloutWorker(
-            cfg,
+            worker_settings(cfg),
             name,
-            net.connect(name, connect),
+            session(cfg, net.connect(name, connect), "rollout", time.time),
             net.connect,
             engine,
             make_scorer(cfg, make_task(cfg.task, cfg.seed)),

@@ -45,6 +45,7 @@ FREE_KEYS = {
     "run_id",
     "mode",
     "trainer.checkpoint_every",
+    "trainer.on_loss",
     "trainer.ranks",
     "trainer.sharding",
     "trainer.device",

@@ -11,6 +11,7 @@ import pytest
 import structlog
 
 from cadence.actors.dispatcher import Dispatcher
+from cadence.launch.settings import dispatcher_settings, liveness
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
 from cadence.transport.inproc import InprocClient, InprocNetwork
@@ -37,7 +38,14 @@ async def start(
     cfg = tiny_config("transport.liveness=200", *overrides)
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)
-    dispatcher = Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time)
+    dispatcher = Dispatcher(
+        dispatcher_settings(cfg),
+        server,
+        make_task(cfg.task, cfg.seed),
+        recorder,
+        liveness(cfg, time.time),
+        time.time,
+    )
     return dispatcher, asyncio.create_task(dispatcher.run())
 
 

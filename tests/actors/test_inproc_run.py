@@ -22,10 +22,10 @@ from cadence.actors.rollout import RolloutWorker
 from cadence.actors.trainer import Trainer
 from cadence.config import RunConfig
 from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.settings import dispatcher_settings, liveness, session, trainer_settings, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
-from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightStore
 from tests.conftest import tiny_config
@@ -38,28 +38,33 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
     tokenizer = make_tokenizer(cfg)
     task = make_task(cfg.task, cfg.seed)
     dispatcher = Dispatcher(
-        cfg, net.bind("dispatcher", "inproc://d"), task, RunRecorder(out, cfg.mode), time.time
+        dispatcher_settings(cfg),
+        net.bind("dispatcher", "inproc://d"),
+        task,
+        RunRecorder(out, cfg.mode),
+        liveness(cfg, time.time),
+        time.time,
     )
     publisher = Publisher(
         net.bind("publisher", "inproc://p"),
-        net.connect("publisher", "inproc://d"),
+        session(cfg, net.connect("publisher", "inproc://d"), "publisher", time.time, "inproc://p"),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
-        Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, time.time),
     )
     trainer = Trainer(
-        cfg,
+        trainer_settings(cfg),
         net.bind("trainer", "inproc://t"),
-        net.connect("trainer", "inproc://d"),
+        session(cfg, net.connect("trainer", "inproc://d"), "trainer", time.time, "inproc://t"),
         make_learner(cfg, tokenizer),
         publisher.publish,
         time.time,
         out / "checkpoints",
+        saved_config=cfg,
     )
     workers = [
         RolloutWorker(
-            cfg,
+            worker_settings(cfg),
             f"w{i}",
-            net.connect(f"w{i}", "inproc://d"),
+            session(cfg, net.connect(f"w{i}", "inproc://d"), "rollout", time.time),
             net.connect,
             make_engine(cfg, tokenizer),
             make_scorer(cfg, task),

@@ -14,11 +14,13 @@ from cadence.actors.dispatcher import Dispatcher
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.settings import dispatcher_settings, liveness, session, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocClient, InprocNetwork, InprocServer
+from cadence.transport.session import Session
 from cadence.transport.weights import WeightStore
 from cadence.wire.messages import (
     Assignment,
@@ -47,11 +49,20 @@ def row(period: int, reward: float) -> dict[str, float]:
 async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_over(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    cfg = tiny_config("transport.liveness=20", "trainer.checkpoint_every=2", "periods=4")
+    cfg = tiny_config(
+        "transport.liveness=20", "trainer.checkpoint_every=2", "trainer.on_loss='wait'", "periods=4"
+    )
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)
     task = asyncio.create_task(
-        Dispatcher(cfg, server, make_task(cfg.task, cfg.seed), recorder, time.time).run()
+        Dispatcher(
+            dispatcher_settings(cfg),
+            server,
+            make_task(cfg.task, cfg.seed),
+            recorder,
+            liveness(cfg, time.time),
+            time.time,
+        ).run()
     )
     trainer = await join(network, "trainer", "trainer", "inproc://t1")
     publisher = await join(network, "publisher", "publisher", "inproc://p1")
@@ -103,7 +114,7 @@ async def next_work_request(dispatcher: InprocServer) -> WorkRequest:
 async def test_a_worker_told_of_a_new_trainer_drops_its_jobs_and_serves_the_new_one(
     network: InprocNetwork,
 ) -> None:
-    cfg = tiny_config("transport.liveness=200", "trainer.checkpoint_every=2")
+    cfg = tiny_config("transport.liveness=200", "trainer.checkpoint_every=2", "trainer.on_loss='wait'")
     tokenizer = make_tokenizer(cfg)
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     trainers = [network.bind(f"trainer-{i}", f"inproc://t{i}") for i in range(2)]
@@ -112,18 +123,17 @@ async def test_a_worker_told_of_a_new_trainer_drops_its_jobs_and_serves_the_new_
     for i in range(2):
         store = WeightStore(chunk_bytes=4096, keep=2)
         store.put(0, weights)
+        server = network.bind(f"publisher-{i}", f"inproc://p{i}")
+        client = network.connect(f"publisher-{i}", "inproc://dispatcher")
         publishers.append(
             Publisher(
-                network.bind(f"publisher-{i}", f"inproc://p{i}"),
-                network.connect(f"publisher-{i}", "inproc://dispatcher"),
-                store,
-                Liveness(1.0, 100, time.time),
+                server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
             )
         )
     worker = RolloutWorker(
-        cfg,
+        worker_settings(cfg),
         "w0",
-        network.connect("w0", "inproc://dispatcher"),
+        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
         make_engine(cfg, tokenizer),
         make_scorer(cfg, make_task(cfg.task, cfg.seed)),

@@ -10,10 +10,12 @@ import pytest
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.settings import session, worker_settings
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
+from cadence.transport.session import Session
 from cadence.transport.weights import WeightError, WeightStore
 from cadence.wire.messages import Assignment, GroupResult, Register, Shutdown, Welcome, WorkRequest
 from tests.conftest import expect, tiny_config
@@ -29,17 +31,16 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     store = WeightStore(chunk_bytes=4096, keep=2)
     learner = make_learner(cfg, tokenizer)
     store.put(0, learner.weights())
+    server = network.bind("publisher", "inproc://publisher")
+    client = network.connect("publisher", "inproc://dispatcher")
     publisher = Publisher(
-        network.bind("publisher", "inproc://publisher"),
-        network.connect("publisher", "inproc://dispatcher"),
-        store,
-        Liveness(1.0, 100, time.time),
+        server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
     )
     engine = make_engine(cfg, tokenizer)
     worker = RolloutWorker(
-        cfg,
+        worker_settings(cfg),
         "w0",
-        network.connect("w0", "inproc://dispatcher"),
+        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
         engine,
         make_scorer(cfg, make_task(cfg.task, cfg.seed)),

@@ -15,6 +15,7 @@ import structlog
 from torch import Tensor
 
 from cadence.actors.trainer import Trainer
+from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.training.learner import TrainGroup
 from cadence.transport.inproc import InprocNetwork
@@ -90,15 +91,17 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         return f"sha{version}"
 
     learner = RecordingLearner()
+    server = network.bind("trainer", "inproc://trainer")
     trainer = Trainer(
-        cfg,
-        network.bind("trainer", "inproc://trainer"),
-        network.connect("trainer", "inproc://dispatcher"),
+        trainer_settings(cfg),
+        server,
+        session(cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address),
         learner,
         publish,
         time.time,
         tmp_path,
-        SampleWriter(tmp_path / "samples"),
+        saved_config=cfg,
+        samples=SampleWriter(tmp_path / "samples"),
     )
     task = asyncio.create_task(trainer.run())
     worker = network.connect("w0", "inproc://trainer")

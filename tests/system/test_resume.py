@@ -87,7 +87,9 @@ def test_a_trainer_killed_alone_rejoins_the_live_run(
     out = tmp_path / "live"
     out.mkdir()
     overrides = [a for a in SMALL + SAME if a != "--set"]
-    cfg = load_config(ROOT / "configs" / "quickstart.toml", [*overrides, "run_id='live'"])
+    cfg = load_config(
+        ROOT / "configs" / "quickstart.toml", [*overrides, "trainer.on_loss='wait'", "run_id='live'"]
+    )
     data = to_dict(cfg) | {
         "transport": to_dict(cfg)["transport"] | {"heartbeat_s": 0.1, "liveness": liveness}
     }

@@ -21,6 +21,7 @@ import torch
 from cadence.actors.publisher import Publisher
 from cadence.transport.broadcast import BroadcastMember, BroadcastRoot
 from cadence.transport.heartbeat import Liveness
+from cadence.transport.session import Session
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
 from cadence.wire.messages import BroadcastJoin, Register
@@ -66,9 +67,8 @@ async def rig() -> AsyncIterator[Rig]:
         # bucket of 4 KiB: the tensors spread over several buckets
         root = BroadcastRoot(server, "gloo", "127.0.0.1", "", 0, 4096, TIMEOUT_S, "bcast")
         liveness = Liveness(interval_s=0.05, liveness=2000, clock=time.monotonic)
-        publisher = Publisher(
-            server, net.connect("publisher", dispatcher.address), WeightStore(1 << 16, 2), liveness, root
-        )
+        session = Session(net.connect("publisher", dispatcher.address), "publisher", liveness, server.address)
+        publisher = Publisher(server, session, WeightStore(1 << 16, 2), root)
         tasks.append(asyncio.ensure_future(publisher.run()))
         _, env = await asyncio.wait_for(dispatcher.recv(), WAIT)
         assert isinstance(env.message, Register)
@@ -157,9 +157,8 @@ async def test_a_publisher_without_broadcast_refuses_a_join_and_keeps_serving() 
         dispatcher = net.bind("dispatcher", ADDRESS)
         server = net.bind("publisher", ADDRESS)
         liveness = Liveness(interval_s=0.05, liveness=2000, clock=time.monotonic)
-        publisher = Publisher(
-            server, net.connect("publisher", dispatcher.address), WeightStore(64, 2), liveness
-        )
+        session = Session(net.connect("publisher", dispatcher.address), "publisher", liveness, server.address)
+        publisher = Publisher(server, session, WeightStore(64, 2))
         task = asyncio.ensure_future(publisher.run())
         worker = net.connect("worker-a", server.address)
         with structlog.testing.capture_logs() as logs:

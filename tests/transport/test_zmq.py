@@ -21,6 +21,7 @@ import zmq.asyncio
 from cadence.actors.publisher import Publisher
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
+from cadence.transport.session import Session
 from cadence.transport.weights import (
     WeightError,
     WeightStore,
@@ -402,7 +403,10 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         server = network.bind("publisher", ADDRESS)
         store = WeightStore(chunk_bytes=400, keep=2)
         liveness = Liveness(interval_s=0.05, liveness=200, clock=time.monotonic)
-        publisher = Publisher(server, network.connect("publisher", dispatcher.address), store, liveness)
+        session = Session(
+            network.connect("publisher", dispatcher.address), "publisher", liveness, server.address
+        )
+        publisher = Publisher(server, session, store)
         run = asyncio.ensure_future(publisher.run())
 
         peer, env = await recv_from(dispatcher)

@@ -212,3 +212,13 @@ def test_every_field_including_sections_has_a_doc() -> None:
         if not str(f.metadata.get("doc", "")).strip()
     ]
     assert missing == []
+
+
+def test_waiting_for_a_lost_trainer_needs_resume_checkpoints() -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.on_loss = 'wait' needs trainer\.checkpoint_every > 0"):
+        load_config(None, ["trainer.on_loss='wait'"])
+    cfg = load_config(None, ["trainer.on_loss='wait'", "trainer.checkpoint_every=2"])
+    assert (cfg.trainer.on_loss, cfg.trainer.checkpoint_every) == ("wait", 2)
+    assert load_config(None, ["trainer.checkpoint_every=2"]).trainer.on_loss == "fail"  # the default
+    with pytest.raises(ConfigError, match="trainer.on_loss"):
+        load_config(None, ["trainer.on_loss='retry'"])

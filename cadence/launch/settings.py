@@ -1,0 +1,63 @@
+"""Each actor's settings and session, read from the `RunConfig` here and nowhere else.
+
+Invariant: an actor sees only the values its settings name; every process of a run derives them
+from the same config by these functions, so the dispatcher, trainer and workers agree on the
+periods, the batch and the policy for a lost trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cadence.actors.dispatcher import DispatcherSettings
+from cadence.actors.rollout import WorkerSettings
+from cadence.actors.trainer import TrainerSettings
+from cadence.config import RunConfig
+from cadence.transport.endpoint import Client
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.session import Session
+
+
+def liveness(cfg: RunConfig, clock: Callable[[], float]) -> Liveness:
+    """Heartbeats every `transport.heartbeat_s`; a peer is lost after `transport.liveness` of them."""
+    return Liveness(cfg.transport.heartbeat_s, cfg.transport.liveness, clock)
+
+
+def session(
+    cfg: RunConfig, dispatcher: Client, role: str, clock: Callable[[], float], address: str = ""
+) -> Session:
+    """The session of actor `role` (serving at `address`) with the dispatcher behind `dispatcher`."""
+    return Session(dispatcher, role, liveness(cfg, clock), address)
+
+
+def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
+    return DispatcherSettings(
+        periods=cfg.periods,
+        prompts_per_period=cfg.task.prompts_per_period,
+        group_size=cfg.rollout.group_size,
+        on_trainer_loss=cfg.trainer.on_loss,
+    )
+
+
+def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    t = cfg.trainer
+    return TrainerSettings(
+        periods=cfg.periods,
+        prompts_per_period=cfg.task.prompts_per_period,
+        mode=cfg.mode,
+        steps_per_period=t.steps_per_period,
+        micro_batch_tokens=t.micro_batch_tokens,
+        normaliser=t.normaliser,
+        checkpoint_every=t.checkpoint_every,
+    )
+
+
+def worker_settings(cfg: RunConfig) -> WorkerSettings:
+    return WorkerSettings(
+        seed=cfg.seed,
+        inflight=cfg.rollout.inflight,
+        samples_fraction=cfg.monitor.samples_fraction,
+        weights_transport=cfg.weights.transport,
+        broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
+        on_trainer_loss=cfg.trainer.on_loss,
+    )

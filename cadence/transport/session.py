@@ -1,0 +1,117 @@
+"""An actor's session with the dispatcher: register, heartbeat, listen, until Shutdown.
+
+```
+ run(work…) ─► Register(role, address, pid, host) ─► dispatcher seen
+            ─► together, until the first ends:
+               work…                     the actor's own loops
+               beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
+               listen: any message       ─► the dispatcher is seen
+                       Heartbeat         ─► nothing more
+                       Shutdown          ─► its handler (which may raise), then the session ends
+                       a handled type    ─► its handler
+                       anything else     ─► unexpected_message(peer, type), and listening goes on
+```
+
+Invariant: a dispatcher that stays silent past its liveness ends the session with `PeerLost`
+naming it and how long it was silent; a message the actor has no handler for is logged and
+dropped, never raised; the session ends at the first Shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import structlog
+
+from cadence.transport.endpoint import Client
+from cadence.transport.heartbeat import Liveness
+from cadence.wire.messages import Heartbeat, Message, Register, Shutdown
+
+log = structlog.get_logger()
+
+M = TypeVar("M", bound=Message)
+
+
+class PeerLost(RuntimeError):
+    """A peer stopped answering."""
+
+    def __init__(self, peer: str, silent_s: float) -> None:
+        super().__init__(f"{peer} silent for {silent_s:.1f}s")
+        self.peer = peer
+        self.silent_s = silent_s
+
+
+class Session:
+    """The session of actor `role` (serving at `address`, if anywhere) with the dispatcher behind
+    `dispatcher`; `liveness` decides how often to beat and how long the dispatcher may be silent."""
+
+    def __init__(
+        self,
+        dispatcher: Client,
+        role: str,
+        liveness: Liveness,
+        address: str = "",
+        peer: str = "dispatcher",
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.role = role
+        self.liveness = liveness
+        self.address = address
+        self.peer = peer
+        self._handlers: dict[type[Message], Callable[[Any], None]] = {}
+
+    def on(self, kind: type[M], handler: Callable[[M], None]) -> None:
+        """Call `handler` with every message of type `kind` from the dispatcher; for `Shutdown`, before
+        the session ends (an exception it raises ends the session with that exception)."""
+        self._handlers[kind] = handler
+
+    async def send(self, msg: Message) -> None:
+        await self.dispatcher.send(msg)
+
+    async def run(self, *work: Coroutine[Any, Any, Any]) -> Any:
+        """Register, then run `work` with the heartbeats and the listener until the first of them ends
+        (Shutdown ends the listener); the others are cancelled. What that first one returned."""
+        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname()))
+        self.liveness.seen(self.peer)
+        return await first_of(*work, self.listen(), self.beat())
+
+    async def beat(self) -> None:
+        """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long."""
+        while True:
+            await self.send(Heartbeat(self.role))
+            for peer, silent in self.liveness.expired():
+                raise PeerLost(peer, silent)
+            await asyncio.sleep(self.liveness.interval_s)
+
+    async def listen(self) -> None:
+        """Take the dispatcher's messages until Shutdown."""
+        while True:
+            env = await self.dispatcher.recv()
+            self.liveness.seen(self.peer)
+            msg = env.message
+            handler = self._handlers.get(type(msg))
+            if isinstance(msg, Shutdown):
+                log.info("shutdown", reason=msg.reason)
+                if handler is not None:
+                    handler(msg)
+                return
+            if handler is not None:
+                handler(msg)
+            elif not isinstance(msg, Heartbeat):
+                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+
+
+async def first_of(*coros: Coroutine[Any, Any, Any]) -> Any:
+    """Run the coroutines together; when one returns or raises, cancel the rest and pass it on."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return next(iter(done)).result()
