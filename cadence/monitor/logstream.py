@@ -6,6 +6,7 @@ run's own log folder and passes them on to followers (`cadence logs --connect`).
                                                               ├─► logs/<actor>.jsonl (remote actors)
                                                               ├─► backlog (last N lines)
  follower ─ Subscribe(backlog) every heartbeat ──────────────►└─► LogBatch ─► follower
+                                          (a renewal) ─► Heartbeat ─► follower
 ```
 
 Invariant: the hub writes a batch to `logs/<actor>.jsonl` only when that actor is not already writing
@@ -28,7 +29,7 @@ import structlog
 
 from cadence.log import LogStream
 from cadence.transport.endpoint import Client, Server
-from cadence.wire.messages import LogBatch, Subscribe
+from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
 
 log = structlog.get_logger()
 
@@ -96,12 +97,16 @@ class LogHub:
     async def subscribe(self, peer: bytes, sender: str, msg: Subscribe) -> None:
         new = peer not in self.followers
         self.followers[peer] = self.clock() + self.lease_s
-        if new:
-            log.info("log_follower_joined", peer=sender, backlog=msg.backlog)
-            lines = list(self.backlog)[-msg.backlog :] if msg.backlog > 0 else []
-            for start in range(0, len(lines), BATCH_LINES):
-                chunk = lines[start : start + BATCH_LINES]
-                await self.server.send(peer, LogBatch("backlog", self.host, "", chunk, 0))
+        if not new:  # a renewal is answered, so a follower hears the dispatcher while no actor logs
+            await self.server.send(peer, Heartbeat("dispatcher"))
+            return
+        log.info("log_follower_joined", peer=sender, backlog=msg.backlog)
+        lines = list(self.backlog)[-msg.backlog :] if msg.backlog > 0 else []
+        for start in range(0, len(lines), BATCH_LINES):
+            chunk = lines[start : start + BATCH_LINES]
+            await self.server.send(peer, LogBatch("backlog", self.host, "", chunk, 0))
+        if not lines:
+            await self.server.send(peer, Heartbeat("dispatcher"))
 
     async def tick(self) -> None:
         """Pass on this process's own lines, and drop followers whose lease ran out."""

@@ -13,7 +13,7 @@ import pytest
 from cadence.log import LogStream
 from cadence.monitor.logstream import LogHub, stream_logs
 from cadence.transport.zmq_socket import ZmqNetwork
-from cadence.wire.messages import LogBatch, Subscribe
+from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
 
 pytestmark = pytest.mark.timeout(30)
 WAIT = 5.0
@@ -113,3 +113,19 @@ async def test_an_actor_streams_its_lines_and_the_rest_on_cancel(net: ZmqNetwork
     await asyncio.gather(task, return_exceptions=True)
     _, env = await asyncio.wait_for(server.recv(), WAIT)
     assert isinstance(env.message, LogBatch) and env.message.lines == [line("rollout-0", 9)]
+
+
+async def test_a_follower_hears_the_dispatcher_while_no_actor_logs(net: ZmqNetwork, tmp_path: Path) -> None:
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=5.0)
+    serving = asyncio.create_task(serve(hub))
+    try:
+        follower = net.connect("follower", server.address)
+        for _ in range(2):  # the first subscription (nothing to send back yet), then a renewal
+            await follower.send(Subscribe(backlog=10))
+            answer = await asyncio.wait_for(follower.recv(), WAIT)
+            assert isinstance(answer.message, Heartbeat)
+        assert len(hub.followers) == 1
+    finally:
+        serving.cancel()
+        hub.close()
