@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from cadence.log import short_exception
 from cadence.monitor.run_dir import read_new_lines
 
 if TYPE_CHECKING:
@@ -95,8 +96,18 @@ def format_event(event: dict[str, Any], as_json: bool = False) -> str:
     if as_json:
         return json.dumps(event, default=str)
     head = " ".join(str(event.get(k, "-")) for k in _SHOWN_FIRST)
-    rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in _SHOWN_FIRST and k not in _HIDDEN)
-    return f"{head} {rest}".rstrip()
+    rest = " ".join(
+        f"{k}={v}"
+        for k, v in event.items()
+        if k not in _SHOWN_FIRST and k not in _HIDDEN and k != "exception"
+    )
+    line = f"{head} {rest}".rstrip()
+    stacks = event.get("exception")
+    if isinstance(stacks, list):
+        return line + "\n" + short_exception(stacks)
+    if isinstance(stacks, str):  # a traceback rendered as text
+        return line + "\n" + "\n".join(stacks.strip().splitlines()[-3:])
+    return line
 
 
 def show_logs(
