@@ -187,7 +187,9 @@ class BroadcastRoot:
         missing = wait_keys(store, {r: f"done/{version}/{r}" for r in range(1, world)}, self.timeout_s)
         if missing or broken is not None:
             cause = f": {broken}" if broken is not None else ""
-            raise BroadcastError(f"ranks {missing} did not confirm version {version}{cause}", missing)
+            raise BroadcastError(
+                f"ranks {missing} did not confirm version {version}{cause}", missing
+            ) from broken
 
 
 def _local_host(remote: str, port: int) -> str:
