@@ -77,18 +77,6 @@ def configure_logging(
             event.setdefault(key, value)
         return event
 
-    throttles = {name: Throttle() for name in THROTTLED}
-
-    def throttle(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        limit = throttles.get(event.get("event", ""))
-        if limit is not None:
-            shown, held = limit.allow()
-            if not shown:
-                raise structlog.DropEvent
-            if held:
-                event["suppressed"] = held
-        return event
-
     def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
         line = json.dumps(event, default=str)
         if sink is not None:
@@ -106,7 +94,7 @@ def configure_logging(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            throttle,
+            throttled(),
             stamp,
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False, use_rich=False)
@@ -117,6 +105,23 @@ def configure_logging(
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         cache_logger_on_first_use=False,
     )
+
+
+def throttled() -> Callable[[Any, str, MutableMapping[str, Any]], MutableMapping[str, Any]]:
+    """A processor that lets a few `THROTTLED` events a second through, counting the rest (`suppressed`)."""
+    throttles = {name: Throttle() for name in THROTTLED}
+
+    def throttle(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        limit = throttles.get(event.get("event", ""))
+        if limit is not None:
+            shown, held = limit.allow()
+            if not shown:
+                raise structlog.DropEvent
+            if held:
+                event["suppressed"] = held
+        return event
+
+    return throttle
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
