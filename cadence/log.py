@@ -3,7 +3,10 @@
 Invariant: every event an actor logs reaches `logs/<actor>.jsonl` as one JSON object a line with
 `time` (epoch seconds), `ts`, `actor`, `host`, `pid`, `level` and `event`, whatever the console shows;
 with a `LogStream`, the same line is also queued for the dispatcher (bounded: the oldest lines give
-way and are counted when nobody drains it).
+way and are counted when nobody drains it). An event logged with `exc_info=True` (or `log.exception`)
+carries its traceback as the structured field `exception` (structlog's dict tracebacks: a list of
+exceptions, the one caught first and then those it came from, each with `exc_type`, `exc_value` and `frames` of `filename`,
+`lineno`, `name`); the console shows it short: the last frames and the exception line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import structlog
 
 # events a peer can provoke at will: a few a second reach the log, the rest are counted
 THROTTLED = ("unexpected_message", "message_from_unregistered_peer")
+
+# frames of the raised exception the console (and `cadence logs`) shows; the JSON keeps them all
+SHORT_FRAMES = 2
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -71,6 +77,38 @@ def configure_logging(
             event.setdefault(key, value)
         return event
 
+    def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
+        line = json.dumps(event, default=str)
+        if sink is not None:
+            sink.write(line + "\n")
+        if stream is not None:
+            stream.put(line)
+        if _LEVELS.get(event.get("level", "info"), logging.INFO) < console_min:
+            raise structlog.DropEvent
+        shown = {k: v for k, v in event.items() if k not in ("time", "host", "pid")}
+        if isinstance(shown.get("exception"), list):
+            shown["exception"] = short_exception(shown["exception"])
+        return render(_, __, shown)
+
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            throttled(),
+            stamp,
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False, use_rich=False)
+            ),
+            tee,
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        cache_logger_on_first_use=False,
+    )
+
+
+def throttled() -> Callable[[Any, str, MutableMapping[str, Any]], MutableMapping[str, Any]]:
+    """A processor that lets a few `THROTTLED` events a second through, counting the rest (`suppressed`)."""
     throttles = {name: Throttle() for name in THROTTLED}
 
     def throttle(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -83,29 +121,29 @@ def configure_logging(
                 event["suppressed"] = held
         return event
 
-    def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
-        line = json.dumps(event, default=str)
-        if sink is not None:
-            sink.write(line + "\n")
-        if stream is not None:
-            stream.put(line)
-        if _LEVELS.get(event.get("level", "info"), logging.INFO) < console_min:
-            raise structlog.DropEvent
-        shown = {k: v for k, v in event.items() if k not in ("time", "host", "pid")}
-        return render(_, __, shown)
+    return throttle
 
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            throttle,
-            stamp,
-            tee,
-        ],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        cache_logger_on_first_use=False,
-    )
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as a one-line `error` field: its type and the first line of its message (the
+    whole message and the traceback go in `exception`, with `exc_info=True`)."""
+    lines = str(exc).strip().splitlines()
+    return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:limit]
+
+
+def short_exception(stacks: list[dict[str, Any]], frames: int = SHORT_FRAMES) -> str:
+    """A structured traceback in a few lines: the last `frames` frames of the exception raised, its
+    type and first line, then a line for each exception it came from."""
+    if not stacks or not isinstance(stacks[0], dict):
+        return str(stacks)
+    lines = []
+    for frame in (stacks[0].get("frames") or [])[-frames:]:
+        lines.append(f"  {frame.get('filename')}:{frame.get('lineno')} in {frame.get('name')}")
+    for i, stack in enumerate(stacks):
+        value = str(stack.get("exc_value", "")).strip().splitlines()
+        head = f"{stack.get('exc_type')}: {value[0]}" if value else str(stack.get("exc_type"))
+        lines.append(head if i == 0 else f"  from {head}")
+    return "\n".join(lines)
 
 
 class Throttle:

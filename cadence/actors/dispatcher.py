@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import structlog
 
 from cadence.monitor.logstream import LogHub
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
@@ -209,7 +210,8 @@ class Dispatcher:
             log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if msg.metrics:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-            self.recorder.period({**msg.metrics, "workers": workers, "reassigned": self.reassigned})
+            row = PeriodMetrics.from_row(msg.metrics)
+            self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
         if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
             return

@@ -124,14 +124,14 @@ class Trainer:
             log.info(
                 "period_done",
                 period=period,
-                reward=round(metrics["reward_mean"], 4),
-                period_s=round(metrics["period_s"], 3),
-                overlap_s=round(metrics["overlap_s"], 3),
-                stale_dropped=metrics["stale_dropped"],
-                duplicates_dropped=metrics["duplicates_dropped"],
+                reward=round(metrics.reward_mean, 4),
+                period_s=round(metrics.period_s, 3),
+                overlap_s=round(metrics.overlap_s, 3),
+                stale_dropped=metrics.stale_dropped,
+                duplicates_dropped=metrics.duplicates_dropped,
             )
-            await self._checkpoint(period + 1, metrics)
-            await self.session.send(VersionReady(period + 1, sha, nbytes, metrics))
+            await self._checkpoint(period + 1, metrics.to_row())
+            await self.session.send(VersionReady(period + 1, sha, nbytes, metrics.to_row()))
             start = end
         final = self.checkpoint_dir / "final"
         sha = await asyncio.to_thread(self.learner.save, final)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from cadence.config.checks import check_run
 from cadence.config.sections import (
     ConfigError,
     ModelConfigSection,
@@ -84,93 +85,7 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
-        positive = {
-            "periods": self.periods,
-            "task.prompts_per_period": self.task.prompts_per_period,
-            "rollout.group_size": self.rollout.group_size,
-            "rollout.max_new_tokens": self.rollout.max_new_tokens,
-            "rollout.inflight": self.rollout.inflight,
-            "weights.chunk_bytes": self.weights.chunk_bytes,
-            "weights.keep_versions": self.weights.keep_versions,
-            "weights.bucket_bytes": self.weights.bucket_bytes,
-            "weights.broadcast_timeout_s": self.weights.broadcast_timeout_s,
-            "transport.heartbeat_s": self.transport.heartbeat_s,
-            "transport.liveness": self.transport.liveness,
-            "transport.max_frame_bytes": self.transport.max_frame_bytes,
-            "task.digits": self.task.digits,
-            "trainer.lr": self.trainer.lr,
-            "model.hidden_size": self.model.hidden_size,
-            "model.num_layers": self.model.num_layers,
-            "model.num_heads": self.model.num_heads,
-            "model.num_kv_heads": self.model.num_kv_heads,
-            "model.intermediate_size": self.model.intermediate_size,
-            "model.max_position": self.model.max_position,
-        }
-        for key, value in positive.items():
-            if value <= 0:
-                raise ConfigError(f"{key} must be positive, got {value}")
-        steps = self.trainer.steps_per_period
-        if steps < 1 or self.task.prompts_per_period % steps:
-            raise ConfigError(
-                f"trainer.steps_per_period = {steps} must be >= 1 and divide task.prompts_per_period"
-                f" = {self.task.prompts_per_period}"
-            )
-        if not 0 <= self.monitor.samples_fraction <= 1:
-            raise ConfigError(
-                f"monitor.samples_fraction must be in [0, 1], got {self.monitor.samples_fraction}"
-            )
-        if self.trainer.micro_batch_tokens < 0:
-            raise ConfigError(
-                f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"
-            )
-        if self.trainer.ranks < 1:
-            raise ConfigError(f"trainer.ranks must be >= 1, got {self.trainer.ranks}")
-        if self.trainer.ranks > 1 and self.trainer.learner != "torch":
-            raise ConfigError(
-                f"trainer.ranks = {self.trainer.ranks} needs trainer.learner = 'torch'"
-                f" (got {self.trainer.learner!r})"
-            )
-        if self.trainer.sharding == "fsdp2" and self.trainer.ranks < 2:
-            raise ConfigError(
-                f"trainer.sharding = 'fsdp2' needs trainer.ranks > 1 (got {self.trainer.ranks}): one rank"
-                " holds the whole model, use trainer.sharding = 'none'"
-            )
-        if self.trainer.sharding == "fsdp2" and self.trainer.packing != "shared_prompt":
-            raise ConfigError(
-                f"trainer.sharding = 'fsdp2' needs trainer.packing = 'shared_prompt' (got"
-                f" {self.trainer.packing!r}): every rank must run one forward a micro-batch"
-            )
-        if self.trainer.collective_timeout_s <= 0:
-            raise ConfigError(
-                f"trainer.collective_timeout_s must be positive, got {self.trainer.collective_timeout_s}"
-            )
-        if self.trainer.checkpoint_every < 0:
-            raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {self.trainer.checkpoint_every}")
-        if self.trainer.on_loss == "wait" and self.trainer.checkpoint_every <= 0:
-            raise ConfigError(
-                "trainer.on_loss = 'wait' needs trainer.checkpoint_every > 0 (got"
-                f" {self.trainer.checkpoint_every}): a lost trainer comes back only from a resume checkpoint"
-            )
-        if self.vllm.max_model_len < 0 or self.vllm.kv_cache_mib < 0:
-            raise ConfigError(
-                f"vllm.max_model_len ({self.vllm.max_model_len}) and vllm.kv_cache_mib"
-                f" ({self.vllm.kv_cache_mib}) must be >= 0"
-            )
-        if not 0 < self.vllm.gpu_memory_utilization <= 1:
-            raise ConfigError(
-                f"vllm.gpu_memory_utilization must be in (0, 1], got {self.vllm.gpu_memory_utilization}"
-            )
-        if self.weights.chunk_bytes > self.transport.max_frame_bytes:
-            raise ConfigError(
-                f"weights.chunk_bytes ({self.weights.chunk_bytes}) must be at most transport.max_frame_bytes"
-                f" ({self.transport.max_frame_bytes}): a larger chunk would be refused by every worker"
-            )
-        if self.rollout.workers < 0:
-            raise ConfigError(f"rollout.workers must be >= 0, got {self.rollout.workers}")
-        if self.rollout.temperature < 0:
-            raise ConfigError(f"rollout.temperature must be >= 0, got {self.rollout.temperature}")
-        if not 0 < self.rollout.top_p <= 1:
-            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
+        check_run(self)
 
 
 def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:

@@ -40,7 +40,7 @@ def exit_status(main: Callable[[], object]) -> int:
         log.warning("interrupted")
         return 130
     except Exception as exc:
-        log.error("actor_failed", error=f"{type(exc).__name__}: {exc}")
+        log.error("actor_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
         return 1
     return 0
 

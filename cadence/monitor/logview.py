@@ -23,9 +23,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from cadence.log import short_exception
 from cadence.monitor.run_dir import read_new_lines
+
+if TYPE_CHECKING:
+    from cadence.transport.endpoint import Client
 
 _SHOWN_FIRST = ("ts", "actor", "level", "event")
 _HIDDEN = ("time", "host", "pid")
@@ -92,8 +96,18 @@ def format_event(event: dict[str, Any], as_json: bool = False) -> str:
     if as_json:
         return json.dumps(event, default=str)
     head = " ".join(str(event.get(k, "-")) for k in _SHOWN_FIRST)
-    rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in _SHOWN_FIRST and k not in _HIDDEN)
-    return f"{head} {rest}".rstrip()
+    rest = " ".join(
+        f"{k}={v}"
+        for k, v in event.items()
+        if k not in _SHOWN_FIRST and k not in _HIDDEN and k != "exception"
+    )
+    line = f"{head} {rest}".rstrip()
+    stacks = event.get("exception")
+    if isinstance(stacks, list):
+        return line + "\n" + short_exception(stacks)
+    if isinstance(stacks, str):  # a traceback rendered as text
+        return line + "\n" + "\n".join(stacks.strip().splitlines()[-3:])
+    return line
 
 
 def show_logs(
@@ -161,7 +175,7 @@ async def follow_remote(
     and the dispatcher has gone quiet, or 1 when the dispatcher stays silent `silence_s` before that.
     """
     from cadence.transport.zmq_socket import ZmqNetwork
-    from cadence.wire.messages import LogBatch, Subscribe
+    from cadence.wire.messages import Subscribe
 
     net = ZmqNetwork(run_id, keys=keys)
     client = net.connect(f"logs-{socket.gethostname()}-{os.getpid()}", address)
@@ -173,23 +187,8 @@ async def follow_remote(
         while True:
             rounds += 1
             await client.send(Subscribe(backlog))
-            deadline = time.time() + heartbeat_s
-            while (left := deadline - time.time()) > 0:
-                try:
-                    env = await asyncio.wait_for(client.recv(), left)
-                except TimeoutError:
-                    break
-                heard = time.time()
-                if not isinstance(env.message, LogBatch):
-                    continue
-                for line in env.message.lines:
-                    event = _parse(line)
-                    if event is None:
-                        continue
-                    if event.get("event") == "run_done" and event.get("actor") == "dispatcher":
-                        done_at = heard
-                    if where.accepts(event):
-                        held.add([event])
+            last, ended = await _listen(client, time.time() + heartbeat_s, where, held)
+            heard, done_at = last or heard, ended or done_at
             now = time.time()
             quiet = now - heard
             finished = (not follow and rounds >= 2) or (done_at is not None and quiet >= 2.0)
@@ -204,6 +203,34 @@ async def follow_remote(
                 return 1
     finally:
         net.close()
+
+
+async def _listen(
+    client: Client, until: float, where: Filter, held: _Held
+) -> tuple[float | None, float | None]:
+    """Take the dispatcher's log batches until `until`, holding the events `where` accepts: when it
+    was last heard from, and when it said the run was done (None for what did not happen)."""
+    from cadence.wire.messages import LogBatch
+
+    heard: float | None = None
+    done_at: float | None = None
+    while (left := until - time.time()) > 0:
+        try:
+            env = await asyncio.wait_for(client.recv(), left)
+        except TimeoutError:
+            break
+        heard = time.time()
+        if not isinstance(env.message, LogBatch):
+            continue
+        for line in env.message.lines:
+            event = _parse(line)
+            if event is None:
+                continue
+            if event.get("event") == "run_done" and event.get("actor") == "dispatcher":
+                done_at = heard
+            if where.accepts(event):
+                held.add([event])
+    return heard, done_at
 
 
 def _parse(line: str) -> dict[str, Any] | None:

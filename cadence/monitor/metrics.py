@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+
+from cadence.monitor.period_metrics import PeriodMetrics
 
 
 def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -69,8 +70,8 @@ class PeriodStats:
         self.gen_s.append(gen_s)
         self.load_s.append(load_s)
 
-    def finish(self, end: float, publish_s: float) -> dict[str, Any]:
-        """The metrics line of this period; `end` is when the next version was published."""
+    def finish(self, end: float, publish_s: float) -> PeriodMetrics:
+        """The figures of this period; `end` is when the next version was published."""
         period_s = end - self.start
         last_arrival = max(self.arrivals) if self.arrivals else self.start
         group_train = [b - a for a, b in self.spans]
@@ -80,40 +81,39 @@ class PeriodStats:
         std = (sum((r - mean) ** 2 for r in self.rewards) / n) ** 0.5 if n else 0.0
         tokens = sum(self.lengths)
         idle = [max(0.0, period_s - busy) for busy in self.busy.values()]
-        per_function = {f"reward_{name}": sum(v) / len(v) for name, v in sorted(self.parts.items()) if v}
-        return {
-            **per_function,
-            "period": self.period,
-            "version": self.period,
-            "groups": len(self.arrivals),
-            "samples": n,
-            "reward_mean": mean,
-            "reward_std": std,
-            "accuracy": sum(self.correct) / n if n else 0.0,
-            "response_len_mean": tokens / n if n else 0.0,
-            "response_len_max": max(self.lengths, default=0),
-            "tokens_generated": tokens,
-            "period_s": period_s,
-            "gen_s": last_arrival - self.start,
-            "train_s": train_s,
-            "overlap_s": overlap(self.spans, self.start, last_arrival),
-            "tail_s": end - publish_s - last_arrival,
-            "trainer_idle_s": period_s - train_s - publish_s,
-            "inference_idle_s": sum(idle) / len(idle) if idle else 0.0,
-            "publish_s": publish_s,
-            "weight_load_s": max(self.load_s, default=0.0),
-            "weight_sync_s": publish_s + max(self.load_s, default=0.0),
-            "tokens_per_s": tokens / period_s if period_s > 0 else 0.0,
-            "samples_per_s": n / period_s if period_s > 0 else 0.0,
-            "stale_dropped": self.stale_dropped,
-            "duplicates_dropped": self.duplicates_dropped,
-            "workers_active": len(self.workers),
-            "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
-            "micro_batches": len(self.spans),
-            "micro_batch_train_s": [round(c, 6) for c in group_train],
-            "step_s": self.step_s,
-            "samples_sha256": samples_digest(self.completions),
-        }
+        return PeriodMetrics(
+            period=self.period,
+            version=self.period,
+            groups=len(self.arrivals),
+            samples=n,
+            reward_mean=mean,
+            reward_std=std,
+            accuracy=sum(self.correct) / n if n else 0.0,
+            response_len_mean=tokens / n if n else 0.0,
+            response_len_max=max(self.lengths, default=0),
+            tokens_generated=tokens,
+            period_s=period_s,
+            gen_s=last_arrival - self.start,
+            train_s=train_s,
+            overlap_s=overlap(self.spans, self.start, last_arrival),
+            tail_s=end - publish_s - last_arrival,
+            trainer_idle_s=period_s - train_s - publish_s,
+            inference_idle_s=sum(idle) / len(idle) if idle else 0.0,
+            publish_s=publish_s,
+            weight_load_s=max(self.load_s, default=0.0),
+            weight_sync_s=publish_s + max(self.load_s, default=0.0),
+            tokens_per_s=tokens / period_s if period_s > 0 else 0.0,
+            samples_per_s=n / period_s if period_s > 0 else 0.0,
+            stale_dropped=self.stale_dropped,
+            duplicates_dropped=self.duplicates_dropped,
+            workers_active=len(self.workers),
+            group_arrival_s=tuple(round(a - self.start, 6) for a in self.arrivals),
+            micro_batches=len(self.spans),
+            micro_batch_train_s=tuple(round(c, 6) for c in group_train),
+            step_s=self.step_s,
+            samples_sha256=samples_digest(self.completions),
+            reward_functions={name: sum(v) / len(v) for name, v in sorted(self.parts.items()) if v},
+        )
 
 
 def samples_digest(completions: dict[int, list[list[int]]]) -> str:

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import read_new_lines
 
 
-def period_line(row: dict[str, Any], periods: int) -> str:
+def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
-        f"period {row['period'] + 1:>4}/{periods}  reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}"
-        f"  period {row['period_s']:.2f}s  overlap {row['overlap_s']:.2f}s  sync {row['weight_sync_s'] * 1e3:.0f}ms"
-        f"  {row['tokens_per_s']:.0f} tok/s  workers {row['workers_active']}"
+        f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
+        f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
+        f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}"
     )
 
 
 def status_line(
-    period: int, periods: int, groups: int, batch: int, last: dict[str, Any] | None, elapsed: float
+    period: int, periods: int, groups: int, batch: int, last: PeriodMetrics | None, elapsed: float
 ) -> str:
     """The live line: `period` is the one in progress (0-based), `groups` of it trained so far."""
     done = min(period, periods)
@@ -34,9 +35,9 @@ def status_line(
     parts = [f"period {min(period + 1, periods):>4}/{periods}", f"groups {groups:>3}/{batch}"]
     if last is not None:
         parts += [
-            f"reward {last['reward_mean']:.3f}",
-            f"acc {last['accuracy']:.3f}",
-            f"{last['tokens_per_s']:.0f} tok/s",
+            f"reward {last.reward_mean:.3f}",
+            f"acc {last.accuracy:.3f}",
+            f"{last.tokens_per_s:.0f} tok/s",
         ]
     parts.append(f"elapsed {_clock(elapsed)}")
     parts.append(f"left {_clock(left) if left is not None else '?'}")
@@ -65,7 +66,7 @@ class Progress:
         for key, path in (("metrics", out / "metrics.jsonl"), ("trainer", out / "logs" / "trainer.jsonl")):
             if first and path.exists():
                 self.offsets[key] = path.stat().st_size
-        self.last: dict[str, Any] | None = None
+        self.last: PeriodMetrics | None = None
         self.period = first
         self.groups: dict[int, int] = {}
         self.every = max(1, periods // 20)
@@ -80,10 +81,10 @@ class Progress:
             for e in spans:
                 if e.get("event") == "span" and e.get("kind") == "train" and isinstance(e.get("period"), int):
                     self.groups[e["period"]] = self.groups.get(e["period"], 0) + int(e.get("groups", 1))
-        for row in rows:
+        for row in map(PeriodMetrics.from_row, rows):
             self.last = row
-            self.period = row["period"] + 1
-            self.groups.pop(row["period"], None)
+            self.period = row.period + 1
+            self.groups.pop(row.period, None)
             if not self.live:
                 self._print(period_line(row, self.periods))
             elif self.period % self.every == 0 or self.period == self.periods:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cadence.monitor.period_metrics import PeriodMetrics
+
 if TYPE_CHECKING:
     from cadence.monitor.writers import MetricWriter
 
@@ -71,7 +73,8 @@ class RunRecorder:
         self.out = out
         self.writers = list(writers)
         self.mode = mode
-        self.rows: list[dict[str, Any]] = read_jsonl(out / "metrics.jsonl") if resume else []
+        earlier = read_jsonl(out / "metrics.jsonl") if resume else []
+        self.rows: list[PeriodMetrics] = [PeriodMetrics.from_row(r) for r in earlier]
         self.started = 0.0
         out.mkdir(parents=True, exist_ok=True)
         self._metrics = open(out / "metrics.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -79,16 +82,16 @@ class RunRecorder:
     def start(self, now: float) -> None:
         self.started = now
 
-    def period(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        self._metrics.write(json.dumps(row, sort_keys=True) + "\n")
+    def period(self, metrics: PeriodMetrics) -> None:
+        self.rows.append(metrics)
+        self._metrics.write(json.dumps(metrics.to_row(), sort_keys=True) + "\n")
         for writer in self.writers:
-            writer.write(int(row.get("period", len(self.rows) - 1)), row)
+            writer.write(metrics.period, metrics)
 
     def rewind(self, version: int) -> int:
         """Forget the periods >= `version` (a trainer continues from it): the lines are dropped from
         `metrics.jsonl` too, so no period appears twice; how many went."""
-        keep = [r for r in self.rows if r.get("period", -1) < version]
+        keep = [r for r in self.rows if r.period < version]
         if len(keep) == len(self.rows):
             return 0
         dropped, self.rows = len(self.rows) - len(keep), keep
@@ -108,29 +111,29 @@ class RunRecorder:
 
 
 def summarize(
-    rows: list[dict[str, Any]], mode: str, wall_s: float, version: int, sha256: str
+    rows: Sequence[PeriodMetrics], mode: str, wall_s: float, version: int, sha256: str
 ) -> dict[str, Any]:
     """The run's figures from its period rows; first/last means are over a tenth of the periods."""
     n = len(rows)
     tenth = max(1, n // 10)
 
-    def mean(key: str, part: list[dict[str, Any]]) -> float:
-        return sum(r[key] for r in part) / len(part) if part else 0.0
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
 
     return {
         "mode": mode,
         "periods": n,
-        "groups_trained": sum(r["groups"] for r in rows),
-        "samples": sum(r["samples"] for r in rows),
-        "tokens_generated": sum(r["tokens_generated"] for r in rows),
-        "reward_mean_first": mean("reward_mean", rows[:tenth]),
-        "reward_mean_last": mean("reward_mean", rows[-tenth:]),
-        "accuracy_first": mean("accuracy", rows[:tenth]),
-        "accuracy_last": mean("accuracy", rows[-tenth:]),
-        "stale_dropped": sum(r["stale_dropped"] for r in rows),
-        "duplicates_dropped": sum(r["duplicates_dropped"] for r in rows),
-        "period_s_mean": mean("period_s", rows),
-        "overlap_s_total": sum(r["overlap_s"] for r in rows),
+        "groups_trained": sum(r.groups for r in rows),
+        "samples": sum(r.samples for r in rows),
+        "tokens_generated": sum(r.tokens_generated for r in rows),
+        "reward_mean_first": mean([r.reward_mean for r in rows[:tenth]]),
+        "reward_mean_last": mean([r.reward_mean for r in rows[-tenth:]]),
+        "accuracy_first": mean([r.accuracy for r in rows[:tenth]]),
+        "accuracy_last": mean([r.accuracy for r in rows[-tenth:]]),
+        "stale_dropped": sum(r.stale_dropped for r in rows),
+        "duplicates_dropped": sum(r.duplicates_dropped for r in rows),
+        "period_s_mean": mean([r.period_s for r in rows]),
+        "overlap_s_total": sum(r.overlap_s for r in rows),
         "wall_s": wall_s,
         "final_version": version,
         "weights_sha256": sha256,

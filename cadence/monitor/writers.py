@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cadence.config import ConfigError, RunConfig, to_dict
+from cadence.monitor.period_metrics import PeriodMetrics
 
 
 class MetricWriter(Protocol):
-    def write(self, step: int, row: dict[str, Any]) -> None: ...
+    def write(self, step: int, metrics: PeriodMetrics) -> None: ...
 
     def close(self) -> None: ...
 
@@ -36,8 +37,8 @@ class TensorBoardWriter:
             ) from exc
         self.writer = SummaryWriter(log_dir=str(directory))
 
-    def write(self, step: int, row: dict[str, Any]) -> None:
-        for key, value in scalars(row).items():
+    def write(self, step: int, metrics: PeriodMetrics) -> None:
+        for key, value in scalars(metrics.to_row()).items():
             self.writer.add_scalar(f"cadence/{key}", value, step)
         self.writer.flush()
 
@@ -61,8 +62,8 @@ class WandbWriter:
             config=to_dict(cfg),
         )
 
-    def write(self, step: int, row: dict[str, Any]) -> None:
-        self.run.log(scalars(row), step=step)
+    def write(self, step: int, metrics: PeriodMetrics) -> None:
+        self.run.log(scalars(metrics.to_row()), step=step)
 
     def close(self) -> None:
         self.run.finish()

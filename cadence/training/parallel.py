@@ -137,7 +137,7 @@ class DistributedLearner:
                 if self._failed is None:
                     self._command({"op": "stop"})
             except CollectiveError as err:
-                log.warning("followers_not_stopped", error=str(err))
+                log.warning("followers_not_stopped", error=str(err), exc_info=True)
             finally:
                 self._lock.release()
         self._pinger.join(timeout=1.0)
@@ -161,7 +161,7 @@ class DistributedLearner:
                     self._command({"op": "ping"})
                 except CollectiveError as err:
                     self._failed = err
-                    log.error("followers_lost", error=str(err))
+                    log.error("followers_lost", error=str(err), exc_info=True)
 
 
 def follow(local: TorchLearner, comm: Collectives) -> None:

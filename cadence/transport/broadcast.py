@@ -33,6 +33,7 @@ import xxhash
 from torch import Tensor
 
 from cadence.config.devices import DEVICES
+from cadence.log import one_line
 from cadence.transport.buckets import BucketPlan, plan_buckets, plan_from_layout
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.groups import (
@@ -132,7 +133,8 @@ class BroadcastRoot:
                 version=version,
                 generation=self.generation,
                 missing=names,
-                error=str(err).splitlines()[0][:300],
+                error=one_line(err),
+                exc_info=True,
             )
             return False
         log.info(
@@ -185,7 +187,9 @@ class BroadcastRoot:
         missing = wait_keys(store, {r: f"done/{version}/{r}" for r in range(1, world)}, self.timeout_s)
         if missing or broken is not None:
             cause = f": {broken}" if broken is not None else ""
-            raise BroadcastError(f"ranks {missing} did not confirm version {version}{cause}", missing)
+            raise BroadcastError(
+                f"ranks {missing} did not confirm version {version}{cause}", missing
+            ) from broken
 
 
 def _local_host(remote: str, port: int) -> str:
@@ -233,7 +237,8 @@ class BroadcastMember:
                         "broadcast_failed",
                         version=msg.version,
                         generation=msg.generation,
-                        error=str(err).splitlines()[0][:300],
+                        error=one_line(err),
+                        exc_info=True,
                     )
                     await client.send(BroadcastJoin(self.worker))
                 self._settle(msg.version, state)

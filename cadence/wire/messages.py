@@ -166,7 +166,8 @@ class Consumed(Message):
 @message("version_ready")
 @dataclass(frozen=True)
 class VersionReady(Message):
-    """Weights `version` are published; period `version` may start. Carries the last period's metrics."""
+    """Weights `version` are published; period `version` may start. Carries the last period's metrics
+    as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run)."""
 
     version: int
     sha256: str

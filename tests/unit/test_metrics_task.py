@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cadence.config import TaskConfig
 from cadence.monitor.metrics import PeriodStats, overlap, samples_digest, serial_finish
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import summarize
 from cadence.tasks.digits import DigitsTask
 
@@ -63,7 +64,7 @@ def _stats() -> PeriodStats:
 
 
 def test_period_finish_keys_and_values() -> None:
-    row = _stats().finish(end=108.0, publish_s=1.0)
+    row = _stats().finish(end=108.0, publish_s=1.0).to_row()
     assert set(row) >= {
         "period",
         "version",
@@ -104,13 +105,13 @@ def test_period_finish_keys_and_values() -> None:
 
 
 def test_period_time_adds_up() -> None:
-    row = _stats().finish(end=108.0, publish_s=1.0)
+    row = _stats().finish(end=108.0, publish_s=1.0).to_row()
     assert row["period_s"] == pytest.approx(row["train_s"] + row["trainer_idle_s"] + row["publish_s"])
     assert row["trainer_idle_s"] == pytest.approx(8.0 - 3.0 - 1.0)
 
 
 def test_empty_period_has_zero_rates_not_errors() -> None:
-    row = PeriodStats(period=0, start=10.0).finish(end=10.0, publish_s=0.0)
+    row = PeriodStats(period=0, start=10.0).finish(end=10.0, publish_s=0.0).to_row()
     assert row["samples"] == 0 and row["reward_mean"] == 0.0 and row["tokens_per_s"] == 0.0
     assert row["gen_s"] == 0.0
 
@@ -126,18 +127,20 @@ def test_samples_digest_is_order_independent_and_content_sensitive() -> None:
 # ---------------------------------------------------------------- summarize
 
 
-def _row(i: int) -> dict[str, float]:
-    return {
-        "groups": 4,
-        "samples": 16,
-        "tokens_generated": 10 * i,
-        "reward_mean": float(i),
-        "accuracy": i / 100,
-        "stale_dropped": i % 2,
-        "duplicates_dropped": 1,
-        "period_s": 2.0,
-        "overlap_s": 0.5,
-    }
+def _row(i: int) -> PeriodMetrics:
+    return PeriodMetrics.from_row(
+        {
+            "groups": 4,
+            "samples": 16,
+            "tokens_generated": 10 * i,
+            "reward_mean": float(i),
+            "accuracy": i / 100,
+            "stale_dropped": i % 2,
+            "duplicates_dropped": 1,
+            "period_s": 2.0,
+            "overlap_s": 0.5,
+        }
+    )
 
 
 def test_summarize_means_over_first_and_last_tenth_and_sums() -> None:

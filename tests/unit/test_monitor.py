@@ -10,6 +10,7 @@ import pytest
 
 from cadence.config import ConfigError, load_config
 from cadence.monitor.metrics import PeriodStats
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
 from cadence.monitor.samples import SampleWriter, is_sampled
 from cadence.monitor.writers import TensorBoardWriter, make_writers, scalars
@@ -21,7 +22,7 @@ def test_reward_functions_and_inference_idle_per_period() -> None:
     stats.arrived(101.0, "w1", 0, [[1], [2]], [1.2, 0.2], [1.0, 0.0], gen_s=1.0, load_s=0.5, parts=parts)
     stats.arrived(103.0, "w1", 1, [[1], [2]], [0.0, 0.2], [0.0, 0.0], gen_s=2.0, load_s=0.0, parts=parts)
     stats.arrived(104.0, "w2", 2, [[1, 2], [3]], [0.2, 0.2], [0.0, 0.0], gen_s=1.0, load_s=0.0)
-    row = stats.finish(end=110.0, publish_s=0.5)
+    row = stats.finish(end=110.0, publish_s=0.5).to_row()
     assert row["reward_math"] == pytest.approx(0.5) and row["reward_format"] == pytest.approx(1.0)
     # w1 busy 3.5 s, w2 1 s, of a 10 s period: idle 6.5 and 9, mean 7.75
     assert row["inference_idle_s"] == pytest.approx(7.75)
@@ -59,13 +60,20 @@ def test_tensorboard_gets_every_numeric_metric_by_period(tmp_path: Path) -> None
     writers = make_writers(cfg, tmp_path)
     assert len(writers) == 1 and isinstance(writers[0], TensorBoardWriter)
     recorder = RunRecorder(tmp_path, "periodic", writers)
-    for period in range(3):
-        recorder.period({"period": period, "reward_mean": period / 10, "samples_sha256": "x", "list": [1]})
+    rows = [
+        {"period": period, "reward_mean": period / 10, "samples_sha256": "x", "group_arrival_s": [1.0]}
+        for period in range(3)
+    ]
+    for row in rows:
+        recorder.period(PeriodMetrics.from_row(row))
     for w in writers:
         w.close()
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"cadence/period", "cadence/reward_mean"}
+    numeric = scalars(PeriodMetrics.from_row(rows[0]).to_row())
+    assert "cadence/reward_mean" in events.Tags()["scalars"]
+    assert set(events.Tags()["scalars"]) == {f"cadence/{key}" for key in numeric}
+    assert "samples_sha256" not in numeric and "group_arrival_s" not in numeric
     rewards = events.Scalars("cadence/reward_mean")
     assert [e.step for e in rewards] == [0, 1, 2]
     assert [round(e.value, 6) for e in rewards] == [0.0, 0.1, 0.2]

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.progress import Progress, status_line
 
 ROW = {
@@ -26,7 +27,9 @@ def add(path: Path, *events: dict[str, object]) -> None:
 
 
 def test_status_line_counts_groups_and_estimates_time_left() -> None:
-    line = status_line(period=10, periods=40, groups=3, batch=8, last=ROW, elapsed=20.0)
+    line = status_line(
+        period=10, periods=40, groups=3, batch=8, last=PeriodMetrics.from_row(ROW), elapsed=20.0
+    )
     assert "period   11/40" in line and "groups   3/8" in line
     assert "reward 0.500" in line and "1234 tok/s" in line
     assert "elapsed 0:20" in line and "left 1:00" in line  # 2 s a period, 30 to go

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cadence.config import ConfigError, SimulatedConfig
+from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder, read_jsonl, truncate_metrics
 from cadence.training.learner import TorchLearner
 from cadence.training.resume import ResumeError, check_config, find_resume, load_resume, save_resume
@@ -127,8 +128,10 @@ def test_checkpoint_every_must_not_be_negative() -> None:
         tiny_config("trainer.checkpoint_every=-1")
 
 
-def row(period: int) -> dict[str, float]:
-    return {"period": period, "groups": 4, "samples": 16, "tokens_generated": 8, "reward_mean": 0.5}
+def row(period: int, reward_mean: float = 0.5) -> PeriodMetrics:
+    return PeriodMetrics(
+        period=period, version=period, groups=4, samples=16, tokens_generated=8, reward_mean=reward_mean
+    )
 
 
 def test_metrics_are_continued_and_a_period_never_appears_twice(tmp_path: Path) -> None:
@@ -138,10 +141,10 @@ def test_metrics_are_continued_and_a_period_never_appears_twice(tmp_path: Path) 
     assert truncate_metrics(tmp_path / "metrics.jsonl", 4) == 1
     assert truncate_metrics(tmp_path / "metrics.jsonl", 4) == 0
     resumed = RunRecorder(tmp_path, "periodic", resume=True)
-    assert [r["period"] for r in resumed.rows] == [0, 1, 2, 3]
+    assert [r.period for r in resumed.rows] == [0, 1, 2, 3]
     assert resumed.rewind(3) == 1 and resumed.rewind(3) == 0
-    resumed.period(row(3) | {"reward_mean": 1.0})
+    resumed.period(row(3, reward_mean=1.0))
     resumed.period(row(4))
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["period"] for r in lines] == [0, 1, 2, 3, 4] and lines[3]["reward_mean"] == 1.0
-    assert [r["period"] for r in resumed.rows] == [0, 1, 2, 3, 4]
+    assert [r.period for r in resumed.rows] == [0, 1, 2, 3, 4]

@@ -1,0 +1,41 @@
+"""`cadence bench NAME`: the measurements behind the README's performance section."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cadence.cli.common import Subparsers
+
+
+def add(sub: Subparsers) -> None:
+    bench = sub.add_parser("bench", help="measurements of the README's performance section")
+    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights"])
+    bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
+    bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    bench.add_argument("--out", type=Path, default=Path("runs/bench"))
+    bench.add_argument(
+        "--mbytes",
+        type=float,
+        default=None,
+        help="weights: megabytes to publish (default: SmolLM2-135M fp32)",
+    )
+    bench.set_defaults(handler=bench_handler)
+
+
+def bench_handler(args: argparse.Namespace) -> int:
+    if args.name == "logs":
+        from cadence.bench.logs import bench_logs
+
+        return bench_logs(args.json)
+    if args.name == "weights":
+        from cadence.bench.weights import bench_weights
+
+        return bench_weights(args.json, args.mbytes)
+    if args.name == "packing":
+        from cadence.bench.packing import bench_packing
+
+        return bench_packing(args.json)
+    from cadence.bench.pipeline import bench_pipeline
+
+    return bench_pipeline(args.overrides, args.out, args.json)

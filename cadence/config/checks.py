@@ -1,0 +1,132 @@
+"""The allowed values of a run configuration beyond each key's type: ranges, and keys that must
+agree with one another.
+
+Invariant: `check_run` raises `ConfigError` naming the key (or keys), the value and what is allowed,
+for the first rule a config breaks; a config that passes has every value the actors assume.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence.config.sections import ConfigError
+
+if TYPE_CHECKING:
+    from cadence.config.run import RunConfig
+
+
+def check_run(cfg: RunConfig) -> None:
+    """Every rule below, in order."""
+    check_positive(cfg)
+    check_trainer(cfg)
+    check_parallel(cfg)
+    check_vllm(cfg)
+    check_weights(cfg)
+    check_rollout(cfg)
+
+
+def check_positive(cfg: RunConfig) -> None:
+    """Counts, sizes, rates and intervals that must be above zero."""
+    positive = {
+        "periods": cfg.periods,
+        "task.prompts_per_period": cfg.task.prompts_per_period,
+        "rollout.group_size": cfg.rollout.group_size,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.inflight": cfg.rollout.inflight,
+        "weights.chunk_bytes": cfg.weights.chunk_bytes,
+        "weights.keep_versions": cfg.weights.keep_versions,
+        "weights.bucket_bytes": cfg.weights.bucket_bytes,
+        "weights.broadcast_timeout_s": cfg.weights.broadcast_timeout_s,
+        "transport.heartbeat_s": cfg.transport.heartbeat_s,
+        "transport.liveness": cfg.transport.liveness,
+        "transport.max_frame_bytes": cfg.transport.max_frame_bytes,
+        "task.digits": cfg.task.digits,
+        "trainer.lr": cfg.trainer.lr,
+        "model.hidden_size": cfg.model.hidden_size,
+        "model.num_layers": cfg.model.num_layers,
+        "model.num_heads": cfg.model.num_heads,
+        "model.num_kv_heads": cfg.model.num_kv_heads,
+        "model.intermediate_size": cfg.model.intermediate_size,
+        "model.max_position": cfg.model.max_position,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+
+
+def check_trainer(cfg: RunConfig) -> None:
+    """Optimizer steps a period, micro-batch size, checkpoints (and the share of samples kept)."""
+    steps = cfg.trainer.steps_per_period
+    if steps < 1 or cfg.task.prompts_per_period % steps:
+        raise ConfigError(
+            f"trainer.steps_per_period = {steps} must be >= 1 and divide task.prompts_per_period"
+            f" = {cfg.task.prompts_per_period}"
+        )
+    if not 0 <= cfg.monitor.samples_fraction <= 1:
+        raise ConfigError(f"monitor.samples_fraction must be in [0, 1], got {cfg.monitor.samples_fraction}")
+    if cfg.trainer.micro_batch_tokens < 0:
+        raise ConfigError(f"trainer.micro_batch_tokens must be >= 0, got {cfg.trainer.micro_batch_tokens}")
+    if cfg.trainer.checkpoint_every < 0:
+        raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {cfg.trainer.checkpoint_every}")
+    if cfg.trainer.on_loss == "wait" and cfg.trainer.checkpoint_every <= 0:
+        raise ConfigError(
+            "trainer.on_loss = 'wait' needs trainer.checkpoint_every > 0 (got"
+            f" {cfg.trainer.checkpoint_every}): a lost trainer comes back only from a resume checkpoint"
+        )
+
+
+def check_parallel(cfg: RunConfig) -> None:
+    """The trainer's ranks, sharding and collectives agree with one another."""
+    trainer = cfg.trainer
+    if trainer.ranks < 1:
+        raise ConfigError(f"trainer.ranks must be >= 1, got {trainer.ranks}")
+    if trainer.ranks > 1 and trainer.learner != "torch":
+        raise ConfigError(
+            f"trainer.ranks = {trainer.ranks} needs trainer.learner = 'torch' (got {trainer.learner!r})"
+        )
+    if trainer.sharding == "fsdp2" and trainer.ranks < 2:
+        raise ConfigError(
+            f"trainer.sharding = 'fsdp2' needs trainer.ranks > 1 (got {trainer.ranks}): one rank"
+            " holds the whole model, use trainer.sharding = 'none'"
+        )
+    if trainer.sharding == "fsdp2" and trainer.packing != "shared_prompt":
+        raise ConfigError(
+            f"trainer.sharding = 'fsdp2' needs trainer.packing = 'shared_prompt' (got"
+            f" {trainer.packing!r}): every rank must run one forward a micro-batch"
+        )
+    if trainer.collective_timeout_s <= 0:
+        raise ConfigError(
+            f"trainer.collective_timeout_s must be positive, got {trainer.collective_timeout_s}"
+        )
+
+
+def check_vllm(cfg: RunConfig) -> None:
+    """vLLM's context length, cache size and memory share."""
+    if cfg.vllm.max_model_len < 0 or cfg.vllm.kv_cache_mib < 0:
+        raise ConfigError(
+            f"vllm.max_model_len ({cfg.vllm.max_model_len}) and vllm.kv_cache_mib"
+            f" ({cfg.vllm.kv_cache_mib}) must be >= 0"
+        )
+    if not 0 < cfg.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            f"vllm.gpu_memory_utilization must be in (0, 1], got {cfg.vllm.gpu_memory_utilization}"
+        )
+
+
+def check_weights(cfg: RunConfig) -> None:
+    """A weights chunk fits in one transport frame."""
+    if cfg.weights.chunk_bytes > cfg.transport.max_frame_bytes:
+        raise ConfigError(
+            f"weights.chunk_bytes ({cfg.weights.chunk_bytes}) must be at most transport.max_frame_bytes"
+            f" ({cfg.transport.max_frame_bytes}): a larger chunk would be refused by every worker"
+        )
+
+
+def check_rollout(cfg: RunConfig) -> None:
+    """Worker count and sampling settings."""
+    if cfg.rollout.workers < 0:
+        raise ConfigError(f"rollout.workers must be >= 0, got {cfg.rollout.workers}")
+    if cfg.rollout.temperature < 0:
+        raise ConfigError(f"rollout.temperature must be >= 0, got {cfg.rollout.temperature}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")

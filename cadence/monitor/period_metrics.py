@@ -1,0 +1,92 @@
+"""One period's figures as a typed row: what the trainer measures, the dispatcher records in
+`metrics.jsonl`, the summary sums and the progress line shows.
+
+Invariant: `to_row` gives the very keys and values `metrics.jsonl` has always had (a reward
+function's mean as `reward_<name>`, lists for the per-group figures, `workers` and `reassigned` only
+once the dispatcher has added them), and `from_row(row).to_row() == row` for every row it wrote.
+`from_row` takes rows of older runs and resume checkpoints as they are: a missing key gets its
+default (0, an empty list or string), an unknown key is kept in `extra` and written back unchanged,
+so nothing a trainer sent is lost. Values are taken as they are, not converted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# fields whose rows hold lists
+_SEQUENCES = ("group_arrival_s", "micro_batch_train_s")
+# fields the dispatcher adds; left out of a row while None
+_RECORDED = ("workers", "reassigned")
+# fields that are no key of the row themselves
+_NOT_KEYS = ("reward_functions", "extra")
+
+
+@dataclass(frozen=True)
+class PeriodMetrics:
+    """The figures of period `period`; times in seconds on the trainer's clock from the period's start."""
+
+    period: int = 0  # the period (= the weights version its rollouts were generated with)
+    version: int = 0  # the weights version the period trained from (the period itself)
+    groups: int = 0  # prompt groups trained
+    samples: int = 0  # completions trained (groups x group size)
+    reward_mean: float = 0.0  # mean reward of the samples
+    reward_std: float = 0.0  # standard deviation of the samples' rewards
+    accuracy: float = 0.0  # share of the samples judged correct
+    response_len_mean: float = 0.0  # mean completion length in tokens
+    response_len_max: int = 0  # longest completion in tokens
+    tokens_generated: int = 0  # completion tokens of the period
+    period_s: float = 0.0  # from this version's publication to the next one's
+    gen_s: float = 0.0  # from the period's start to the last group's arrival
+    train_s: float = 0.0  # training micro-batches and optimizer steps, summed
+    overlap_s: float = 0.0  # training while groups were still arriving
+    tail_s: float = 0.0  # from the last arrival to the start of publishing
+    trainer_idle_s: float = 0.0  # period_s - train_s - publish_s
+    inference_idle_s: float = 0.0  # a rollout worker's time neither generating nor loading, mean
+    publish_s: float = 0.0  # publishing the next version
+    weight_load_s: float = 0.0  # the slowest worker's load of this version
+    weight_sync_s: float = 0.0  # publish_s + weight_load_s
+    tokens_per_s: float = 0.0  # tokens_generated / period_s
+    samples_per_s: float = 0.0  # samples / period_s
+    stale_dropped: int = 0  # groups refused as generated with another version's weights
+    duplicates_dropped: int = 0  # groups refused as already trained
+    workers_active: int = 0  # rollout workers whose groups arrived
+    group_arrival_s: tuple[float, ...] = ()  # each group's arrival, from the period's start
+    micro_batches: int = 0  # micro-batches trained
+    micro_batch_train_s: tuple[float, ...] = ()  # each micro-batch's training time
+    step_s: float = 0.0  # optimizer steps, summed
+    samples_sha256: str = ""  # checksum of every generated token, independent of arrival order
+    reward_functions: dict[str, float] = field(default_factory=dict)  # function -> mean (reward_<name>)
+    workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
+    reassigned: int | None = None  # prompts handed to another worker so far (the dispatcher's)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of a row this class does not know
+
+    def to_row(self) -> dict[str, Any]:
+        """The `metrics.jsonl` line (and `VersionReady.metrics`) of these figures."""
+        row: dict[str, Any] = dict(self.extra)
+        row.update({f"reward_{name}": value for name, value in self.reward_functions.items()})
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _NOT_KEYS or (f.name in _RECORDED and value is None):
+                continue
+            row[f.name] = list(value) if f.name in _SEQUENCES else value
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PeriodMetrics:
+        """The figures of a row, from this run or an older one (see the module's invariant)."""
+        known = {f.name for f in dataclasses.fields(cls)} - set(_NOT_KEYS)
+        values: dict[str, Any] = {}
+        functions: dict[str, float] = {}
+        extra: dict[str, Any] = {}
+        for key, value in row.items():
+            if key in known:
+                values[key] = tuple(value) if key in _SEQUENCES else value
+            elif key.startswith("reward_") and isinstance(value, int | float) and not isinstance(value, bool):
+                functions[key.removeprefix("reward_")] = value
+            else:
+                extra[key] = value
+        values.setdefault("version", values.get("period", 0))
+        return cls(**values, reward_functions=functions, extra=extra)
