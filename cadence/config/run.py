@@ -123,6 +123,12 @@ class RunConfig:
             raise ConfigError(
                 f"trainer.micro_batch_tokens must be >= 0, got {self.trainer.micro_batch_tokens}"
             )
+        for key, threads in (
+            ("rollout.threads", self.rollout.threads),
+            ("trainer.threads", self.trainer.threads),
+        ):
+            if threads < 0:
+                raise ConfigError(f"{key} must be >= 0 (0: automatic), got {threads}")
         if self.trainer.ranks < 1:
             raise ConfigError(f"trainer.ranks must be >= 1, got {self.trainer.ranks}")
         if self.trainer.ranks > 1 and self.trainer.learner != "torch":

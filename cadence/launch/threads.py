@@ -1,0 +1,47 @@
+"""Thread budgets: how many torch threads each actor of a run computes with.
+
+```
+ cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
+ worker: rollout.threads, or max(1, C // (W + R))   its share while everyone computes
+ trainer rank: trainer.threads, or max(1, C // R)   every core: the workers idle after generating,
+                                                    and a sync period trains only after they are done
+```
+
+Invariant: a budget is at least one thread and depends only on the config and the host's core count,
+so every process of a run on one host computes the same figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from cadence.config import RunConfig
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def rollout_threads(cfg: RunConfig, cores: int | None = None) -> int:
+    if cfg.rollout.threads > 0:
+        return cfg.rollout.threads
+    cores = host_cores() if cores is None else cores
+    return max(1, cores // (cfg.rollout.workers + cfg.trainer.ranks))
+
+
+def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:
+    if cfg.trainer.threads > 0:
+        return cfg.trainer.threads
+    cores = host_cores() if cores is None else cores
+    return max(1, cores // cfg.trainer.ranks)
+
+
+def use_threads(threads: int) -> None:
+    """Compute this process's torch ops (intra-op pool, every thread) with `threads` threads."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
