@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "rollout":
             a.add_argument("--name", default=None, help="this worker's name (default: rollout-HOST-PID)")
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
-    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights"])
+    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="weights: megabytes to publish (default: SmolLM2-135M fp32)",
     )
+    bench.add_argument("--config", type=Path, default=None, help="e2e: the run's config (default: SmolLM2)")
+    bench.add_argument("--periods", type=int, default=6, help="e2e: periods a mode, the first 2 left out")
     model = sub.add_parser("model", help="model checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True)
     gguf = model_sub.add_parser("import-gguf", help="convert a GGUF file once into a checkpoint folder")
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             from cadence.bench.weights import bench_weights
 
             return bench_weights(args.json, args.mbytes)
+        if args.command == "bench" and args.name == "e2e":
+            from cadence.bench.e2e import bench_e2e
+
+            return bench_e2e(args.config, args.overrides, args.periods, args.json)
         if args.command == "bench" and args.name == "packing":
             from cadence.bench.packing import bench_packing
 

@@ -93,6 +93,7 @@ class PeriodStats:
             "response_len_mean": tokens / n if n else 0.0,
             "response_len_max": max(self.lengths, default=0),
             "tokens_generated": tokens,
+            "tokens_trained": tokens,  # response tokens in the period's loss: every accepted group's
             "period_s": period_s,
             "gen_s": last_arrival - self.start,
             "train_s": train_s,
@@ -111,6 +112,7 @@ class PeriodStats:
             "group_arrival_s": [round(a - self.start, 6) for a in self.arrivals],
             "micro_batches": len(self.spans),
             "micro_batch_train_s": [round(c, 6) for c in group_train],
+            "forward_backward_s": sum(group_train),  # train_s without the optimizer steps
             "step_s": self.step_s,
             "samples_sha256": samples_digest(self.completions),
         }
