@@ -160,8 +160,8 @@ class TrainerConfig:
     max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
     threads: int = doc(
         0,
-        "torch threads of each trainer rank; 0: automatic, this host's cores shared between the ranks,"
-        " the workers' threads not subtracted (a worker idles once the period's groups are generated)",
+        "torch threads of each trainer rank; 0: automatic, in sync mode this host's cores shared between"
+        " the ranks (workers idle while it trains), in periodic mode the cores the workers' threads leave",
     )
     normaliser: Literal["tokens", "samples"] = doc(
         "tokens", "the period's summed loss is divided by its response tokens or its samples"

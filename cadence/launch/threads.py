@@ -2,13 +2,20 @@
 
 ```
  cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
- worker: rollout.threads, or max(1, C // (W + R))   its share while everyone computes
- trainer rank: trainer.threads, or max(1, C // R)   every core: the workers idle after generating,
-                                                    and a sync period trains only after they are done
+ worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes
+ trainer rank:  trainer.threads, or
+   sync         max(1, C // R)                                workers idle while it trains
+   periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
+                                                              threads than cores while both compute
 ```
 
+A thread more than the cores costs far more than it brings: torch's OpenMP ops wait at every barrier
+for a thread the scheduler has set aside (one SmolLM2 group's forward and backward: 5 s on one thread,
+43 s on two beside other busy processes on two cores).
+
 Invariant: a budget is at least one thread and depends only on the config and the host's core count,
-so every process of a run on one host computes the same figures.
+so every process of a run on one host computes the same figures; a worker's does not depend on the
+mode, so both modes generate with the same arithmetic.
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:
     if cfg.trainer.threads > 0:
         return cfg.trainer.threads
     cores = host_cores() if cores is None else cores
-    return max(1, cores // cfg.trainer.ranks)
+    if cfg.mode == "sync":
+        return max(1, cores // cfg.trainer.ranks)
+    left = cores - cfg.rollout.workers * rollout_threads(cfg, cores)
+    return max(1, left // cfg.trainer.ranks)
 
 
 def use_threads(threads: int) -> None:
