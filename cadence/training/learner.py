@@ -126,7 +126,9 @@ class TorchLearner:
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        # the fused kernel: one pass over each parameter, not a chain of whole-model temporaries
+        fused = self.device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
