@@ -9,9 +9,10 @@
                                                               threads than cores while both compute
 ```
 
-A thread more than the cores costs far more than it brings: torch's OpenMP ops wait at every barrier
-for a thread the scheduler has set aside (one SmolLM2 group's forward and backward: 5 s on one thread,
-43 s on two beside other busy processes on two cores).
+A thread more than the cores costs more than it brings: torch's OpenMP ops wait at every barrier for
+a thread the scheduler has set aside. One SmolLM2 group's forward and backward on two cores beside one
+other busy process: 1.9 s on one thread; on two, 18 s with OpenMP's default spinning wait, 2.3 s with
+`OMP_WAIT_POLICY=PASSIVE`, which the launcher sets for every actor.
 
 Invariant: a budget is at least one thread and depends only on the config and the host's core count,
 so every process of a run on one host computes the same figures; a worker's does not depend on the
