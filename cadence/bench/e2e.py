@@ -70,7 +70,7 @@ def bench_config(config: Path | None, overrides: Sequence[str], periods: int) ->
 def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_json: bool) -> int:
     if periods <= WARMUP:
         raise ConfigError(f"--periods must exceed the {WARMUP} warm-up periods, got {periods}")
-    cfg = bench_config(config, overrides, periods)
+    bench_config(config, overrides, periods)  # a bad config or a missing checkpoint, before any run
     load_start = os.getloadavg()[0]
     figures: dict[str, dict[str, float]] = {}
     last: dict[str, Any] = {}
@@ -80,6 +80,8 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
             launch(run_cfg, Path(tmp) / mode, progress=False)
             rows = read_jsonl(Path(tmp) / mode / "metrics.jsonl")
             figures[mode], last = measure(rows), rows[-1]
+            figures[mode]["trainer_threads"] = trainer_threads(run_cfg)
+            figures[mode]["rollout_threads"] = rollout_threads(run_cfg)
             print(f"{mode:>8}: " + "  ".join(f"{k} {v:g}" for k, v in figures[mode].items()), flush=True)
     sync, periodic = figures["sync"], figures["periodic"]
     result: dict[str, Any] = {
@@ -90,8 +92,6 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
         "sync": {k: v for k, v in sync.items() if k != "period_s"},
         "reward_mean_last": round(last["reward_mean"], 4),
         "periods_measured": periods - WARMUP,
-        "trainer_threads": trainer_threads(cfg),
-        "rollout_threads": rollout_threads(cfg),
         "cores": os.cpu_count(),
         "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
