@@ -10,7 +10,7 @@ from cadence.cli.common import Subparsers
 
 def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
-    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights"])
+    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -20,6 +20,8 @@ def add(sub: Subparsers) -> None:
         default=None,
         help="weights: megabytes to publish (default: SmolLM2-135M fp32)",
     )
+    bench.add_argument("--config", type=Path, default=None, help="e2e: the run's config (default: SmolLM2)")
+    bench.add_argument("--periods", type=int, default=6, help="e2e: periods a mode, the first 2 left out")
     bench.set_defaults(handler=bench_handler)
 
 
@@ -32,6 +34,10 @@ def bench_handler(args: argparse.Namespace) -> int:
         from cadence.bench.weights import bench_weights
 
         return bench_weights(args.json, args.mbytes)
+    if args.name == "e2e":
+        from cadence.bench.e2e import bench_e2e
+
+        return bench_e2e(args.config, args.overrides, args.periods, args.json)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 

@@ -68,6 +68,9 @@ def check_trainer(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.micro_batch_tokens must be >= 0, got {cfg.trainer.micro_batch_tokens}")
     if cfg.trainer.checkpoint_every < 0:
         raise ConfigError(f"trainer.checkpoint_every must be >= 0, got {cfg.trainer.checkpoint_every}")
+    for key, threads in (("rollout.threads", cfg.rollout.threads), ("trainer.threads", cfg.trainer.threads)):
+        if threads < 0:
+            raise ConfigError(f"{key} must be >= 0 (0: automatic), got {threads}")
     if cfg.trainer.on_loss == "wait" and cfg.trainer.checkpoint_every <= 0:
         raise ConfigError(
             "trainer.on_loss = 'wait' needs trainer.checkpoint_every > 0 (got"

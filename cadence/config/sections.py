@@ -89,6 +89,11 @@ class RolloutConfig:
     temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
     top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")
     inflight: int = doc(2, "credits: prompt groups a worker holds at once (one generating, the rest queued)")
+    threads: int = doc(
+        0,
+        "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"
+        " workers and the trainer's ranks that `cadence run` starts (at least one)",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,11 @@ class TrainerConfig:
         " engine's sampling log-probs, and later steps train on slightly off-policy samples",
     )
     max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
+    threads: int = doc(
+        0,
+        "torch threads of each trainer rank; 0: automatic, in sync mode this host's cores shared between"
+        " the ranks (workers idle while it trains), in periodic mode the cores the workers' threads leave",
+    )
     normaliser: Literal["tokens", "samples"] = doc(
         "tokens", "the period's summed loss is divided by its response tokens or its samples"
     )

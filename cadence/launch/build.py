@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cadence.config import RunConfig
+from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
 from cadence.model.engine import SamplingParams, TorchEngine
@@ -61,7 +62,7 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if cfg.rollout.engine == "simulated":
         digits = tokenizer.encode("0123456789")
         return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits)
-    torch.set_num_threads(1)
+    use_threads(rollout_threads(cfg))
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
     if r.engine == "vllm":
@@ -111,7 +112,7 @@ def make_torch_learner(
     cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device, comm: Collectives | None = None
 ) -> TorchLearner:
     """This rank's learner; with `trainer.sharding = "fsdp2"` one whose policy is split over `comm`."""
-    torch.set_num_threads(1)
+    use_threads(trainer_threads(cfg))
     model, model_cfg = make_model(cfg, tokenizer)
     t = cfg.trainer
     settings: dict[str, Any] = dict(

@@ -96,7 +96,11 @@ def launch(
     again = ["--resume"] if resume else []
     base = [sys.executable, "-m", "cadence"]
     common = ["--config", str(config_path), "--out", str(out), "--log-level", "warning"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # PASSIVE: a thread waiting at an OpenMP barrier sleeps instead of spinning on a core that a busy
+    # peer (a worker, the trainer's other threads) needs; spinning made two threads beside one busy
+    # process several times slower than one (launch/threads.py)
+    passive = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **passive}
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(name: str, args: list[str], ranks: int = 1) -> None:

@@ -88,7 +88,8 @@ class TorchEngine:
         ).to(self.device)
         cache = KVCache(capacity=len(prompt) + steps)
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
-        logits = self.model(ids, cache=cache)[:, -1].expand(n, -1)
+        last = torch.arange(len(prompt), device=self.device).unsqueeze(0) == len(prompt) - 1
+        logits = self.model(ids, cache=cache, logits_at=last).expand(n, -1)  # the head on P's last only
         cache.repeat_batch(n)
         tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
         logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)

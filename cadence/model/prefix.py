@@ -1,10 +1,10 @@
 """Prefix-cache log-probs: a GRPO group's prompt run once through a KV cache, its responses as a batch.
 
-The prompt P runs once as [1, |P|] into a ``KVCache``; its last logits give every response's first
-token. The cache is repeated to G rows and the responses' tokens but their last, ``Ri[:-1]``, run as
+The prompt P runs once as [1, |P|] into a ``KVCache``; its last position's logits (the only ones the
+head computes for P) give every response's first token. The cache is repeated to G rows and the responses' tokens but their last, ``Ri[:-1]``, run as
 [G, R_max - 1] right-padded after it, at positions |P|, |P| + 1, ... with the causal mask offset by
 the cache length, so a response attends all of P and its own earlier tokens, never another response
-and never a pad (pads only follow the real tokens). Nothing is detached: gradients reach the weights
+and never a pad (pads only follow the real tokens); the head runs only where a response token is read. Nothing is detached: gradients reach the weights
 through the response tokens and through the prompt's cached keys and values.
 
 Invariant: ``prefix_logprobs(model, P, R, pad_id)`` is ``(logp, mask)`` [G, R_max] with
@@ -40,17 +40,19 @@ def prefix_logprobs(
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)  # [G, R_max]
     cache = KVCache()
     prompt_ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    last = model(prompt_ids, cache=cache)[:, -1:]  # [1, 1, V]
+    last_only = torch.arange(len(prompt), device=device).unsqueeze(0) == len(prompt) - 1  # [1, |P|]
+    last = model(prompt_ids, cache=cache, logits_at=last_only)  # [1, V]: no head over the prompt body
     if width == 0:
         return last.new_zeros((g, 0)), mask
-    firsts = torch.tensor([[c[0] if c else pad_id] for c in completions], device=device)  # [G, 1]
-    logp = token_logprobs(last.expand(g, 1, -1), firsts)  # [G, 1]
+    firsts = torch.tensor([c[0] if c else pad_id for c in completions], device=device)  # [G]
+    logp = token_logprobs(last.expand(g, -1), firsts).unsqueeze(1)  # [G, 1]
     if width > 1:
         cache.repeat_batch(g)  # Tensor.repeat: differentiable, gradients of all rows sum into P's k/v
         inputs = _right_pad([c[:-1] for c in completions], width - 1, pad_id, device)  # [G, R_max - 1]
         targets = _right_pad([c[1:] for c in completions], width - 1, pad_id, device)
-        logits = model(inputs, cache=cache)  # positions continue from |P|, causal after the cache
-        rest = token_logprobs(logits, targets)
+        read = mask[:, 1:]  # the head only where a response token is read, never on a pad
+        logits = model(inputs, cache=cache, logits_at=read)  # positions continue from |P|
+        rest = logp.new_zeros((g, width - 1)).masked_scatter(read, token_logprobs(logits, targets[read]))
         logp = torch.cat([logp, rest], dim=1)
     return torch.where(mask, logp, torch.zeros_like(logp)), mask
 

@@ -4,8 +4,8 @@ Invariant: the parameter names and the arithmetic are those of Hugging Face ``Ll
 ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` (RMSNorm, rotate-half rotary embeddings with optional
 linear/llama3 scaling, grouped-query attention, optional q/k/v(/o) biases, optional per-head q/k
 RMS norms, SwiGLU, optional tied head), so a state dict moves between this model and transformers
-unchanged; an explicit ``attn_mask`` is honoured exactly, and a forward with a ``KVCache`` gives the
-logits of the full forward.
+unchanged; an explicit ``attn_mask`` is honoured exactly, a forward with a ``KVCache`` gives the
+logits of the full forward, and one with ``logits_at`` the full forward's logits at those positions.
 """
 
 from __future__ import annotations
@@ -212,7 +212,10 @@ class Transformer(nn.Module):
         position_ids: Tensor | None = None,
         attn_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        logits_at: Tensor | None = None,
     ) -> Tensor:
+        """Float32 logits [B, T, V]; with ``logits_at`` (bool [B, T]) only those positions' logits,
+        [N, V] in row-major order: the head and its softmax cost nothing where no target is read."""
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
         if position_ids is None:
@@ -224,6 +227,8 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, cache)
         if cache is not None:
             cache.advance(t)
+        if logits_at is not None:
+            x = x[logits_at]
         return self.lm_head(self.model.norm(x)).float()
 
     @staticmethod

@@ -38,6 +38,7 @@ class PeriodMetrics:
     response_len_mean: float = 0.0  # mean completion length in tokens
     response_len_max: int = 0  # longest completion in tokens
     tokens_generated: int = 0  # completion tokens of the period
+    tokens_trained: int = 0  # response tokens in the period's loss (every accepted group's)
     period_s: float = 0.0  # from this version's publication to the next one's
     gen_s: float = 0.0  # from the period's start to the last group's arrival
     train_s: float = 0.0  # training micro-batches and optimizer steps, summed
@@ -56,6 +57,7 @@ class PeriodMetrics:
     group_arrival_s: tuple[float, ...] = ()  # each group's arrival, from the period's start
     micro_batches: int = 0  # micro-batches trained
     micro_batch_train_s: tuple[float, ...] = ()  # each micro-batch's training time
+    forward_backward_s: float = 0.0  # the micro-batches' forward and backward: train_s without the steps
     step_s: float = 0.0  # optimizer steps, summed
     samples_sha256: str = ""  # checksum of every generated token, independent of arrival order
     reward_functions: dict[str, float] = field(default_factory=dict)  # function -> mean (reward_<name>)

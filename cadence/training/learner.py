@@ -31,7 +31,7 @@ from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
-from cadence.ops.packing import pack_groups, packed_logprobs, to_padded
+from cadence.ops.packing import PackedBatch, pack_groups, to_padded
 from cadence.wire.digest import checksum
 
 
@@ -87,6 +87,19 @@ def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> t
     return inputs, targets, mask
 
 
+def loss_logprobs(model: Transformer, batch: PackedBatch) -> Tensor:
+    """`packed_logprobs` of the model's forward, with the head applied only at the loss positions."""
+    args = (batch.input_ids, batch.position_ids, batch.attn_mask)
+    logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
+    return token_logprobs(logits, batch.targets[batch.loss_mask])
+
+
+def masked_logprobs(model: Transformer, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Log-probs [B, T] of `targets` where `mask`, 0 elsewhere; the head runs only where `mask`."""
+    picked = token_logprobs(model(inputs, logits_at=mask), targets[mask])
+    return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
+
+
 class TorchLearner:
     sharded = False  # True: every rank takes part in each forward, backward and state read (sharding.py)
 
@@ -113,7 +126,9 @@ class TorchLearner:
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        # the fused kernel: one pass over each parameter, not a chain of whole-model temporaries
+        fused = self.device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
@@ -166,12 +181,11 @@ class TorchLearner:
         if self.packing == "shared_prompt":
             batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
             batch = batch.to(self.device)
-            args = (batch.input_ids, batch.position_ids, batch.attn_mask)
-            logp, mask = to_padded(packed_logprobs(self.model(*args), batch), batch)
+            logp, mask = to_padded(loss_logprobs(self.model, batch), batch)
             if self.reference is None:
                 return logp, mask, None
             with torch.no_grad():
-                ref_logp, _ = to_padded(packed_logprobs(self.reference(*args), batch), batch)
+                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch), batch)
             return logp, mask, ref_logp
         parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
         width = max(p[0].shape[1] for p in parts)
@@ -195,12 +209,11 @@ class TorchLearner:
             t.to(self.device) for t in pad_group(prompt, completions, self.tokenizer.pad_id)
         )
         start = len(prompt) - 1
-        logp = token_logprobs(self.model(inputs), targets)[:, start:]
-        mask = mask[:, start:]
+        logp = masked_logprobs(self.model, inputs, targets, mask)[:, start:]
         if self.reference is None:
-            return logp, mask, None
+            return logp, mask[:, start:], None
         with torch.no_grad():
-            return logp, mask, token_logprobs(self.reference(inputs), targets)[:, start:]
+            return logp, mask[:, start:], masked_logprobs(self.reference, inputs, targets, mask)[:, start:]
 
     def step(self, normaliser: float) -> dict[str, float]:
         for p in self.model.parameters():

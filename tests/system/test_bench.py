@@ -56,3 +56,32 @@ def test_bench_weights_reports_each_transport_against_the_raw_wire() -> None:
         assert set(entry) == {"seconds", "gbps", "ratio_to_raw"}
         assert entry["seconds"] > 0 and entry["gbps"] > 0
         assert entry["ratio_to_raw"] == pytest.approx(figures["raw_seconds"] / entry["seconds"], rel=1e-2)
+
+
+def test_bench_e2e_runs_both_modes_of_a_real_config_and_reports_each_part() -> None:
+    small = ["--set", "task.prompts_per_period=4", "--set", "rollout.group_size=8"]
+    args = ["--json", "--config", "configs/quickstart.toml", "--periods", "3", *small]
+    proc = cadence("bench", "e2e", *args, timeout=280)
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("sync_period_s", "periodic_period_s", "speedup", "train_s", "gen_s", "tokens_trained"):
+        assert figures[key] > 0, key
+    for key in ("trainer_idle_s", "step_s", "publish_s", "load_s"):
+        assert figures[key] >= 0, key
+        assert figures["sync"][key] >= 0, key
+    assert figures["speedup"] == pytest.approx(
+        figures["sync_period_s"] / figures["periodic_period_s"], rel=1e-3
+    )
+    assert figures["periods_measured"] == 1
+    assert figures["tokens_trained"] == figures["sync"]["tokens_trained"]  # same prompts, same lengths
+    assert 0 <= figures["reward_mean_last"] <= 1
+    assert (
+        len(figures["load_avg"]) == 2
+        and figures["sync"]["trainer_threads"] >= figures["trainer_threads"] >= 1
+    )
+
+
+def test_bench_e2e_names_make_smollm2_when_the_checkpoint_is_missing(tmp_path: Path) -> None:
+    missing = f"model.checkpoint='{tmp_path / 'none'}'"
+    proc = cadence("bench", "e2e", "--json", "--set", missing, check=False)
+    assert proc.returncode == 2
+    assert "make smollm2" in proc.stderr

@@ -9,7 +9,7 @@ from torch import Tensor
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
 from cadence.training.learner import TorchLearner, TrainGroup
-from tests.unit.test_prefix import CONFIGS, make_groups
+from tests.unit.test_prefix import CONFIGS, make_groups, unpacked
 
 REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.8]]
 
@@ -43,6 +43,31 @@ def test_a_micro_batch_of_unequal_groups_equals_group_by_group(packing: str) -> 
     assert stats["loss_sum"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
     assert expected.abs().max() > 0  # the check has teeth: there is a gradient
     assert (grads(packed) - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_the_head_only_where_read_gives_the_full_logits_there() -> None:
+    model = init_model(CONFIGS["llama"], seed=2)
+    ids = torch.randint(1, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    at = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
+    with torch.no_grad():
+        full, picked = model(ids), model(ids, logits_at=at)
+    assert picked.shape == (int(at.sum()), CONFIGS["llama"].vocab_size)
+    assert (picked - full[at]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "prefix_cache", "padded"])
+def test_every_packing_reads_the_log_probs_of_the_full_logits(packing: str) -> None:
+    """The learner's log-probs (head applied only where a target is read) against `pad_group`'s
+    log-softmax over every position's logits, policy and reference alike."""
+    own = learner(packing)
+    logp, mask, ref = own._logprobs(micro_batch())
+    assert ref is not None
+    with torch.no_grad():
+        full = [unpacked(own.model, g.prompt, g.completions) for g in micro_batch()]
+    expected = torch.cat([values[where] for values, where in full])
+    assert int(mask.sum()) == expected.numel()
+    assert (logp[mask].detach() - expected).abs().max() <= 1e-5
+    assert (ref[mask] - expected).abs().max() <= 1e-5  # the reference starts as the policy
 
 
 def test_sampler_log_probs_on_some_groups_only_line_up_with_their_samples() -> None:

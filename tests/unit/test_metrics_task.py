@@ -102,6 +102,8 @@ def test_period_finish_keys_and_values() -> None:
     assert row["group_arrival_s"] == [2.0, 5.0]
     assert row["micro_batch_train_s"] == [1.5, 1.0] and row["micro_batches"] == 2
     assert row["step_s"] == pytest.approx(0.5)
+    assert row["forward_backward_s"] == pytest.approx(1.5 + 1.0)  # train_s without the step
+    assert row["tokens_trained"] == 9
 
 
 def test_period_time_adds_up() -> None:

@@ -1,0 +1,58 @@
+"""Thread budgets: how many torch threads each actor of a run computes with.
+
+```
+ cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
+ worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes
+ trainer rank:  trainer.threads, or
+   sync         max(1, C // R)                                workers idle while it trains
+   periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
+                                                              threads than cores while both compute
+```
+
+A thread more than the cores costs more than it brings: torch's OpenMP ops wait at every barrier for
+a thread the scheduler has set aside. One SmolLM2 group's forward and backward on two cores beside one
+other busy process: 1.9 s on one thread; on two, 18 s with OpenMP's default spinning wait, 2.3 s with
+`OMP_WAIT_POLICY=PASSIVE`, which the launcher sets for every actor.
+
+Invariant: a budget is at least one thread and depends only on the config and the host's core count,
+so every process of a run on one host computes the same figures; a worker's does not depend on the
+mode, so both modes generate with the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from cadence.config import RunConfig
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def rollout_threads(cfg: RunConfig, cores: int | None = None) -> int:
+    if cfg.rollout.threads > 0:
+        return cfg.rollout.threads
+    cores = host_cores() if cores is None else cores
+    return max(1, cores // (cfg.rollout.workers + cfg.trainer.ranks))
+
+
+def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:
+    if cfg.trainer.threads > 0:
+        return cfg.trainer.threads
+    cores = host_cores() if cores is None else cores
+    if cfg.mode == "sync":
+        return max(1, cores // cfg.trainer.ranks)
+    left = cores - cfg.rollout.workers * rollout_threads(cfg, cores)
+    return max(1, left // cfg.trainer.ranks)
+
+
+def use_threads(threads: int) -> None:
+    """Compute this process's torch ops (intra-op pool, every thread) with `threads` threads."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

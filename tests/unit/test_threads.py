@@ -1,0 +1,46 @@
+"""Thread budgets: automatic shares of the host's cores, explicit settings kept, bad values named."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.config import ConfigError, load_config
+from cadence.launch.threads import host_cores, rollout_threads, trainer_threads
+
+
+@pytest.mark.parametrize(
+    ("cores", "workers", "ranks", "rollout", "periodic", "sync"),
+    [
+        (2, 1, 1, 1, 1, 2),
+        (2, 2, 1, 1, 1, 2),
+        (16, 3, 1, 4, 4, 16),
+        (16, 2, 2, 4, 4, 8),
+        (17, 2, 1, 5, 7, 17),
+        (1, 4, 1, 1, 1, 1),
+    ],
+)
+def test_automatic_budgets_share_the_cores(
+    cores: int, workers: int, ranks: int, rollout: int, periodic: int, sync: int
+) -> None:
+    """A worker's share is the same in both modes; a periodic trainer never adds threads beyond the
+    cores while the workers compute, a sync one takes them all."""
+    for mode, trainer in (("periodic", periodic), ("sync", sync)):
+        overrides = [f"rollout.workers={workers}", f"trainer.ranks={ranks}", f"mode='{mode}'"]
+        cfg = load_config(None, overrides)
+        assert rollout_threads(cfg, cores) == rollout
+        assert trainer_threads(cfg, cores) == trainer
+        if mode == "periodic" and workers * rollout < cores:
+            assert workers * rollout + ranks * trainer <= cores
+
+
+def test_explicit_budgets_are_kept_whatever_the_host() -> None:
+    cfg = load_config(None, ["rollout.threads=3", "trainer.threads=5"])
+    assert rollout_threads(cfg, 64) == 3 and rollout_threads(cfg) == 3
+    assert trainer_threads(cfg, 1) == 5 and trainer_threads(cfg) == 5
+    assert host_cores() >= 1
+
+
+@pytest.mark.parametrize("key", ["rollout.threads", "trainer.threads"])
+def test_a_negative_budget_is_named(key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [f"{key}=-1"])
