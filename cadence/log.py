@@ -132,8 +132,9 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def short_exception(stacks: list[dict[str, Any]], frames: int = SHORT_FRAMES) -> str:
-    """A structured traceback in a few lines: the last `frames` frames of the exception raised, its
-    type and first line, then a line for each exception it came from."""
+    """A structured traceback in a few lines, each indented (so a reader of one event a line can skip
+    them): the last `frames` frames of the exception raised, its type and first line, then a line for
+    each exception it came from."""
     if not stacks or not isinstance(stacks[0], dict):
         return str(stacks)
     lines = []
@@ -142,7 +143,7 @@ def short_exception(stacks: list[dict[str, Any]], frames: int = SHORT_FRAMES) ->
     for i, stack in enumerate(stacks):
         value = str(stack.get("exc_value", "")).strip().splitlines()
         head = f"{stack.get('exc_type')}: {value[0]}" if value else str(stack.get("exc_type"))
-        lines.append(head if i == 0 else f"  from {head}")
+        lines.append(f"  {head}" if i == 0 else f"  from {head}")
     return "\n".join(lines)
 
 

@@ -80,7 +80,7 @@ def test_logs_shows_a_failure_in_a_few_lines(tmp_path: Path) -> None:
     text = format_event(event)
     head, *trace = text.splitlines()
     assert "actor_failed" in head and "error=RuntimeError: the actor broke" in head and "frames" not in head
-    assert trace[-2:] == ["RuntimeError: the actor broke", "  from TypeError: unsupported operand"]
+    assert trace[-2:] == ["  RuntimeError: the actor broke", "  from TypeError: unsupported operand"]
     assert len(trace) <= 4 and "_fail" in trace[-3]
     assert json.loads(format_event(event, as_json=True))["exception"] == event["exception"]
 
@@ -90,5 +90,5 @@ def test_one_line_and_short_forms() -> None:
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(ValueError("x" * 1000))) == 300
     stacks = [{"exc_type": "E", "exc_value": "", "frames": [{"filename": "f.py", "lineno": 3, "name": "g"}]}]
-    assert short_exception(stacks) == "  f.py:3 in g\nE"
+    assert short_exception(stacks) == "  f.py:3 in g\n  E"
     assert short_exception([]) == "[]"
