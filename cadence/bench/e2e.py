@@ -13,13 +13,13 @@ figure is a mean over the same measured periods, read from the rows the trainer 
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cadence.bench.report import report
 from cadence.config import ConfigError, RunConfig, load_config
 from cadence.launch.launcher import launch
 from cadence.launch.threads import rollout_threads, trainer_threads
@@ -95,9 +95,4 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
         "cores": os.cpu_count(),
         "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
-    if as_json:
-        print(json.dumps(result), flush=True)
-    else:
-        for key, value in result.items():
-            print(f"{key:>20}: {value}")
-    return 0
+    return report(result, as_json)

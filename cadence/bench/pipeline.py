@@ -7,11 +7,11 @@ simulated costs; the first period (start-up, first weight load) is left out of e
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cadence.bench.report import report
 from cadence.config import load_config
 from cadence.launch.launcher import launch
 from cadence.monitor.metrics import serial_finish
@@ -68,9 +68,4 @@ def bench_pipeline(overrides: Sequence[str], out: Path, as_json: bool) -> int:
         "workers": cfg.rollout.workers,
         "prompts_per_period": cfg.task.prompts_per_period,
     }
-    if as_json:
-        print(json.dumps(result), flush=True)
-    else:
-        for key, value in result.items():
-            print(f"{key:>20}: {value}")
-    return 0
+    return report(result, as_json)

@@ -3,13 +3,13 @@
 Everyone imports from here; this package imports nothing else of cadence.
 """
 
-from cadence.config.run import (
+from cadence.config.run import RunConfig, from_dict, load_config, to_dict
+from cadence.config.sections import (
     ConfigError,
     ModelConfigSection,
     MonitorConfig,
     RewardsConfig,
     RolloutConfig,
-    RunConfig,
     SimulatedConfig,
     TaskConfig,
     TrainerConfig,
@@ -17,9 +17,6 @@ from cadence.config.run import (
     VllmConfig,
     WeightsConfig,
     doc,
-    from_dict,
-    load_config,
-    to_dict,
 )
 
 __all__ = [

@@ -31,25 +31,6 @@ from cadence.config.sections import (
     doc,
 )
 
-__all__ = [
-    "ConfigError",
-    "ModelConfigSection",
-    "MonitorConfig",
-    "RewardsConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "SimulatedConfig",
-    "TaskConfig",
-    "TrainerConfig",
-    "TransportConfig",
-    "VllmConfig",
-    "WeightsConfig",
-    "doc",
-    "from_dict",
-    "load_config",
-    "to_dict",
-]
-
 
 @dataclass(frozen=True)
 class RunConfig:
