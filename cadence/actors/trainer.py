@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -44,6 +44,7 @@ from cadence.wire.messages import Consumed, Envelope, GroupResult, RunDone, Shut
 log = structlog.get_logger()
 
 Publish = Callable[[int, bytes], Awaitable[str]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,15 @@ class TrainerSettings:
     micro_batch_tokens: int
     normaliser: Literal["tokens", "samples"]
     checkpoint_every: int
+    threads: int = 0  # torch threads while workers generate (0: leave the process's count)
+    threads_alone: int = 0  # once the period's last group is in, the workers idle (0: the same)
 
 
 class Trainer:
     """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `saved_config`:
-    the run's configuration, recorded in each resume checkpoint and compared with it on resume."""
+    the run's configuration, recorded in each resume checkpoint and compared with it on resume;
+    `use_threads(n)`: make the calling thread compute with n threads (settings' `threads` and
+    `threads_alone`), called in the worker thread before each computation."""
 
     def __init__(
         self,
@@ -75,8 +80,11 @@ class Trainer:
         saved_config: RunConfig,
         samples: SampleWriter | None = None,
         resume: bool = False,
+        use_threads: Callable[[int], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.use_threads = use_threads
+        self.alone = True  # no worker generates while this one computes (between periods, in sync)
         self.samples = samples
         self.resume = resume
         self.server = server
@@ -113,13 +121,13 @@ class Trainer:
 
     async def _periods(self, first: int, row: dict[str, Any]) -> None:
         """`row`: a resumed run's metrics of the period before `first`, kept in its checkpoint."""
-        start, sha, nbytes = await self._publish(first)
-        await self.session.send(VersionReady(first, sha, nbytes, row))
+        start, digest, nbytes = await self._publish(first)
+        await self.session.send(VersionReady(first, digest, nbytes, row))
         for period in range(first, self.settings.periods):
             stats = PeriodStats(period, start)
             await self._period(period, stats)
             publish_start = self.clock()
-            end, sha, nbytes = await self._publish(period + 1)
+            end, digest, nbytes = await self._publish(period + 1)
             metrics = stats.finish(end, end - publish_start)
             log.info(
                 "period_done",
@@ -131,10 +139,10 @@ class Trainer:
                 duplicates_dropped=metrics.duplicates_dropped,
             )
             await self._checkpoint(period + 1, metrics.to_row())
-            await self.session.send(VersionReady(period + 1, sha, nbytes, metrics.to_row()))
+            await self.session.send(VersionReady(period + 1, digest, nbytes, metrics.to_row()))
             start = end
         final = self.checkpoint_dir / "final"
-        sha = await asyncio.to_thread(self.learner.save, final)
+        sha = await self._compute(self.learner.save, final)
         log.info("checkpoint_saved", path=str(final), version=self.settings.periods, sha256=sha)
         self.finished.set()
         await self.session.send(RunDone(self.settings.periods, sha, str(final)))
@@ -173,12 +181,14 @@ class Trainer:
         seen = self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
         held: list[GroupResult] = []
+        self.alone = self.settings.mode == "sync"
         while len(seen) < self.B:
             arrived, env = await self.arrivals.get()
             msg = self._accept(period, env, stats)
             if msg is None:
                 continue
             seen.add(msg.prompt_id)
+            self.alone = len(seen) == self.B  # the last group: nothing is left to generate this period
             stats.arrived(
                 arrived,
                 env.sender,
@@ -261,7 +271,7 @@ class Trainer:
             for m in micro
         ]
         with span(self.clock, "train", period=stats.period, groups=len(groups)) as training:
-            await asyncio.to_thread(self.learner.train_groups, groups)
+            await self._compute(self.learner.train_groups, groups)
         stats.spans.append((training.start, training.end))
         self._batch.extend(micro)
         if len(self._batch) < self.B // steps:
@@ -269,14 +279,26 @@ class Trainer:
         lengths = [len(c) for g in self._batch for c in g.completions]
         normaliser = sum(lengths) if self.settings.normaliser == "tokens" else len(lengths)
         with span(self.clock, "step", period=stats.period) as stepping:
-            info = await asyncio.to_thread(self.learner.step, float(max(normaliser, 1)))
+            info = await self._compute(self.learner.step, float(max(normaliser, 1)))
         stats.step_s += stepping.duration
         self._batch = []
         log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 
+    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread, with the thread budget of the moment: `threads` while
+        workers generate, `threads_alone` once they have nothing left to generate."""
+        threads = self.settings.threads_alone if self.alone else self.settings.threads
+
+        def run() -> T:
+            if self.use_threads is not None and threads > 0:
+                self.use_threads(threads)
+            return fn(*args)
+
+        return await asyncio.to_thread(run)
+
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
-            data = await asyncio.to_thread(self.learner.weights)
-            sha = await self.publish(version, data)
-        log.info("version_published", version=version, nbytes=len(data), sha256=sha)
-        return publishing.end, sha, len(data)
+            data = await self._compute(self.learner.weights)
+            version_digest = await self.publish(version, data)
+        log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
+        return publishing.end, version_digest, len(data)

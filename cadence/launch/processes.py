@@ -123,6 +123,7 @@ async def trainer_main(
     from cadence.actors.trainer import Trainer
     from cadence.launch.build import make_learner, make_tokenizer
     from cadence.launch.settings import session, trainer_settings
+    from cadence.launch.threads import use_threads
     from cadence.monitor.samples import SampleWriter
     from cadence.transport.session import first_of
 
@@ -144,6 +145,7 @@ async def trainer_main(
             saved_config=cfg,
             samples=SampleWriter(out / "samples"),
             resume=resume,
+            use_threads=use_threads,
         )
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:

@@ -13,6 +13,7 @@ from cadence.actors.dispatcher import DispatcherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
+from cadence.launch.threads import trainer_threads, trainer_threads_alone
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
@@ -49,6 +50,8 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         micro_batch_tokens=t.micro_batch_tokens,
         normaliser=t.normaliser,
         checkpoint_every=t.checkpoint_every,
+        threads=trainer_threads(cfg),
+        threads_alone=trainer_threads_alone(cfg),
     )
 
 

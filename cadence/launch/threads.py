@@ -6,7 +6,10 @@
  trainer rank:  trainer.threads, or
    sync         max(1, C // R)                                workers idle while it trains
    periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
-                                                              threads than cores while both compute
+                                                              threads than cores while both compute;
+                max(1, C // R) once the period's last group   the workers idle until the next version
+                is in (its last micro-batches, the step, the
+                publish)
 ```
 
 A thread more than the cores costs more than it brings: torch's OpenMP ops wait at every barrier for
@@ -22,8 +25,6 @@ mode, so both modes generate with the same arithmetic.
 from __future__ import annotations
 
 import os
-
-import torch
 
 from cadence.config import RunConfig
 
@@ -52,7 +53,19 @@ def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:
     return max(1, left // cfg.trainer.ranks)
 
 
+def trainer_threads_alone(cfg: RunConfig, cores: int | None = None) -> int:
+    """A trainer rank's threads once the period's last group is in: the workers have nothing to
+    generate until the next version, so in both modes it takes what sync mode takes."""
+    if cfg.trainer.threads > 0:
+        return cfg.trainer.threads
+    cores = host_cores() if cores is None else cores
+    return max(1, cores // cfg.trainer.ranks)
+
+
 def use_threads(threads: int) -> None:
-    """Compute this process's torch ops (intra-op pool, every thread) with `threads` threads."""
+    """Compute the calling thread's torch ops with `threads` threads (OpenMP's count is per thread:
+    a worker thread that computes calls this itself)."""
+    import torch
+
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

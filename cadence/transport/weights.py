@@ -16,7 +16,7 @@ from typing import TypeVar
 import xxhash
 
 from cadence.transport.endpoint import Client
-from cadence.wire.digest import checksum, digest
+from cadence.wire.digest import digest
 from cadence.wire.messages import (
     Payload,
     WeightChunk,
@@ -37,7 +37,6 @@ class WeightError(RuntimeError):
 class StoredVersion:
     version: int
     data: bytes
-    sha256: str
     digest: str
 
 
@@ -54,7 +53,7 @@ class WeightStore:
         xxh = digest(data)
         if announced is not None and announced != xxh:
             raise WeightError(f"version {version}: checksum {xxh[:12]} != announced {announced[:12]}")
-        stored = StoredVersion(version, data, checksum(data), xxh)
+        stored = StoredVersion(version, data, xxh)
         self._versions[version] = stored
         while len(self._versions) > self.keep:
             self._versions.popitem(last=False)
@@ -200,7 +199,7 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 async def upload_weights(
     client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float
 ) -> str:
-    """Hand `version` to a publisher in another process; returns its sha256 once the publisher holds it.
+    """Hand `version` to a publisher in another process; returns its digest once the publisher holds it.
     The chunks are views of `data`, sent without copies."""
     xxh = digest(data)
     chunks = max(1, -(-len(data) // chunk_bytes))
@@ -212,4 +211,4 @@ async def upload_weights(
     meta = await _expect(client, WeightMeta, version, timeout_s)
     if not meta.available or meta.digest != xxh:
         raise WeightError(f"publisher {client.address} did not store version {version}")
-    return checksum(data)
+    return xxh

@@ -1,5 +1,6 @@
-"""The two digests of a version's weights: sha256, its identity (`VersionReady`, summaries, checkpoints),
-and xxh3-128, what every transfer is checked against (`WeightMeta`, `WeightUpload`, `BroadcastPlan`).
+"""The two digests of weights: sha256, the identity of a saved checkpoint (summaries, `RunDone`), and
+xxh3-128, a published version's identity and what every transfer is checked against (`VersionReady`,
+`WeightMeta`, `WeightUpload`, `BroadcastPlan`); it costs a twentieth of sha256, off the critical path.
 
 Invariant: both are pure functions of the safetensors bytes, so any two actors agree on them.
 """
@@ -12,7 +13,7 @@ import xxhash
 
 
 def checksum(data: bytes | bytearray) -> str:
-    """The sha256 of a version's bytes: its identity in logs, summaries and checkpoints."""
+    """The sha256 of a checkpoint's weights bytes: its identity in summaries and logs."""
     return hashlib.sha256(data).hexdigest()
 
 

@@ -167,10 +167,11 @@ class Consumed(Message):
 @dataclass(frozen=True)
 class VersionReady(Message):
     """Weights `version` are published; period `version` may start. Carries the last period's metrics
-    as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run)."""
+    as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run).
+    `digest`: the xxh3-128 of the version's bytes, the one every pull is verified against."""
 
     version: int
-    sha256: str
+    digest: str
     nbytes: int
     metrics: dict[str, Any] = field(default_factory=dict)
 

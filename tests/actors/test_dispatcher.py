@@ -67,7 +67,7 @@ async def test_assigns_only_after_version_published_and_within_credits(
     await worker.send(WorkRequest(3))
     with pytest.raises(TimeoutError):
         await expect(worker, Assignment, timeout=0.3)  # nothing before version 0 is published
-    await trainer.send(VersionReady(0, "sha", 10, {}))
+    await trainer.send(VersionReady(0, "digest", 10, {}))
     got = [await expect(worker, Assignment) for _ in range(3)]
     assert [a.prompt_id for a in got] == [0, 1, 2]
     assert all(a.period == 0 and a.version == 0 and a.group_size == 4 for a in got)
@@ -89,7 +89,7 @@ async def test_dead_worker_prompts_go_to_another(network: InprocNetwork, tmp_pat
     await expect(doomed, Welcome)
     await doomed.send(WorkRequest(4))
     with structlog.testing.capture_logs() as logs:
-        await trainer.send(VersionReady(0, "sha", 10, {}))
+        await trainer.send(VersionReady(0, "digest", 10, {}))
         taken = [await expect(doomed, Assignment) for _ in range(4)]
         await trainer.send(Consumed(0, [taken[0].prompt_id]))
         survivor = await join(network, "survivor", "rollout")
@@ -109,7 +109,7 @@ async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_p
     dispatcher, task = await start(network, tmp_path, "periods=1")
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
-    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    await trainer.send(VersionReady(0, "digest", 10, {}))
     row = {
         "period": 0,
         "groups": 4,
@@ -122,7 +122,7 @@ async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_p
         "period_s": 1.0,
         "overlap_s": 0.5,
     }
-    await trainer.send(VersionReady(1, "sha1", 10, row))
+    await trainer.send(VersionReady(1, "digest", 10, row))
     await trainer.send(RunDone(1, "sha1", "/x"))
     assert (await expect(trainer, Shutdown)).reason == "run complete"
     assert (await expect(publisher, Shutdown)).reason == "run complete"
@@ -170,7 +170,7 @@ async def test_no_worker_left_the_run_waits_says_so_and_a_woken_lost_worker_is_s
         sleeper = await join(network, "sleeper", "rollout")
         await expect(sleeper, Welcome)
         await sleeper.send(WorkRequest(1))
-        await trainer.send(VersionReady(0, "sha", 10, {}))
+        await trainer.send(VersionReady(0, "digest", 10, {}))
         first = await expect(sleeper, Assignment)
         # the sleeper goes silent (a stopped process): declared lost, and nobody is left to work
         while not any(e["event"] == "waiting_for_workers" for e in logs):

@@ -72,9 +72,9 @@ async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_ove
     beating = keep_beating(alive)
     assert (await expect(worker, Welcome)).trainer_address == "inproc://t1"
     await worker.send(WorkRequest(2))
-    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    await trainer.send(VersionReady(0, "digest", 10, {}))
     assert [(await expect(worker, Assignment)).period for _ in range(2)] == [0, 0]
-    await trainer.send(VersionReady(1, "sha1", 10, row(0, 0.5)))
+    await trainer.send(VersionReady(1, "digest", 10, row(0, 0.5)))
     await worker.send(WorkRequest(1))
     held = await expect(worker, Assignment)
     assert held.period == 1
@@ -93,7 +93,7 @@ async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_ove
         welcome = await expect(worker, Welcome)
         assert (welcome.trainer_address, welcome.publisher_address) == ("inproc://t2", "inproc://p2")
         await worker.send(WorkRequest(4))
-        await trainer.send(VersionReady(1, "sha1", 10, row(0, 1.0)))
+        await trainer.send(VersionReady(1, "digest", 10, row(0, 1.0)))
         again = [await expect(worker, Assignment) for _ in range(4)]
     beating.cancel()
     assert all(a.period == 1 and a.version == 1 for a in again)

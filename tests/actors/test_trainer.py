@@ -35,11 +35,17 @@ class RecordingLearner:
         self.gate = threading.Event()  # the first micro-batch waits for it
         self.gate.set()
         self.entered = threading.Event()  # set when a micro-batch is being trained
+        self.threads: list[int] = []  # the budget each computation was given, in order
+        self.budgets: list[tuple[str, int]] = []  # (what was computed, with how many threads)
+
+    def use_threads(self, threads: int) -> None:
+        self.threads.append(threads)
 
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
         self.entered.set()
         self.gate.wait(10)
         self.micro.append([g.rewards[0] for g in groups])
+        self.budgets.append(("train", self.threads[-1]))
         for g in groups:
             self.calls.append(("train", g.rewards[0]))
             self.old.append(g.old_logprobs)
@@ -47,9 +53,11 @@ class RecordingLearner:
 
     def step(self, normaliser: float) -> dict[str, float]:
         self.calls.append(("step", normaliser))
+        self.budgets.append(("step", self.threads[-1]))
         return {}
 
     def weights(self) -> bytes:
+        self.budgets.append(("weights", self.threads[-1]))
         return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
 
     def tensors(self) -> Mapping[str, Tensor]:
@@ -92,8 +100,9 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
 
     learner = RecordingLearner()
     server = network.bind("trainer", "inproc://trainer")
+    settings = dataclasses.replace(trainer_settings(cfg), threads=1, threads_alone=2)
     trainer = Trainer(
-        trainer_settings(cfg),
+        settings,
         server,
         session(cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address),
         learner,
@@ -102,6 +111,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         tmp_path,
         saved_config=cfg,
         samples=SampleWriter(tmp_path / "samples"),
+        use_threads=learner.use_threads,
     )
     task = asyncio.create_task(trainer.run())
     worker = network.connect("w0", "inproc://trainer")
@@ -142,6 +152,27 @@ async def test_version_rule_duplicates_and_one_step_per_period(
     assert done.version == 2 and done.sha256 == "final-sha"
     await dispatcher.send(b"trainer", Shutdown("run complete"))
     await asyncio.wait_for(task, 5)
+
+
+async def test_the_trainer_takes_every_core_once_the_period_has_nothing_left_to_generate(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    cfg, dispatcher, worker, learner, published, task, _ = await start(
+        network, tmp_path, "trainer.micro_batch_tokens=0"
+    )
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    for pid in (0, 1, 2, 3):
+        await worker.send(group(0, pid))
+        await expect(dispatcher, Consumed)
+        await until(lambda: len(learner.micro) == pid + 1)  # trained alone, as it came
+    await expect(dispatcher, VersionReady, skip=(Consumed,))
+    # version 0 is published before any worker generates; each group but the last while one does
+    assert learner.budgets == [("weights", 2)] + [("train", 1)] * 3 + [
+        ("train", 2),
+        ("step", 2),
+        ("weights", 2),
+    ]
+    task.cancel()
 
 
 async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwork, tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from cadence.transport.session import Session
 from cadence.transport.weights import (
     WeightError,
     WeightStore,
-    checksum,
     digest,
     pull_weights,
     upload_weights,
@@ -417,7 +416,7 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         with structlog.testing.capture_logs() as logs:
             await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray"))  # index past the count
             sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
-        assert sha == checksum(data)
+        assert sha == digest(data)
         assert store.latest == 2
         assert [e["index"] for e in logs if e["event"] == "upload_chunk_refused"] == [7]
 

@@ -126,7 +126,7 @@ def test_defaults_fill_in_omitted_optional_fields() -> None:
 
 
 def test_float_field_accepts_an_int_and_stores_a_float() -> None:
-    msg = decode(frame({"version": 1, "sha256": "ab", "nbytes": 3}, type="version_ready")).message
+    msg = decode(frame({"version": 1, "digest": "ab", "nbytes": 3}, type="version_ready")).message
     assert msg.metrics == {}  # type: ignore[attr-defined]
     body = msgpack.unpackb(encode(build(REGISTRY["group_result"]), "s"), raw=False)["body"]
     body["gen_s"] = 3
@@ -207,7 +207,7 @@ def test_refuses_a_missing_field() -> None:
         ),
         (
             "version_ready",
-            {"version": 1, "sha256": "", "nbytes": 0, "metrics": [1]},
+            {"version": 1, "digest": "", "nbytes": 0, "metrics": [1]},
             "metrics",
             "dict",
             "list",
