@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -164,7 +165,8 @@ async def test_the_trainer_takes_every_core_once_the_period_has_nothing_left_to_
     for pid in (0, 1, 2, 3):
         await worker.send(group(0, pid))
         await expect(dispatcher, Consumed)
-        await until(lambda n=pid + 1: len(learner.micro) == n)  # trained alone, as it came
+        trained = functools.partial(lambda n: len(learner.micro) == n, pid + 1)
+        await until(trained)  # trained alone, as it came
     await expect(dispatcher, VersionReady, skip=(Consumed,))
     # version 0 is published before any worker generates; each group but the last while one does
     assert learner.budgets == [("weights", 2)] + [("train", 1)] * 3 + [
