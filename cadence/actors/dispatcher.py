@@ -2,7 +2,8 @@
 
 ```
  trainer ─ VersionReady(k) ─► start period k: B prompts of period k → pending
- worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment)
+ worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment);
+                              the m assigned to a worker at once say batch=m: it generates them together
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
@@ -302,6 +303,7 @@ class Dispatcher:
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
         workers = [(k, p) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
+        given: dict[bytes, list[Prompt]] = {}
         while self.pending and workers:
             peer, info = max(workers, key=lambda kp: kp[1].credits)
             if info.credits <= 0:
@@ -310,19 +312,19 @@ class Dispatcher:
             info.credits -= 1
             info.outstanding.add(prompt.prompt_id)
             self.outstanding[prompt.prompt_id] = (peer, prompt)
-            self._outbox.append(
-                (
-                    peer,
-                    Assignment(
-                        self.period,
-                        self.period,
-                        prompt.prompt_id,
-                        prompt.text,
-                        prompt.answer,
-                        self.settings.group_size,
-                    ),
+            given.setdefault(peer, []).append(prompt)
+        for peer, prompts in given.items():  # what a worker gets at once, it generates as one batch
+            for prompt in prompts:
+                assignment = Assignment(
+                    self.period,
+                    self.period,
+                    prompt.prompt_id,
+                    prompt.text,
+                    prompt.answer,
+                    self.settings.group_size,
+                    batch=len(prompts),
                 )
-            )
+                self._outbox.append((peer, assignment))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

@@ -6,9 +6,11 @@ scores, and pushes every finished group to the trainer at once.
  Welcome(trainer, publisher) ─► WorkRequest(inflight)
  a later Welcome (the trainer came back) ─► drop queued and current jobs, reconnect, WorkRequest(inflight)
  broadcast weights.transport: BroadcastJoin ─► publisher; its plans received beside the jobs
- Assignment(k, v) ─► queue ─► v loaded? else v broadcast to this worker? load it : pull v, verify, load
-                            ─► G samples seeded by (seed, k, prompt id, i) ─► score
-                            ─► GroupResult ─► trainer ; WorkRequest(1) ─► dispatcher
+ Assignment(k, v, batch=m) ─► queue ─► the m sent together (same v) ─► v loaded? else v broadcast to
+                            this worker? load it : pull v, verify, load
+                            ─► G samples of each prompt seeded by (seed, k, prompt id, i), all m
+                               prompts decoded together ─► score
+                            ─► m GroupResults ─► trainer ; WorkRequest(m) ─► dispatcher
 ```
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
@@ -89,6 +91,7 @@ class RolloutWorker:
         self.tokenizer = tokenizer
         self.clock = clock
         self.queue: asyncio.Queue[Assignment] = asyncio.Queue()
+        self._carried: list[Assignment] = []  # taken from the queue for a batch it did not belong to
         self.welcome: Welcome | None = None
         self.rejoin = (
             asyncio.Event()
@@ -111,7 +114,8 @@ class RolloutWorker:
 
     def _welcomed(self, msg: Welcome) -> None:
         if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
-            dropped = 0
+            dropped = len(self._carried)
+            self._carried.clear()
             while not self.queue.empty():
                 self.queue.get_nowait()
                 dropped += 1
@@ -156,13 +160,37 @@ class RolloutWorker:
     async def _jobs(self, trainer: Client, publisher: Client) -> None:
         await self.session.send(WorkRequest(self.settings.inflight))
         while True:
-            job = await self.queue.get()
-            if job.period < self.newest_period:
-                log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            batch = await self._next_batch()
+            jobs = [job for job in batch if job.period >= self.newest_period]
+            for job in batch:
+                if job.period < self.newest_period:
+                    log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            if jobs:
+                for result in await self._rollout(jobs, publisher):
+                    await trainer.send(result)
+                    self.groups_sent += 1
+            await self.session.send(WorkRequest(len(batch)))
+
+    async def _next_batch(self) -> list[Assignment]:
+        """The next assignment and the others the dispatcher sent with it (`Assignment.batch`), of the
+        same version and group size; the batch is what was sent together, whenever the frames came, so
+        it does not depend on timing. One that does not belong waits for the next batch."""
+        first = self._carried.pop(0) if self._carried else await self.queue.get()
+        batch = [first]
+        while len(batch) < first.batch:
+            if self._carried:
+                job = self._carried.pop(0)
             else:
-                await trainer.send(await self._rollout(job, publisher))
-                self.groups_sent += 1
-            await self.session.send(WorkRequest(1))
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), self.liveness.timeout_s)
+                except TimeoutError:
+                    log.warning("batch_incomplete", expected=first.batch, got=len(batch), period=first.period)
+                    break
+            if (job.version, job.group_size) != (first.version, first.group_size):
+                self._carried.append(job)
+                break
+            batch.append(job)
+        return batch
 
     async def _pull(self, publisher: Client, version: int) -> bytearray:
         """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
@@ -199,31 +227,67 @@ class RolloutWorker:
         await asyncio.to_thread(self._load, data)
         return "zmq", len(data)
 
-    def _generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+    def _generate(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
         with self._engine_lock:
-            return self.engine.generate(prompt, seeds)
+            return self.engine.generate_many(groups)
 
-    async def _rollout(self, job: Assignment, publisher: Client) -> GroupResult:
+    async def _rollout(self, jobs: list[Assignment], publisher: Client) -> list[GroupResult]:
+        """Generate the groups of `jobs` (one version) together, score them, one result each; each
+        result's `gen_s` is its share of the batch's generation time."""
+        version = jobs[0].version
         load_s = 0.0
-        if job.version != self.loaded:
-            with span(self.clock, "load", period=job.period, version=job.version) as loading:
-                source, nbytes = await self._fetch_and_load(publisher, job.version)
-                self.loaded = job.version
+        if version != self.loaded:
+            with span(self.clock, "load", period=jobs[0].period, version=version) as loading:
+                source, nbytes = await self._fetch_and_load(publisher, version)
+                self.loaded = version
             load_s = loading.duration
-            log.info(
-                "weights_loaded", version=job.version, source=source, nbytes=nbytes, load_s=round(load_s, 4)
-            )
+            log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
         seed = self.settings.seed
-        with span(self.clock, "generate", period=job.period, prompt_id=job.prompt_id) as generating:
-            prompt = self.tokenizer.encode_prompt(job.prompt)
-            seeds = [sample_seed(seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
-            completions = await asyncio.to_thread(self._generate, prompt, seeds)
-            texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
-            scores = [
-                await self.scorer.score(job.prompt, text, job.answer, c.finished)
-                for text, c in zip(texts, completions, strict=True)
+        ids = [job.prompt_id for job in jobs]
+        with span(self.clock, "generate", period=jobs[0].period, prompt_ids=ids) as generating:
+            prompts = [self.tokenizer.encode_prompt(job.prompt) for job in jobs]
+            seeds = [
+                [sample_seed(seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
+                for job in jobs
             ]
-            keep = is_sampled(seed, job.prompt_id, self.settings.samples_fraction)
+            groups = await asyncio.to_thread(self._generate, list(zip(prompts, seeds, strict=True)))
+            texts = [[self.tokenizer.decode_response(c.tokens) for c in group] for group in groups]
+            scores = [
+                [
+                    await self.scorer.score(job.prompt, text, job.answer, c.finished)
+                    for text, c in zip(group_texts, group, strict=True)
+                ]
+                for job, group_texts, group in zip(jobs, texts, groups, strict=True)
+            ]
+        share = generating.duration / len(jobs)
+        return [
+            self._result(
+                job,
+                prompt,
+                group,
+                group_texts,
+                group_scores,
+                share,
+                load_s if i == 0 else 0.0,
+                generating.end,
+            )
+            for i, (job, prompt, group, group_texts, group_scores) in enumerate(
+                zip(jobs, prompts, groups, texts, scores, strict=True)
+            )
+        ]
+
+    def _result(
+        self,
+        job: Assignment,
+        prompt: list[int],
+        completions: list[Completion],
+        texts: list[str],
+        scores: list[Score],
+        gen_s: float,
+        load_s: float,
+        finished_at: float,
+    ) -> GroupResult:
+        keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
         return GroupResult(
             period=job.period,
             version=job.version,
@@ -233,9 +297,9 @@ class RolloutWorker:
             logprobs=[c.logprobs for c in completions],
             rewards=[s.reward for s in scores],
             correct=[s.correct for s in scores],
-            gen_s=generating.duration,
+            gen_s=gen_s,
             load_s=load_s,
-            finished_at=generating.end,
+            finished_at=finished_at,
             reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in scores[0].parts},
             prompt=job.prompt if keep else "",
             answer=job.answer if keep else "",

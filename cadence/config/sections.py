@@ -88,7 +88,11 @@ class RolloutConfig:
     max_new_tokens: int = doc(4, "longest completion, in tokens")
     temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
     top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")
-    inflight: int = doc(2, "credits: prompt groups a worker holds at once (one generating, the rest queued)")
+    inflight: int = doc(
+        2,
+        "credits: prompt groups a worker is given at once; the groups sent together are generated together"
+        " (one decode step for all their samples)",
+    )
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"

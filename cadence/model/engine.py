@@ -1,4 +1,4 @@
-"""The built-in generation engine: batched sampling of one prompt with a KV cache.
+"""The built-in generation engine: batched sampling of one or several prompts with a KV cache.
 
 Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a generator seeded
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
@@ -64,33 +64,65 @@ class TorchEngine:
         with torch.no_grad():
             load_hf_state_dict(self.model, state)
 
-    @torch.no_grad()
     def generate(
         self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams
     ) -> list[Completion]:
         """``len(seeds)`` samples of ``prompt``: one shared prefill, then one batched step per token."""
-        max_position = self.model.cfg.max_position
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt")
-        if len(prompt) + params.max_new_tokens > max_position:
-            raise ValueError(
-                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds "
-                f"max_position {max_position}"
-            )
-        n, steps = len(seeds), params.max_new_tokens
-        if n == 0:
-            return []
+        return self.generate_many([(prompt, seeds)], params)[0]
+
+    @torch.no_grad()
+    def generate_many(
+        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """For each (prompt, seeds), ``len(seeds)`` samples of the prompt: each prompt's own prefill,
+        then one batched step per token over every sample of every prompt (a decode step reads every
+        weight once, however many rows it has). Prompts of different lengths share the cache with
+        gaps after the shorter ones, masked out; each row keeps its own positions."""
+        steps = params.max_new_tokens
+        for prompt, _ in groups:
+            self._check(prompt, steps)
+        sizes = [len(seeds) for _, seeds in groups]
+        groups = [(p, s) for p, s in groups if s]
+        if not groups:
+            return [[] for _ in sizes]
+        seeds = [seed for _, group_seeds in groups for seed in group_seeds]
         uniforms = torch.stack(
             [
                 torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
                 for s in seeds
             ]
         ).to(self.device)
-        cache = KVCache(capacity=len(prompt) + steps)
-        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
-        last = torch.arange(len(prompt), device=self.device).unsqueeze(0) == len(prompt) - 1
-        logits = self.model(ids, cache=cache, logits_at=last).expand(n, -1)  # the head on P's last only
-        cache.repeat_batch(n)
+        caches, firsts = [], []
+        for prompt, group_seeds in groups:  # the head only on each prompt's last position
+            cache = KVCache()
+            ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+            last = torch.arange(len(prompt), device=self.device).unsqueeze(0) == len(prompt) - 1
+            firsts.append(self.model(ids, cache=cache, logits_at=last).expand(len(group_seeds), -1))
+            caches.append(cache)
+        repeats = [len(s) for _, s in groups]
+        cache = KVCache.stacked(caches, repeats, capacity=max(c.length for c in caches) + steps)
+        lengths = torch.tensor([len(p) for p, s in groups for _ in s], device=self.device)
+        rows = self._decode(torch.cat(firsts), cache, lengths, uniforms, params)
+        done = iter(rows)
+        return [[next(done) for _ in range(n)] for n in sizes]
+
+    def _check(self, prompt: Sequence[int], steps: int) -> None:
+        max_position = self.model.cfg.max_position
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if len(prompt) + steps > max_position:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_new_tokens {steps} exceeds max_position {max_position}"
+            )
+
+    def _decode(
+        self, logits: Tensor, cache: KVCache, lengths: Tensor, uniforms: Tensor, params: SamplingParams
+    ) -> list[Completion]:
+        """Sample every row from its prompt's last logits on, one batched forward a token. Rows whose
+        prompts are shorter than the cache's prompt part attend only their own prompt slots."""
+        n, steps, width = logits.shape[0], params.max_new_tokens, cache.length
+        gaps = bool((lengths != width).any())
+        prompt_slots = torch.arange(width, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)  # [n, W]
         tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
         logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
@@ -101,7 +133,12 @@ class TorchEngine:
             done |= token == self.eos_id
             if step + 1 == steps or bool(done.all()):
                 break
-            logits = self.model(token[:, None], cache=cache)[:, -1]
+            if not gaps:  # every row at the cache's own positions: the plain causal step
+                logits = self.model(token[:, None], cache=cache)[:, -1]
+                continue
+            seen = torch.cat([prompt_slots, prompt_slots.new_ones((n, step + 1))], dim=1)
+            positions = (lengths + step).unsqueeze(1)  # [n, 1]: the row's own next position
+            logits = self.model(token[:, None], positions, seen.view(n, 1, 1, -1), cache)[:, -1]
         return [self._completion(row, lp) for row, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
 
     def _completion(self, row: list[int], logprobs: list[float]) -> Completion:

@@ -27,6 +27,10 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
 
+    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
+        """`generate` of each (prompt, seeds), computed together where the engine can batch them."""
+        ...
+
 
 class TorchRolloutEngine:
     """The built-in engine behind the worker's `RolloutEngine` interface."""
@@ -43,3 +47,6 @@ class TorchRolloutEngine:
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         return self.engine.generate(prompt, seeds, self.params)
+
+    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
+        return self.engine.generate_many(groups, self.params)

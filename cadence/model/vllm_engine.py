@@ -116,8 +116,10 @@ class VllmEngine:
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         """``len(seeds)`` samples of ``prompt``, each stopping after eos (kept) or ``max_new_tokens``."""
-        if not seeds:
-            return []
+        return self.generate_many([(prompt, seeds)])[0]
+
+    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
+        """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch."""
         p = self.params
         requests = [
             self._sampling(
@@ -130,11 +132,14 @@ class VllmEngine:
                 stop_token_ids=[self.eos_id],
                 detokenize=False,
             )
+            for _, seeds in groups
             for seed in seeds
         ]
-        prompts = [self._prompt(prompt_token_ids=list(prompt)) for _ in seeds]
-        outputs = self.llm.generate(prompts, requests, use_tqdm=False)
-        return [self._completion(out.outputs[0]) for out in outputs]
+        if not requests:
+            return [[] for _ in groups]
+        prompts = [self._prompt(prompt_token_ids=list(prompt)) for prompt, seeds in groups for _ in seeds]
+        outputs = iter(self.llm.generate(prompts, requests, use_tqdm=False))
+        return [[self._completion(next(outputs).outputs[0]) for _ in seeds] for _, seeds in groups]
 
     def _completion(self, sample: Any) -> Completion:
         tokens = list(sample.token_ids)

@@ -43,6 +43,10 @@ class SimulatedEngine:
         n = int(self.cfg.length_median * math.exp(self.cfg.length_sigma * rng.gauss(0.0, 1.0)))
         return max(1, min(self.cfg.length_max, n))
 
+    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
+        """One group after another: the simulated costs are those of one group at a time."""
+        return [self.generate(prompt, seeds) for prompt, seeds in groups]
+
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         lengths = [self.length(s) for s in seeds]
         time.sleep(self.cfg.gen_s_per_token * max(lengths))

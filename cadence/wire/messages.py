@@ -122,7 +122,8 @@ class WorkRequest(Message):
 @message("assignment")
 @dataclass(frozen=True)
 class Assignment(Message):
-    """Generate `group_size` completions of one prompt with weights `version`."""
+    """Generate `group_size` completions of one prompt with weights `version`; `batch`: how many
+    assignments the dispatcher sent this worker together, this one among them (generated together)."""
 
     period: int
     version: int
@@ -130,6 +131,7 @@ class Assignment(Message):
     prompt: str
     answer: str
     group_size: int
+    batch: int = 1
 
 
 @message("group_result")

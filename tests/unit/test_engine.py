@@ -114,3 +114,27 @@ def test_state_bytes_round_trip_through_engine() -> None:
     assert target.model.lm_head.weight is target.model.model.embed_tokens.weight
     with pytest.raises(RuntimeError, match="Missing"):
         target.load_state_dict({"model.norm.weight": torch.ones(CFG.hidden_size)})
+
+
+def test_several_prompts_decoded_together_give_each_prompt_its_own_samples() -> None:
+    engine = _engine(seed=2)
+    params = SamplingParams(max_new_tokens=12, temperature=1.1)
+    prompts = [PROMPT, [1, 8], [3, 3, 6, 1, 5, 9, 12, 4], PROMPT[:3]]  # lengths 5, 2, 8, 3
+    seeds = [[1, 2, 3], [4], [5, 6], []]
+    together = engine.generate_many(list(zip(prompts, seeds, strict=True)), params)
+    assert [len(g) for g in together] == [3, 1, 2, 0]
+    for prompt, group_seeds, batch in zip(prompts, seeds, together, strict=True):
+        alone = engine.generate(prompt, group_seeds, params)
+        assert [c.tokens for c in batch] == [c.tokens for c in alone]
+        for a, b in zip(batch, alone, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+            assert a.finished == b.finished
+
+
+def test_rows_of_a_shorter_prompt_see_only_their_own_prompt() -> None:
+    engine = _engine(seed=3)
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    short, long = [4, 7], [9, 9, 9, 9, 9, 9, 9, 9, 9]
+    together = engine.generate_many([(short, [0]), (long, [0])], greedy)
+    assert together[0][0].tokens == _greedy_reference(engine, short, 10)
+    assert together[1][0].tokens == _greedy_reference(engine, long, 10)
