@@ -149,17 +149,23 @@ class TorchEngine:
 
     @staticmethod
     def _sample(logits: Tensor, uniforms: Tensor, params: SamplingParams) -> Tensor:
-        """One token per row by inverse CDF over the tempered, nucleus-filtered distribution."""
+        """One token per row by inverse CDF over the tempered, nucleus-filtered distribution: in the
+        vocabulary's order without a nucleus (no sort: sorting 49k probabilities a row costs more than
+        the decode step's head), in descending order of probability with one."""
         if params.temperature == 0.0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p >= 1.0:
+            return _inverse_cdf(probs, uniforms)
         probs, order = probs.sort(dim=-1, descending=True, stable=True)
-        keep = probs > 0
-        if params.top_p < 1.0:
-            keep &= (probs.cumsum(dim=-1) - probs) < params.top_p  # the top token always stays
-            probs = probs.masked_fill(~keep, 0.0)
-        cdf = probs.double().cumsum(dim=-1)
-        target = (uniforms * cdf[:, -1]).unsqueeze(1)
-        index = torch.searchsorted(cdf, target, right=True)
-        index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
-        return order.gather(1, index).squeeze(1)
+        keep = (probs > 0) & ((probs.cumsum(dim=-1) - probs) < params.top_p)  # the top token always stays
+        return order.gather(1, _inverse_cdf(probs.masked_fill(~keep, 0.0), uniforms).unsqueeze(1)).squeeze(1)
+
+
+def _inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """The index whose cumulative probability first exceeds ``uniforms`` [n] (in [0, 1)) times the
+    row's total: never an index of probability 0, since the cumulative sum does not rise there."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return torch.minimum(index, (probs > 0).long().cumsum(dim=-1).argmax(dim=-1))

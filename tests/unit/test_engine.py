@@ -82,7 +82,8 @@ def test_logprobs_are_untempered() -> None:
 def test_eos_stops_a_sample() -> None:
     engine = _engine(seed=4)
     bias = torch.zeros(2, 1, CFG.vocab_size)
-    bias[0, 0, EOS] = 50.0  # row 0 all but surely ends on eos at its first decode step; row 1 runs on
+    bias[0, 0, EOS] = 50.0  # row 0 all but surely ends on eos at its first decode step
+    bias[1, 0, EOS] = -50.0  # row 1 all but surely runs on to the end
     engine.model.lm_head.register_forward_hook(
         lambda _m, inputs, out: out + bias if out.shape[0] == 2 else out
     )
@@ -90,8 +91,9 @@ def test_eos_stops_a_sample() -> None:
     assert short.finished and short.tokens[-1] == EOS and len(short.tokens) <= 2
     assert len(short.logprobs) == len(short.tokens)
     assert not long.finished and len(long.tokens) == len(long.logprobs) == 12 and EOS not in long.tokens
-    alone = engine.generate(PROMPT, [4], SamplingParams(max_new_tokens=12))[0]
-    assert alone.tokens == long.tokens and alone.logprobs == pytest.approx(long.logprobs, abs=1e-5)
+    # the row that ended early does not change the other: beside another early one, the same sample
+    _, again = engine.generate(PROMPT, [5, 4], SamplingParams(max_new_tokens=12))
+    assert again.tokens == long.tokens and again.logprobs == pytest.approx(long.logprobs, abs=1e-5)
 
 
 def test_generation_respects_max_position() -> None:
