@@ -22,6 +22,7 @@ from cadence.wire.messages import (
     Register,
     RunDone,
     Shutdown,
+    TrainerKey,
     VersionReady,
     Welcome,
     WorkRequest,
@@ -51,7 +52,7 @@ async def start(
 
 async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
     client = network.connect(name, "inproc://dispatcher")
-    await client.send(Register(role, address))
+    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
     return client
 
 
@@ -125,6 +126,7 @@ async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_p
     await trainer.send(VersionReady(1, "sha1", 10, row))
     await trainer.send(RunDone(1, "sha1", "/x"))
     assert (await expect(trainer, Shutdown)).reason == "run complete"
+    assert (await expect(publisher, TrainerKey)).key == "key-of-trainer"  # uploads need its tickets
     assert (await expect(publisher, Shutdown)).reason == "run complete"
     await asyncio.wait_for(task, 5)
     lines = read_jsonl(tmp_path / "metrics.jsonl")

@@ -18,11 +18,15 @@ from cadence.actors.trainer import Trainer
 from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.training.learner import TrainGroup
+from cadence.transport.endpoint import Client
 from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
+from cadence.wire.roles import assignment_ticket
 from tests.conftest import expect, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
+
+VOCAB = 16  # token ids the model takes; the groups below use 1 to 7
 
 
 class RecordingLearner:
@@ -81,6 +85,19 @@ def group(period: int, prompt_id: int, version: int | None = None, tag: float = 
     )
 
 
+class Worker:
+    """A rollout worker at the edge: sends each group with the ticket the dispatcher would have given it
+    for that prompt (made with the trainer's key)."""
+
+    def __init__(self, client: Client, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    async def send(self, msg: GroupResult) -> None:
+        shown = assignment_ticket(self.key, msg.period, msg.prompt_id, self.client.name)
+        await self.client.send(dataclasses.replace(msg, ticket=shown))
+
+
 async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
     cfg = tiny_config("periods=2", "transport.liveness=200", *overrides)
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
@@ -92,10 +109,13 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
 
     learner = RecordingLearner()
     server = network.bind("trainer", "inproc://trainer")
+    own = session(
+        cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address
+    )
     trainer = Trainer(
-        trainer_settings(cfg),
+        trainer_settings(cfg, VOCAB),
         server,
-        session(cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address),
+        own,
         learner,
         publish,
         time.time,
@@ -104,7 +124,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         samples=SampleWriter(tmp_path / "samples"),
     )
     task = asyncio.create_task(trainer.run())
-    worker = network.connect("w0", "inproc://trainer")
+    worker = Worker(network.connect("w0", "inproc://trainer"), own.key)
     return cfg, dispatcher, worker, learner, published, task, trainer
 
 

@@ -36,6 +36,7 @@ from cadence.wire.messages import (
     Message,
     Register,
     Shutdown,
+    TrainerKey,
     WeightChunk,
     WeightChunkRequest,
     WeightMeta,
@@ -45,6 +46,7 @@ from cadence.wire.messages import (
     encode,
     encode_frames,
 )
+from cadence.wire.roles import upload_ticket
 
 RUN = "run-a"
 ADDRESS = "tcp://127.0.0.1:*"
@@ -414,19 +416,23 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
 
         data = payload(3000)
         trainer = network.connect("trainer", server.address)
+        await dispatcher.send(peer, TrainerKey("trainer-key"))  # the registered trainer's
         with structlog.testing.capture_logs() as logs:
-            await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray"))  # index past the count
-            sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
+            stray = upload_ticket("trainer-key", 2, 5, digest(data))
+            await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray", stray))  # index past the count
+            await trainer.send(WeightUpload(2, 0, 5, digest(data), b"x" * 700))  # no ticket
+            sha = await upload_weights(trainer, 2, data, chunk_bytes=400, timeout_s=WAIT, key="trainer-key")
         assert sha == checksum(data)
         assert store.latest == 2
-        assert [e["index"] for e in logs if e["event"] == "upload_chunk_refused"] == [7]
+        reasons = [e["reason"] for e in logs if e["event"] == "message_refused"]
+        assert reasons == ["chunk 7 of 5", "no ticket of the registered trainer"]
+        assert server.refused == 2
 
         worker = network.connect("worker-1", server.address)
         assert await pull_weights(worker, 2, timeout_s=WAIT) == data
 
         await dispatcher.send(peer, Shutdown("done"))
         await asyncio.wait_for(run, WAIT)
-        assert server.refused == 0
     finally:
         if run is not None and not run.done():
             run.cancel()
