@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from cadence.actors.trainer import Trainer
 from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.training.learner import TrainGroup
-from cadence.transport.endpoint import Client
+from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
 from cadence.wire.roles import assignment_ticket
@@ -260,4 +261,40 @@ async def test_groups_that_carry_their_texts_are_kept_as_samples(
     assert [r["text"] for r in record["responses"]] == ["5", "3"]
     assert [r["task"] for r in record["responses"]] == [1.0, 0.0]
     assert [r["tokens"] for r in record["responses"]] == [2, 3]
+    task.cancel()
+
+
+async def test_groups_without_their_assignment_or_without_meaning_are_refused(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
+    trainer.server.refusals = RefusalLog("trainer", per_second=100)  # log every one of them
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    stranger = network.connect("stranger", "inproc://trainer")
+    nan = dataclasses.replace(group(0, 1), rewards=[math.nan, 0.0])
+    with structlog.testing.capture_logs() as logs:
+        await stranger.send(group(0, 0))  # no ticket at all
+        await stranger.send(
+            dataclasses.replace(group(0, 0), ticket=assignment_ticket(worker.key, 0, 0, "w0"))
+        )
+        await worker.send(nan)
+        await worker.send(dataclasses.replace(group(0, 1), completions=[[5, 2], [6, 7, VOCAB]]))
+        await worker.send(dataclasses.replace(group(0, 1), rewards=[0.0]))
+        await stranger.send(Consumed(0, [1]))
+        for pid in (0, 1, 2, 3):
+            await worker.send(group(0, pid))
+        ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    refused = [(e["peer"], e["role"], e["reason"]) for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        ("stranger", "stranger", "no assignment of prompt 0 of period 0 to stranger"),
+        ("stranger", "stranger", "no assignment of prompt 0 of period 0 to stranger"),  # w0's, not its own
+        ("w0", "rollout", "a reward, correctness value or time that is not finite"),
+        ("w0", "rollout", f"completion 1: a token id outside the vocabulary of {VOCAB}"),
+        ("w0", "rollout", "2 completions but {'rewards': 1}"),
+        ("stranger", "stranger", "a stranger may not send consumed to the trainer"),
+    ]
+    assert trainer.server.refused == 6
+    assert ready.version == 1 and ready.metrics["groups"] == 4  # the sound copies, every one trained
+    assert ready.metrics["stale_dropped"] == 0 and ready.metrics["duplicates_dropped"] == 0
+    assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4
     task.cancel()
