@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from cadence.actors.publisher import Publisher
-from cadence.transport.endpoint import Server
+from cadence.transport.endpoint import RefusalLog, Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
 from cadence.transport.weights import (
@@ -403,6 +403,7 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
     try:
         dispatcher = network.bind("dispatcher", ADDRESS)
         server = network.bind("publisher", ADDRESS)
+        server.refusals = RefusalLog("publisher", per_second=1000)  # log every one of them
         store = WeightStore(chunk_bytes=400, keep=2)
         liveness = Liveness(interval_s=0.05, liveness=200, clock=time.monotonic)
         session = Session(
@@ -416,8 +417,16 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
 
         data = payload(3000)
         trainer = network.connect("trainer", server.address)
-        await dispatcher.send(peer, TrainerKey("trainer-key"))  # the registered trainer's
         with structlog.testing.capture_logs() as logs:
+            # before the dispatcher has told the publisher the trainer's key: refused, and sent again
+            upload = asyncio.ensure_future(
+                upload_weights(trainer, 1, data, 400, timeout_s=WAIT, key="trainer-key")
+            )
+            while not server.refused:
+                await asyncio.sleep(0.01)
+            await dispatcher.send(peer, TrainerKey("trainer-key"))  # the registered trainer's
+            assert await asyncio.wait_for(upload, WAIT) == checksum(data)
+            refused_first = server.refused
             stray = upload_ticket("trainer-key", 2, 5, digest(data))
             await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray", stray))  # index past the count
             await trainer.send(WeightUpload(2, 0, 5, digest(data), b"x" * 700))  # no ticket
@@ -425,8 +434,9 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         assert sha == checksum(data)
         assert store.latest == 2
         reasons = [e["reason"] for e in logs if e["event"] == "message_refused"]
-        assert reasons == ["chunk 7 of 5", "no ticket of the registered trainer"]
-        assert server.refused == 2
+        assert reasons[0] == "no trainer known yet"
+        assert reasons[-2:] == ["chunk 7 of 5", "no ticket of the registered trainer"]
+        assert server.refused == refused_first + 2
 
         worker = network.connect("worker-1", server.address)
         assert await pull_weights(worker, 2, timeout_s=WAIT) == data
