@@ -179,6 +179,8 @@ class Dispatcher:
         problem = self._problem(peer, role, msg)
         if problem is not None:
             self.server.refuse(sender, role, msg, problem)
+            if not known:  # a refused claim: the claimant stops, told why
+                self._outbox.append((peer, Shutdown(f"registration refused: {problem}")))
             return
         self.liveness.seen(sender)
         if isinstance(msg, Register):
@@ -211,18 +213,20 @@ class Dispatcher:
         return None
 
     def _claim_problem(self, peer: bytes, msg: Register) -> str | None:
-        """A peer registers as a worker, or as the trainer or publisher when the run has none (or,
-        with `trainer.on_loss = "wait"`, one that comes back in place of the one it has)."""
+        """A peer registers as a worker, or as the trainer or publisher when no other peer is that (the
+        same peer again: a restarted actor); with `trainer.on_loss = "wait"`, while the run waits for a
+        lost trainer, a new trainer's publisher also takes the place of the old one."""
         if msg.role not in REGISTERED:
             return f"role {msg.role!r} is none of {list(REGISTERED)}"
         if msg.role == "trainer" and not msg.key:
             return "a trainer registers with its key"
-        if msg.role == "rollout" or self.settings.on_trainer_loss == "wait":
+        if msg.role == "rollout":
             return None
         holder = next((p.name for k, p in self.peers.items() if p.role == msg.role and k != peer), None)
-        if holder is not None:
-            return f"the run has its {msg.role} already ({holder})"
-        return None
+        trainer = any(p.role == "trainer" for p in self.peers.values())
+        if holder is None or (self.settings.on_trainer_loss == "wait" and not trainer):
+            return None
+        return f"the run has its {msg.role} already ({holder})"
 
     def _register(self, peer: bytes, sender: str, msg: Register) -> None:
         if peer in self.peers:

@@ -230,8 +230,32 @@ async def test_only_the_registered_trainer_announces_versions_and_ends_the_run(
     ]
     assert dispatcher.server.refused == 7 and dispatcher.period == 1 and not dispatcher.done.is_set()
     assert [line["period"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0]  # nothing rewound
-    with pytest.raises(TimeoutError):
-        await expect(second, Welcome, timeout=0.3)
+    assert "the run has its trainer already (trainer)" in (await expect(second, Shutdown)).reason
+    task.cancel()
+
+
+async def test_while_the_trainer_lives_no_other_may_claim_its_role_even_when_a_lost_one_is_waited_for(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "trainer.on_loss='wait'", "trainer.checkpoint_every=2")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    with structlog.testing.capture_logs() as logs:
+        for name, role in (("trainer-2", "trainer"), ("publisher-2", "publisher"), ("x", "monitor")):
+            claimant = await join(network, name, role, "inproc://elsewhere")
+            assert "registration refused" in (await expect(claimant, Shutdown)).reason
+        again = await join(network, "trainer", "trainer", "inproc://trainer")  # restarted, its own name
+        assert again is not None
+        while not any(e["event"] == "trainer_lost_waiting" for e in logs):
+            await asyncio.sleep(0.01)
+    refused = [(e["peer"], e["reason"]) for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        ("trainer-2", "the run has its trainer already (trainer)"),
+        ("publisher-2", "the run has its publisher already (publisher)"),
+        ("x", "role 'monitor' is none of ['trainer', 'publisher', 'rollout']"),
+    ]
+    assert [p.name for p in dispatcher.peers.values() if p.role == "trainer"] == ["trainer"]
     task.cancel()
 
 
