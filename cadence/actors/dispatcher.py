@@ -1,8 +1,13 @@
 """The prompt dispatcher: the period state machine, the roster, and every assignment until consumed.
 
 ```
+ any message ───────────────► may a peer of its sender's role send it (wire/roles.py), and does it
+                              make sense (wire/meaning.py)? else refused, logged, and nothing changes
+ Register(trainer/publisher) ► refused while another peer holds that role (unless the run waits for
+                              a lost trainer); the trainer's key ─► TrainerKey to the publisher
  trainer ─ VersionReady(k) ─► start period k: B prompts of period k → pending
- worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment)
+ worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker,
+                              Assignment with the ticket HMAC(trainer key, period, prompt id, worker))
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
