@@ -1,8 +1,13 @@
 """The prompt dispatcher: the period state machine, the roster, and every assignment until consumed.
 
 ```
+ any message ───────────────► may a peer of its sender's role send it (wire/roles.py), and does it
+                              make sense (wire/meaning.py)? else refused, logged, and nothing changes
+ Register(trainer/publisher) ► refused while another peer holds that role (unless the run waits for
+                              a lost trainer); the trainer's key ─► TrainerKey to the publisher
  trainer ─ VersionReady(k) ─► start period k: B prompts of period k → pending
- worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker, Assignment);
+ worker  ─ WorkRequest(n) ──► credits[worker] += n ─► assign pending → outstanding (worker,
+                              Assignment with the ticket HMAC(trainer key, period, prompt id, worker));
                               the m assigned to a worker at once say batch=m: it generates them together
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
@@ -37,6 +42,7 @@ from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import first_of
+from cadence.wire.meaning import run_done_problem, version_ready_problem, work_request_problem
 from cadence.wire.messages import (
     Assignment,
     Consumed,
@@ -47,10 +53,12 @@ from cadence.wire.messages import (
     RunDone,
     Shutdown,
     Subscribe,
+    TrainerKey,
     VersionReady,
     Welcome,
     WorkRequest,
 )
+from cadence.wire.roles import REGISTERED, assignment_ticket, may_send
 
 log = structlog.get_logger()
 
@@ -73,8 +81,10 @@ class Peer:
     name: str
     role: str
     address: str
+    key: str = ""  # a trainer's: assignment tickets are made with it
     credits: int = 0
     welcomed: bool = False
+    told: str = ""  # a publisher's: the trainer key it was told
     outstanding: set[int] = field(default_factory=set)
 
 
@@ -101,6 +111,7 @@ class Dispatcher:
         self.liveness = liveness
         self.peers: dict[bytes, Peer] = {}
         self.period = -1
+        self.published = -1  # the last version announced
         self.pending: deque[Prompt] = deque()
         self.outstanding: dict[int, tuple[bytes, Prompt]] = {}
         self.reassigned = 0
@@ -128,17 +139,25 @@ class Dispatcher:
     async def _receive(self) -> None:
         while True:
             peer, env = await self.server.recv()
-            msg = env.message
-            if isinstance(msg, LogBatch | Subscribe):
-                if self.hub is None:
-                    log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
-                elif isinstance(msg, LogBatch):
-                    await self.hub.batch(msg)
-                else:
-                    await self.hub.subscribe(peer, env.sender, msg)
-                continue
-            self.handle(peer, env.sender, msg)
-            await self._flush()
+            try:
+                await self._take(peer, env.sender, env.message)
+            except Exception as exc:  # one peer's message must not end the run
+                log.error(
+                    "message_failed", peer=env.sender, type=env.message.TAG, error=repr(exc), exc_info=True
+                )
+
+    async def _take(self, peer: bytes, sender: str, msg: Message) -> None:
+        """Handle one message: log traffic to the hub, anything else through `handle`."""
+        if isinstance(msg, LogBatch | Subscribe):
+            if self.hub is None:
+                log.warning("unexpected_message", peer=sender, type=msg.TAG)
+            elif isinstance(msg, LogBatch):
+                await self.hub.batch(msg)
+            else:
+                await self.hub.subscribe(peer, sender, msg)
+            return
+        self.handle(peer, sender, msg)
+        await self._flush()
 
     async def _watch(self) -> None:
         while True:
@@ -162,11 +181,18 @@ class Dispatcher:
             if sender in self.lost:  # declared dead, then woke up: it must not work on unseen
                 self._outbox.append((peer, Shutdown(f"{sender} was declared lost; start it again to rejoin")))
             return
+        role = self.peers[peer].role if known else "stranger"
+        problem = self._problem(peer, role, msg)
+        if problem is not None:
+            self.server.refuse(sender, role, msg, problem)
+            if not known:  # a refused claim: the claimant stops, told why
+                self._outbox.append((peer, Shutdown(f"registration refused: {problem}")))
+            return
         self.liveness.seen(sender)
         if isinstance(msg, Register):
             self._register(peer, sender, msg)
         elif isinstance(msg, WorkRequest):
-            self.peers[peer].credits += max(0, msg.credits)
+            self.peers[peer].credits += msg.credits
         elif isinstance(msg, Consumed):
             self._consumed(msg)
         elif isinstance(msg, VersionReady):
@@ -175,9 +201,38 @@ class Dispatcher:
             self.recorder.finish(self.clock(), msg.version, msg.sha256)
             log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
             self.done.set()
-        elif not isinstance(msg, Heartbeat):
-            log.warning("unexpected_message", peer=sender, type=msg.TAG)
         self._assign()
+
+    def _problem(self, peer: bytes, role: str, msg: Message) -> str | None:
+        """Why a peer of `role` may not send `msg` now (`cadence.wire.roles`, `cadence.wire.meaning`),
+        or None."""
+        if not may_send("dispatcher", role, msg.TAG):
+            return f"a {role} may not send {msg.TAG} to the dispatcher"
+        if isinstance(msg, Register):
+            return self._claim_problem(peer, msg)
+        if isinstance(msg, VersionReady):
+            return version_ready_problem(msg, self.settings.periods)
+        if isinstance(msg, RunDone):
+            return run_done_problem(msg, self.settings.periods, self.published)
+        if isinstance(msg, WorkRequest):
+            return work_request_problem(msg)
+        return None
+
+    def _claim_problem(self, peer: bytes, msg: Register) -> str | None:
+        """A peer registers as a worker, or as the trainer or publisher when no other peer is that (the
+        same peer again: a restarted actor); with `trainer.on_loss = "wait"`, while the run waits for a
+        lost trainer, a new trainer's publisher also takes the place of the old one."""
+        if msg.role not in REGISTERED:
+            return f"role {msg.role!r} is none of {list(REGISTERED)}"
+        if msg.role == "trainer" and not msg.key:
+            return "a trainer registers with its key"
+        if msg.role == "rollout":
+            return None
+        holder = next((p.name for k, p in self.peers.items() if p.role == msg.role and k != peer), None)
+        trainer = any(p.role == "trainer" for p in self.peers.values())
+        if holder is None or (self.settings.on_trainer_loss == "wait" and not trainer):
+            return None
+        return f"the run has its {msg.role} already ({holder})"
 
     def _register(self, peer: bytes, sender: str, msg: Register) -> None:
         if peer in self.peers:
@@ -187,7 +242,7 @@ class Dispatcher:
             for old in [p.name for p in self.peers.values() if p.role == msg.role]:
                 self._lost(old, 0.0, reason=f"replaced by {sender}")
                 self.liveness.seen(sender)
-        self.peers[peer] = Peer(sender, msg.role, msg.address)
+        self.peers[peer] = Peer(sender, msg.role, msg.address, key=msg.key if msg.role == "trainer" else "")
         log.info(
             "peer_joined",
             peer=sender,
@@ -206,12 +261,13 @@ class Dispatcher:
     def _version_ready(self, msg: VersionReady) -> None:
         # a period's row replaces any earlier row of it and of the periods after it: a trainer that
         # resumed from its checkpoint starts over there (its first version carries the row before)
+        row = PeriodMetrics.from_row(msg.metrics) if msg.metrics else None
         dropped = self.recorder.rewind(msg.version - 1 if msg.metrics else msg.version)
         if dropped:
             log.info("metrics_rewound", version=msg.version, dropped=dropped)
-        if msg.metrics:
+        self.published = msg.version
+        if row is not None:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-            row = PeriodMetrics.from_row(msg.metrics)
             self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
         if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
@@ -294,6 +350,11 @@ class Dispatcher:
 
     def _assign(self) -> None:
         addresses = {p.role: p.address for p in self.peers.values() if p.role in ("trainer", "publisher")}
+        key = next((p.key for p in self.peers.values() if p.role == "trainer"), "")
+        for peer, info in self.peers.items():
+            if info.role == "publisher" and key and info.told != key:
+                info.told = key
+                self._outbox.append((peer, TrainerKey(key)))
         for peer, info in self.peers.items():
             if info.role == "rollout" and not info.welcomed and len(addresses) == 2:
                 info.welcomed = True
@@ -322,6 +383,7 @@ class Dispatcher:
                     prompt.text,
                     prompt.answer,
                     self.settings.group_size,
+                    assignment_ticket(key, self.period, prompt.prompt_id, self.peers[peer].name),
                     batch=len(prompts),
                 )
                 self._outbox.append((peer, assignment))

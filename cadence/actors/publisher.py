@@ -3,19 +3,25 @@
 ```
  session (transport/session.py): Register, heartbeats, until the dispatcher's Shutdown
  trainer (same process) ─ publish(k, bytes) ─► store[k] (xxh3-128 digest) ─► returns the digest
- trainer (elsewhere) ── WeightUpload(k, i/n) ─► assembled, verified ─► store[k]
+ dispatcher ─ TrainerKey(key) ─► uploads must carry tickets made with it (wire/roles.py)
+ trainer (elsewhere) ── WeightUpload(k, i/n, ticket) ─► the ticket? the sizes? (else refused)
+                        ─► assembled, verified ─► store[k]; partial uploads: at most
+                        weights.max_upload_bytes together, each freed after a liveness of silence
  with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
  worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
 
-Invariant: a version is served only once complete and verified; a request for a version not held
-gets `available=False`, never partial bytes.
+Invariant: a version is served only once complete and verified, and uploaded only by the registered
+trainer; a request for a version not held gets `available=False`, never partial bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -23,7 +29,17 @@ import structlog
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.transport.weights import WeightError, WeightStore
-from cadence.wire.messages import BroadcastJoin, Payload, WeightChunkRequest, WeightQuery, WeightUpload
+from cadence.wire.meaning import upload_problem
+from cadence.wire.messages import (
+    BroadcastJoin,
+    Envelope,
+    Payload,
+    TrainerKey,
+    WeightChunkRequest,
+    WeightQuery,
+    WeightUpload,
+)
+from cadence.wire.roles import valid_ticket
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -31,6 +47,26 @@ if TYPE_CHECKING:
     from cadence.transport.broadcast import BroadcastRoot
 
 log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class PublisherSettings:
+    """What the publisher reads of the run's configuration (built by `launch/settings.py`): partial
+    uploads together hold at most `max_upload_bytes`, and one silent for `upload_timeout_s` is freed."""
+
+    max_upload_bytes: int = 64 << 30
+    upload_timeout_s: float = 10.0
+
+
+@dataclass
+class _Partial:
+    """An upload under way: its chunks so far, their bytes, and when the last came."""
+
+    chunks: int
+    digest: str
+    parts: dict[int, Payload] = field(default_factory=dict)
+    nbytes: int = 0
+    last: float = 0.0
 
 
 class Publisher:
@@ -42,12 +78,23 @@ class Publisher:
         session: Session,
         store: WeightStore,
         broadcaster: BroadcastRoot | None = None,
+        settings: PublisherSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.server = server
         self.session = session
         self.store = store
         self.broadcaster = broadcaster
-        self._uploads: dict[int, dict[int, Payload]] = {}
+        self.settings = settings or PublisherSettings()
+        self.clock = clock
+        self.trainer_key = ""  # told by the dispatcher: uploads must carry tickets made with it
+        self._uploads: dict[int, _Partial] = {}
+        session.on(TrainerKey, self._told)
+
+    def _told(self, msg: TrainerKey) -> None:
+        if msg.key != self.trainer_key:
+            self._uploads.clear()  # a new trainer: what the old one left half done is void
+        self.trainer_key = msg.key
 
     async def publish(self, version: int, data: bytes, tensors: Mapping[str, Tensor] | None = None) -> str:
         """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
@@ -59,46 +106,88 @@ class Publisher:
         return stored.digest
 
     async def run(self) -> None:
-        await self.session.run(self._serve())
+        await self.session.run(self._serve(), self._sweep())
 
     async def _serve(self) -> None:
         while True:
             peer, env = await self.server.recv()
-            msg = env.message
-            if isinstance(msg, WeightQuery):
+            try:
+                await self._handle(peer, env)
+            except Exception as exc:  # contained to this message: the publisher goes on
+                log.error(
+                    "message_failed", peer=env.sender, type=env.message.TAG, error=repr(exc), exc_info=True
+                )
+
+    async def _handle(self, peer: bytes, env: Envelope) -> None:
+        msg = env.message
+        if isinstance(msg, WeightQuery):
+            await self.server.send(peer, self.store.meta(msg.version))
+        elif isinstance(msg, WeightChunkRequest):
+            chunk = self.store.chunk(msg.version, msg.index)
+            if chunk is None:
+                log.warning("chunk_unavailable", peer=env.sender, version=msg.version, index=msg.index)
                 await self.server.send(peer, self.store.meta(msg.version))
-            elif isinstance(msg, WeightChunkRequest):
-                chunk = self.store.chunk(msg.version, msg.index)
-                if chunk is None:
-                    log.warning("chunk_unavailable", peer=env.sender, version=msg.version, index=msg.index)
-                    await self.server.send(peer, self.store.meta(msg.version))
-                else:
-                    await self.server.send(peer, chunk)
-            elif isinstance(msg, WeightUpload):
-                self._upload(env.sender, msg)
-            elif isinstance(msg, BroadcastJoin):
-                if self.broadcaster is None:
-                    log.warning("broadcast_not_offered", peer=env.sender)
-                else:
-                    await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
             else:
-                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+                await self.server.send(peer, chunk)
+        elif isinstance(msg, WeightUpload):
+            self._upload(env.sender, msg)
+        elif isinstance(msg, BroadcastJoin):
+            if self.broadcaster is None:
+                log.warning("broadcast_not_offered", peer=env.sender)
+            else:
+                await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
+        else:
+            self.server.refuse(
+                env.sender, "stranger", msg, f"a stranger may not send {msg.TAG} to the publisher"
+            )
 
     def _upload(self, sender: str, msg: WeightUpload) -> None:
-        if not 0 <= msg.index < msg.chunks:
-            log.warning(
-                "upload_chunk_refused", peer=sender, version=msg.version, index=msg.index, chunks=msg.chunks
-            )
+        if not valid_ticket(self.trainer_key, msg.ticket, "upload", msg.version, msg.chunks, msg.digest):
+            reason = "no ticket of the registered trainer" if self.trainer_key else "no trainer known yet"
+            self.server.refuse(sender, "stranger", msg, reason)
             return
-        parts = self._uploads.setdefault(msg.version, {})
-        parts[msg.index] = msg.data
-        if len(parts) < msg.chunks:
+        problem = upload_problem(msg, self.store.chunk_bytes, self.settings.max_upload_bytes)
+        partial = self._uploads.get(msg.version)
+        if partial is not None and (partial.chunks, partial.digest) != (msg.chunks, msg.digest):
+            del self._uploads[msg.version]  # the trainer started this version over
+            partial = None
+        held = sum(p.nbytes for p in self._uploads.values()) + len(msg.data)
+        if problem is None and held > self.settings.max_upload_bytes:
+            problem = f"partial uploads would hold {held} bytes, more than {self.settings.max_upload_bytes}"
+        if problem is not None:
+            self._uploads.pop(msg.version, None)
+            self.server.refuse(sender, "trainer", msg, problem)
             return
-        data = b"".join(parts[i] for i in range(msg.chunks))
-        del self._uploads[msg.version]
+        if partial is None:
+            partial = self._uploads[msg.version] = _Partial(msg.chunks, msg.digest)
+        partial.nbytes += len(msg.data) - len(partial.parts.get(msg.index, b""))
+        partial.parts[msg.index] = msg.data
+        partial.last = self.clock()
+        if len(partial.parts) == partial.chunks:
+            self._complete(sender, msg.version, partial)
+
+    def _complete(self, sender: str, version: int, partial: _Partial) -> None:
+        data = b"".join(partial.parts[i] for i in range(partial.chunks))
+        del self._uploads[version]
         try:
-            self.store.put(msg.version, data, msg.digest)
+            self.store.put(version, data, partial.digest)
         except WeightError as err:
-            log.error("upload_refused", peer=sender, version=msg.version, reason=str(err))
+            log.error("upload_refused", peer=sender, version=version, reason=str(err))
             return
-        log.info("version_stored", version=msg.version, nbytes=len(data))
+        log.info("version_stored", version=version, nbytes=len(data))
+
+    async def _sweep(self) -> None:
+        """Free every partial upload silent for `upload_timeout_s`."""
+        while True:
+            await asyncio.sleep(self.settings.upload_timeout_s / 4)
+            now = self.clock()
+            for version, partial in list(self._uploads.items()):
+                if now - partial.last > self.settings.upload_timeout_s:
+                    del self._uploads[version]
+                    log.warning(
+                        "upload_abandoned",
+                        version=version,
+                        chunks=len(partial.parts),
+                        of=partial.chunks,
+                        nbytes=partial.nbytes,
+                    )

@@ -304,4 +304,5 @@ class RolloutWorker:
             prompt=job.prompt if keep else "",
             answer=job.answer if keep else "",
             responses=texts if keep else [],
+            ticket=job.ticket,
         )

@@ -1,7 +1,9 @@
 """The trainer: accepts only groups of the current version, accumulates, one optimizer step a period.
 
 ```
- session (transport/session.py): Register, heartbeats; Shutdown before RunDone ─► the run failed
+ session (transport/session.py): Register (with the key of the assignment tickets), heartbeats;
+   Shutdown before RunDone ─► the run failed
+ GroupResult without the ticket of its (period, id, worker), or meaningless (wire/meaning.py) ─► refused
  (--resume: load checkpoints/resume, k = its version)
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
@@ -39,7 +41,9 @@ from cadence.training.learner import Learner, TrainGroup
 from cadence.training.resume import load_resume, save_resume
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
+from cadence.wire.meaning import group_problem
 from cadence.wire.messages import Consumed, Envelope, GroupResult, RunDone, Shutdown, VersionReady
+from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
 
@@ -58,6 +62,7 @@ class TrainerSettings:
     micro_batch_tokens: int
     normaliser: Literal["tokens", "samples"]
     checkpoint_every: int
+    vocab_size: int  # token ids of the model; a group with others is refused
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
     threads_alone: int = 0  # once the period's last group is in, the workers idle (0: the same)
 
@@ -114,10 +119,32 @@ class Trainer:
             raise RuntimeError(f"dispatcher stopped the run: {msg.reason}")
 
     async def _receive(self) -> None:
-        """Take every frame off the socket as it comes, stamped with its arrival time, even mid-training."""
+        """Take every frame off the socket as it comes, stamped with its arrival time, even mid-training;
+        only groups a rollout worker was assigned, and that make sense, are kept."""
         while True:
             _, env = await self.server.recv()
-            self.arrivals.put_nowait((self.clock(), env))
+            problem = self._problem(env)
+            if problem is None:
+                self.arrivals.put_nowait((self.clock(), env))
+            else:
+                role = "rollout" if problem[0] == "rollout" else "stranger"
+                self.server.refuse(env.sender, role, env.message, problem[1])
+
+    def _problem(self, env: Envelope) -> tuple[str, str] | None:
+        """Why the trainer may not take `env`, with the role its sender proved, or None: a group must show
+        the dispatcher's ticket for its (period, prompt id) and its sender (`cadence.wire.roles`)."""
+        msg = env.message
+        if not isinstance(msg, GroupResult):
+            return "stranger", f"a stranger may not send {msg.TAG} to the trainer"
+        if not valid_ticket(
+            self.session.key, msg.ticket, "assignment", msg.period, msg.prompt_id, env.sender
+        ):
+            return (
+                "stranger",
+                f"no assignment of prompt {msg.prompt_id} of period {msg.period} to {env.sender}",
+            )
+        problem = group_problem(msg, self.settings.vocab_size)
+        return None if problem is None else ("rollout", problem)
 
     async def _periods(self, first: int, row: dict[str, Any]) -> None:
         """`row`: a resumed run's metrics of the period before `first`, kept in its checkpoint."""

@@ -35,6 +35,7 @@ def check_positive(cfg: RunConfig) -> None:
         "rollout.inflight": cfg.rollout.inflight,
         "weights.chunk_bytes": cfg.weights.chunk_bytes,
         "weights.keep_versions": cfg.weights.keep_versions,
+        "weights.max_upload_bytes": cfg.weights.max_upload_bytes,
         "weights.bucket_bytes": cfg.weights.bucket_bytes,
         "weights.broadcast_timeout_s": cfg.weights.broadcast_timeout_s,
         "transport.heartbeat_s": cfg.transport.heartbeat_s,

@@ -226,6 +226,11 @@ class WeightsConfig:
         4 << 20, "weights travel in chunks of at most this many bytes (at most transport.max_frame_bytes)"
     )
     keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
+    max_upload_bytes: int = doc(
+        64 << 30,
+        "a separate publisher (`cadence publisher`) refuses an upload announcing more bytes, and holds"
+        " partial uploads to this many bytes together (each freed after a liveness timeout of silence)",
+    )
     bucket_bytes: int = doc(64 << 20, "broadcast: tensors are flattened into buckets of at most this size")
     broadcast_timeout_s: float = doc(
         30.0,

@@ -6,6 +6,7 @@ so weights published by the trainer always fit every worker's engine.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,16 @@ def make_model(cfg: RunConfig, tokenizer: TextTokenizer) -> tuple[Transformer, M
         return load_checkpoint(Path(cfg.model.checkpoint).expanduser())
     model_cfg = make_model_config(cfg, tokenizer)
     return init_model(model_cfg, cfg.model.init_seed), model_cfg
+
+
+def vocab_limit(cfg: RunConfig, tokenizer: TextTokenizer) -> int:
+    """How many token ids a group may use: the model's embedding rows (at least the tokenizer's)."""
+    if cfg.model.checkpoint:
+        config = json.loads((Path(cfg.model.checkpoint).expanduser() / "config.json").read_text())
+        rows = int(config.get("vocab_size") or 0)
+    else:
+        rows = make_model_config(cfg, tokenizer).vocab_size
+    return max(rows, tokenizer.vocab_size)
 
 
 def make_model_config(cfg: RunConfig, tokenizer: TextTokenizer) -> ModelConfig:

@@ -121,7 +121,7 @@ async def trainer_main(
     """The trainer; with `publisher_address` None it hosts the weight publisher in this process; with
     `resume` it continues from `out/checkpoints/resume`; with several `ranks` it is rank 0 of them."""
     from cadence.actors.trainer import Trainer
-    from cadence.launch.build import make_learner, make_tokenizer
+    from cadence.launch.build import make_learner, make_tokenizer, vocab_limit
     from cadence.launch.settings import session, trainer_settings
     from cadence.launch.threads import use_threads
     from cadence.monitor.samples import SampleWriter
@@ -130,14 +130,16 @@ async def trainer_main(
     net = _network(cfg)
     learner = None
     try:
-        learner = await asyncio.to_thread(make_learner, cfg, make_tokenizer(cfg), ranks)
+        tokenizer = make_tokenizer(cfg)
+        learner = await asyncio.to_thread(make_learner, cfg, tokenizer, ranks)
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
-        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner)
+        own = session(cfg, net.connect("trainer", connect), "trainer", time.time, server.address)
+        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner, own.key)
         trainer = Trainer(
-            trainer_settings(cfg),
+            trainer_settings(cfg, vocab_limit(cfg, tokenizer)),
             server,
-            session(cfg, net.connect("trainer", connect), "trainer", time.time, server.address),
+            own,
             learner,
             publish,
             time.time,
@@ -156,11 +158,11 @@ async def trainer_main(
 
 
 def _publish_function(
-    cfg: RunConfig, net: ZmqNetwork, connect: str, publisher_address: str | None, learner: Learner
+    cfg: RunConfig, net: ZmqNetwork, connect: str, publisher_address: str | None, learner: Learner, key: str
 ) -> tuple[Publish, list[Coroutine[Any, Any, None]]]:
     """How the trainer publishes a version: to a publisher it hosts (whose loop is returned to run
     beside it), broadcasting the learner's tensors when it has a broadcaster; or uploaded in chunks
-    to the publisher at `publisher_address`."""
+    to the publisher at `publisher_address`, with tickets made with the trainer's `key`."""
     from cadence.transport.weights import upload_weights
 
     if publisher_address is None:
@@ -181,7 +183,7 @@ def _publish_function(
     timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
 
     async def upload(version: int, data: bytes) -> str:
-        return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout)
+        return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
 
     return upload, []
 
@@ -219,7 +221,7 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
 
 def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bool = True) -> Publisher:
     from cadence.actors.publisher import Publisher
-    from cadence.launch.settings import session
+    from cadence.launch.settings import publisher_settings, session
     from cadence.transport.weights import WeightStore
 
     server = net.bind("publisher", _bind_address(cfg, cfg.transport.publisher_port))
@@ -229,6 +231,7 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bo
         session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
         _broadcaster(cfg, server) if with_broadcast else None,
+        publisher_settings(cfg),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cadence.actors.dispatcher import DispatcherSettings
+from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
@@ -40,7 +41,8 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
     )
 
 
-def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
+    """`vocab_size`: the model's token ids (`launch/build.py` `vocab_limit`); a group with others is refused."""
     t = cfg.trainer
     return TrainerSettings(
         periods=cfg.periods,
@@ -50,6 +52,7 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         micro_batch_tokens=t.micro_batch_tokens,
         normaliser=t.normaliser,
         checkpoint_every=t.checkpoint_every,
+        vocab_size=vocab_size,
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
     )
@@ -63,4 +66,12 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         weights_transport=cfg.weights.transport,
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
+    )
+
+
+def publisher_settings(cfg: RunConfig) -> PublisherSettings:
+    """Uploads held to `weights.max_upload_bytes`, and freed when silent for a liveness timeout."""
+    return PublisherSettings(
+        max_upload_bytes=cfg.weights.max_upload_bytes,
+        upload_timeout_s=cfg.transport.heartbeat_s * cfg.transport.liveness,
     )

@@ -64,8 +64,14 @@ def _safe_name(actor: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in actor)[:100] or "unnamed"
 
 
+MAX_FILES = 1024
+"""Log files of remote actors a hub opens at most: further actor names' lines are dropped."""
+MAX_FOLLOWERS = 64
+"""Followers a hub serves at once: a further one is not taken until another's lease ends."""
+
+
 class LogHub:
-    """The dispatcher's side: files for remote actors, a backlog, and the followers."""
+    """The dispatcher's side: files for remote actors, a backlog, and the followers (each bounded)."""
 
     def __init__(
         self,
@@ -85,6 +91,7 @@ class LogHub:
         self.followers: dict[bytes, float] = {}  # peer -> lease end
         self.files: dict[str, IO[str] | None] = {}
         self.host = socket.gethostname()
+        self._said_full: set[str] = set()
 
     async def batch(self, msg: LogBatch) -> None:
         self._write(msg)
@@ -96,6 +103,9 @@ class LogHub:
 
     async def subscribe(self, peer: bytes, sender: str, msg: Subscribe) -> None:
         new = peer not in self.followers
+        if new and len(self.followers) >= MAX_FOLLOWERS:
+            self._full("followers", sender)
+            return
         self.followers[peer] = self.clock() + self.lease_s
         if not new:  # a renewal is answered, so a follower hears the dispatcher while no actor logs
             await self.server.send(peer, Heartbeat("dispatcher"))
@@ -121,7 +131,16 @@ class LogHub:
                 del self.followers[peer]
                 log.info("log_follower_left", peer=peer.decode(errors="replace"))
 
+    def _full(self, what: str, sender: str) -> None:
+        """Say once that the hub holds all the `what` it may."""
+        if what not in self._said_full:
+            self._said_full.add(what)
+            log.warning("log_hub_full", what=what, peer=sender, files=MAX_FILES, followers=MAX_FOLLOWERS)
+
     def _write(self, msg: LogBatch) -> None:
+        if msg.actor not in self.files and len(self.files) >= MAX_FILES:
+            self._full("files", msg.actor)
+            return
         if msg.actor not in self.files:
             own = self.log_dir / f"{_safe_name(msg.actor)}.jsonl"
             local = msg.host == self.host and Path(msg.path).resolve() == own.resolve()

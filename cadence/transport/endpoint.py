@@ -39,7 +39,9 @@ class RefusalLog:
         self.total = 0
         self._throttle = Throttle(per_second)
 
-    def refuse(self, peer: str, error: DecodeError) -> None:
+    def refuse(self, peer: str, error: DecodeError, role: str | None = None) -> None:
+        """Count and (within the rate) log a refused frame; `role`: the sender's role, for a message
+        the codec took but its actor may not (see `cadence.wire.roles`)."""
         self.total += 1
         shown, held = self._throttle.allow()
         if not shown:
@@ -54,6 +56,7 @@ class RefusalLog:
             type=error.type_tag,
             reason=error.reason,
             refused_total=self.total,
+            **({} if role is None else {"role": role}),
         )
 
 
@@ -67,6 +70,11 @@ class _Codec:
     @property
     def refused(self) -> int:
         return self.refusals.total
+
+    def refuse(self, sender: str, role: str, msg: Message, reason: str) -> None:
+        """Refuse a decoded message from `sender` (whose role is `role`) that its actor may not act on:
+        counted and logged with the codec's refusals."""
+        self.refusals.refuse(sender, DecodeError(reason, msg.TAG, sender), role)
 
     def _encode(self, msg: Message) -> list[Payload]:
         return encode_frames(msg, sender=self.name, run=self.run)

@@ -1,14 +1,14 @@
 """An actor's session with the dispatcher: register, heartbeat, listen, until Shutdown.
 
 ```
- run(work…) ─► Register(role, address, pid, host) ─► dispatcher seen
+ run(work…) ─► Register(role, address, pid, host, key) ─► dispatcher seen
             ─► together, until the first ends:
                work…                     the actor's own loops
                beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
                listen: any message       ─► the dispatcher is seen
                        Heartbeat         ─► nothing more
                        Shutdown          ─► its handler (which may raise), then the session ends
-                       a handled type    ─► its handler
+                       a handled type    ─► its handler (an exception it raises: logged, listening goes on)
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
 
@@ -30,6 +30,7 @@ import structlog
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.wire.messages import Heartbeat, Message, Register, Shutdown
+from cadence.wire.roles import new_key
 
 log = structlog.get_logger()
 
@@ -62,6 +63,7 @@ class Session:
         self.liveness = liveness
         self.address = address
         self.peer = peer
+        self.key = new_key()  # a trainer's tickets are made with it (`cadence.wire.roles`)
         self._handlers: dict[type[Message], Callable[[Any], None]] = {}
 
     def on(self, kind: type[M], handler: Callable[[M], None]) -> None:
@@ -75,7 +77,8 @@ class Session:
     async def run(self, *work: Coroutine[Any, Any, Any]) -> Any:
         """Register, then run `work` with the heartbeats and the listener until the first of them ends
         (Shutdown ends the listener); the others are cancelled. What that first one returned."""
-        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname()))
+        key = self.key if self.role == "trainer" else ""
+        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname(), key))
         self.liveness.seen(self.peer)
         return await first_of(*work, self.listen(), self.beat())
 
@@ -100,7 +103,10 @@ class Session:
                     handler(msg)
                 return
             if handler is not None:
-                handler(msg)
+                try:
+                    handler(msg)
+                except Exception as exc:  # contained to this message: the session goes on
+                    log.error("message_failed", peer=env.sender, type=msg.TAG, error=repr(exc), exc_info=True)
             elif not isinstance(msg, Heartbeat):
                 log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
 

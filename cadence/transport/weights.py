@@ -25,6 +25,7 @@ from cadence.wire.messages import (
     WeightQuery,
     WeightUpload,
 )
+from cadence.wire.roles import upload_ticket
 
 T = TypeVar("T")
 
@@ -197,18 +198,26 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 
 
 async def upload_weights(
-    client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float
+    client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float, key: str = ""
 ) -> str:
-    """Hand `version` to a publisher in another process; returns its digest once the publisher holds it.
-    The chunks are views of `data`, sent without copies."""
+    """Hand `version` to a publisher in another process, each chunk with the ticket made with the
+    trainer's `key`; returns its digest once the publisher holds it. The chunks are views of `data`,
+    sent without copies. A publisher that has not yet been told the trainer's key (the dispatcher
+    tells it after the trainer registers) refuses the chunks: the upload is sent again until it is
+    stored, for up to `timeout_s`."""
     xxh = digest(data)
     chunks = max(1, -(-len(data) // chunk_bytes))
+    shown = upload_ticket(key, version, chunks, xxh) if key else ""
     view = memoryview(data)
-    for index in range(chunks):
-        part = view[index * chunk_bytes : (index + 1) * chunk_bytes]
-        await client.send(WeightUpload(version, index, chunks, xxh, part))
-    await client.send(WeightQuery(version))  # answered after the upload: one peer's frames stay in order
-    meta = await _expect(client, WeightMeta, version, timeout_s)
-    if not meta.available or meta.digest != xxh:
-        raise WeightError(f"publisher {client.address} did not store version {version}")
-    return xxh
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        for index in range(chunks):
+            part = view[index * chunk_bytes : (index + 1) * chunk_bytes]
+            await client.send(WeightUpload(version, index, chunks, xxh, part, shown))
+        await client.send(WeightQuery(version))  # answered after the upload: one peer's frames stay in order
+        meta = await _expect(client, WeightMeta, version, timeout_s)
+        if meta.available and meta.digest == xxh:
+            return xxh
+        if asyncio.get_running_loop().time() >= deadline:
+            raise WeightError(f"publisher {client.address} did not store version {version}")
+        await asyncio.sleep(min(0.5, timeout_s / 10))

@@ -49,12 +49,14 @@ __all__ = [
 @message("register")
 @dataclass(frozen=True)
 class Register(Message):
-    """An actor announces itself to the dispatcher. `address` is where it serves, if it does."""
+    """An actor announces itself to the dispatcher. `address` is where it serves, if it does; `key`:
+    the trainer's key, which the dispatcher makes assignment tickets with (`cadence.wire.roles`)."""
 
     role: str
     address: str = ""
     pid: int = 0
     host: str = ""
+    key: str = ""
 
 
 @message("welcome")
@@ -65,6 +67,15 @@ class Welcome(Message):
     trainer_address: str
     publisher_address: str
     version: int
+
+
+@message("trainer_key")
+@dataclass(frozen=True)
+class TrainerKey(Message):
+    """The dispatcher tells the publisher the key of the registered trainer: only a `WeightUpload`
+    whose ticket was made with it is taken."""
+
+    key: str
 
 
 @message("heartbeat")
@@ -122,8 +133,10 @@ class WorkRequest(Message):
 @message("assignment")
 @dataclass(frozen=True)
 class Assignment(Message):
-    """Generate `group_size` completions of one prompt with weights `version`; `batch`: how many
-    assignments the dispatcher sent this worker together, this one among them (generated together)."""
+    """Generate `group_size` completions of one prompt with weights `version`. `ticket`: the
+    dispatcher's proof of this assignment to this worker, which its `GroupResult` shows the trainer.
+    `batch`: how many assignments the dispatcher sent this worker together, this one among them
+    (generated together)."""
 
     period: int
     version: int
@@ -131,6 +144,7 @@ class Assignment(Message):
     prompt: str
     answer: str
     group_size: int
+    ticket: str = ""
     batch: int = 1
 
 
@@ -154,6 +168,7 @@ class GroupResult(Message):
     prompt: str = ""  # text of a group kept as a sample (rollout samples), else empty
     answer: str = ""
     responses: list[str] = field(default_factory=list)
+    ticket: str = ""  # the assignment's ticket: without the right one the trainer refuses the group
 
 
 @message("consumed")
@@ -245,6 +260,7 @@ class WeightUpload(Message):
     chunks: int
     digest: str  # xxh3-128 of the whole version
     data: Payload
+    ticket: str = ""  # made with the trainer's key: without the right one the publisher refuses the chunk
 
 
 @message("broadcast_join")

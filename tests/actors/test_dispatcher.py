@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 import structlog
 
@@ -14,6 +15,7 @@ from cadence.actors.dispatcher import Dispatcher
 from cadence.launch.settings import dispatcher_settings, liveness
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
+from cadence.transport.endpoint import RefusalLog
 from cadence.transport.inproc import InprocClient, InprocNetwork
 from cadence.wire.messages import (
     Assignment,
@@ -22,6 +24,7 @@ from cadence.wire.messages import (
     Register,
     RunDone,
     Shutdown,
+    TrainerKey,
     VersionReady,
     Welcome,
     WorkRequest,
@@ -51,7 +54,7 @@ async def start(
 
 async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
     client = network.connect(name, "inproc://dispatcher")
-    await client.send(Register(role, address))
+    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
     return client
 
 
@@ -125,6 +128,7 @@ async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_p
     await trainer.send(VersionReady(1, "digest", 10, row))
     await trainer.send(RunDone(1, "sha1", "/x"))
     assert (await expect(trainer, Shutdown)).reason == "run complete"
+    assert (await expect(publisher, TrainerKey)).key == "key-of-trainer"  # uploads need its tickets
     assert (await expect(publisher, Shutdown)).reason == "run complete"
     await asyncio.wait_for(task, 5)
     lines = read_jsonl(tmp_path / "metrics.jsonl")
@@ -190,4 +194,83 @@ async def test_no_worker_left_the_run_waits_says_so_and_a_woken_lost_worker_is_s
     beating.cancel()
     assert first.prompt_id in {a.prompt_id for a in again}
     assert [e["peer"] for e in logs if e["event"] == "worker_lost"] == ["sleeper"]
+    task.cancel()
+
+
+async def test_only_the_registered_trainer_announces_versions_and_ends_the_run(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "periods=2")
+    dispatcher.server.refusals = RefusalLog("dispatcher", per_second=100)  # log every one of them
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    forger = await join(network, "forger", "rollout")
+    await expect(forger, Welcome)
+    row = {"period": 0, "groups": 4, "reward_mean": 0.5}
+    with structlog.testing.capture_logs() as logs:
+        await trainer.send(VersionReady(0, "sha0", 10, {}))
+        await trainer.send(VersionReady(1, "sha1", 10, row))
+        for forged in (RunDone(2, "forged", "/x"), VersionReady(-1, "s", 1, {}), Consumed(1, [0, 1])):
+            await forger.send(forged)  # a worker may send none of these
+        second = await join(network, "second", "trainer", "inproc://elsewhere")  # the run has its trainer
+        await trainer.send(VersionReady(-1, "s", 1, {}))  # the trainer itself, out of the run's range
+        await trainer.send(RunDone(2, "early", "/x"))  # before version 2 was announced
+        await trainer.send(VersionReady(2, "sha2", 10, {**row, "period": 1, "fn": msgpack.ExtType(1, b"x")}))
+        await forger.send(WorkRequest(1))  # the dispatcher still answers: it went on
+        assert (await expect(forger, Assignment)).period == 1
+    refused = [(e["peer"], e["role"], e["type"]) for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        ("forger", "rollout", "run_done"),
+        ("forger", "rollout", "version_ready"),
+        ("forger", "rollout", "consumed"),
+        ("second", "stranger", "register"),
+        ("trainer", "trainer", "version_ready"),
+        ("trainer", "trainer", "run_done"),
+        ("trainer", "trainer", "version_ready"),
+    ]
+    assert dispatcher.server.refused == 7 and dispatcher.period == 1 and not dispatcher.done.is_set()
+    assert [line["period"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0]  # nothing rewound
+    assert "the run has its trainer already (trainer)" in (await expect(second, Shutdown)).reason
+    task.cancel()
+
+
+async def test_while_the_trainer_lives_no_other_may_claim_its_role_even_when_a_lost_one_is_waited_for(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "trainer.on_loss='wait'", "trainer.checkpoint_every=2")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    with structlog.testing.capture_logs() as logs:
+        for name, role in (("trainer-2", "trainer"), ("publisher-2", "publisher"), ("x", "monitor")):
+            claimant = await join(network, name, role, "inproc://elsewhere")
+            assert "registration refused" in (await expect(claimant, Shutdown)).reason
+        again = await join(network, "trainer", "trainer", "inproc://trainer")  # restarted, its own name
+        assert again is not None
+        while not any(e["event"] == "trainer_lost_waiting" for e in logs):
+            await asyncio.sleep(0.01)
+    refused = [(e["peer"], e["reason"]) for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        ("trainer-2", "the run has its trainer already (trainer)"),
+        ("publisher-2", "the run has its publisher already (publisher)"),
+        ("x", "role 'monitor' is none of ['trainer', 'publisher', 'rollout']"),
+    ]
+    assert [p.name for p in dispatcher.peers.values() if p.role == "trainer"] == ["trainer"]
+    task.cancel()
+
+
+async def test_a_message_that_fails_its_handler_is_contained(network: InprocNetwork, tmp_path: Path) -> None:
+    dispatcher, task = await start(network, tmp_path)
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "w0", "rollout")
+    await expect(worker, Welcome)
+    with structlog.testing.capture_logs() as logs:
+        await trainer.send(VersionReady(0, "sha0", 10, {}))
+        await trainer.send(VersionReady(1, "sha1", 10, {"period": 0, "group_arrival_s": 5}))  # not a list
+        await worker.send(WorkRequest(1))
+        assert (await expect(worker, Assignment)).period == 0  # period 1 never started
+    failed = [e for e in logs if e["event"] == "message_failed"]
+    assert len(failed) == 1 and failed[0]["type"] == "version_ready" and "TypeError" in failed[0]["error"]
+    assert not task.done() and dispatcher.period == 0
     task.cancel()

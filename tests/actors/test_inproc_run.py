@@ -51,7 +51,7 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
     )
     trainer = Trainer(
-        trainer_settings(cfg),
+        trainer_settings(cfg, tokenizer.vocab_size),
         net.bind("trainer", "inproc://t"),
         session(cfg, net.connect("trainer", "inproc://d"), "trainer", time.time, "inproc://t"),
         make_learner(cfg, tokenizer),

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
     client = network.connect(name, "inproc://dispatcher")
-    await client.send(Register(role, address))
+    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
     return client
 
 

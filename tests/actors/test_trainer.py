@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,11 +20,15 @@ from cadence.actors.trainer import Trainer
 from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.training.learner import TrainGroup
+from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
+from cadence.wire.roles import assignment_ticket
 from tests.conftest import expect, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
+
+VOCAB = 16  # token ids the model takes; the groups below use 1 to 7
 
 
 class RecordingLearner:
@@ -90,6 +95,19 @@ def group(period: int, prompt_id: int, version: int | None = None, tag: float = 
     )
 
 
+class Worker:
+    """A rollout worker at the edge: sends each group with the ticket the dispatcher would have given it
+    for that prompt (made with the trainer's key)."""
+
+    def __init__(self, client: Client, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    async def send(self, msg: GroupResult) -> None:
+        shown = assignment_ticket(self.key, msg.period, msg.prompt_id, self.client.name)
+        await self.client.send(dataclasses.replace(msg, ticket=shown))
+
+
 async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
     cfg = tiny_config("periods=2", "transport.liveness=200", *overrides)
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
@@ -101,11 +119,14 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
 
     learner = RecordingLearner()
     server = network.bind("trainer", "inproc://trainer")
-    settings = dataclasses.replace(trainer_settings(cfg), threads=1, threads_alone=2)
+    own = session(
+        cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address
+    )
+    settings = dataclasses.replace(trainer_settings(cfg, VOCAB), threads=1, threads_alone=2)
     trainer = Trainer(
         settings,
         server,
-        session(cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address),
+        own,
         learner,
         publish,
         time.time,
@@ -115,7 +136,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         use_threads=learner.use_threads,
     )
     task = asyncio.create_task(trainer.run())
-    worker = network.connect("w0", "inproc://trainer")
+    worker = Worker(network.connect("w0", "inproc://trainer"), own.key)
     return cfg, dispatcher, worker, learner, published, task, trainer
 
 
@@ -273,4 +294,40 @@ async def test_groups_that_carry_their_texts_are_kept_as_samples(
     assert [r["text"] for r in record["responses"]] == ["5", "3"]
     assert [r["task"] for r in record["responses"]] == [1.0, 0.0]
     assert [r["tokens"] for r in record["responses"]] == [2, 3]
+    task.cancel()
+
+
+async def test_groups_without_their_assignment_or_without_meaning_are_refused(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
+    trainer.server.refusals = RefusalLog("trainer", per_second=100)  # log every one of them
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    stranger = network.connect("stranger", "inproc://trainer")
+    nan = dataclasses.replace(group(0, 1), rewards=[math.nan, 0.0])
+    with structlog.testing.capture_logs() as logs:
+        await stranger.send(group(0, 0))  # no ticket at all
+        await stranger.send(
+            dataclasses.replace(group(0, 0), ticket=assignment_ticket(worker.key, 0, 0, "w0"))
+        )
+        await worker.send(nan)
+        await worker.send(dataclasses.replace(group(0, 1), completions=[[5, 2], [6, 7, VOCAB]]))
+        await worker.send(dataclasses.replace(group(0, 1), rewards=[0.0]))
+        await stranger.send(Consumed(0, [1]))
+        for pid in (0, 1, 2, 3):
+            await worker.send(group(0, pid))
+        ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    refused = [(e["peer"], e["role"], e["reason"]) for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        ("stranger", "stranger", "no assignment of prompt 0 of period 0 to stranger"),
+        ("stranger", "stranger", "no assignment of prompt 0 of period 0 to stranger"),  # w0's, not its own
+        ("w0", "rollout", "a reward, correctness value or time that is not finite"),
+        ("w0", "rollout", f"completion 1: a token id outside the vocabulary of {VOCAB}"),
+        ("w0", "rollout", "2 completions but {'rewards': 1}"),
+        ("stranger", "stranger", "a stranger may not send consumed to the trainer"),
+    ]
+    assert trainer.server.refused == 6
+    assert ready.version == 1 and ready.metrics["groups"] == 4  # the sound copies, every one trained
+    assert ready.metrics["stale_dropped"] == 0 and ready.metrics["duplicates_dropped"] == 0
+    assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4
     task.cancel()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cadence.log import LogStream
+from cadence.monitor import logstream
 from cadence.monitor.logstream import LogHub, stream_logs
 from cadence.transport.zmq_socket import ZmqNetwork
 from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
@@ -125,6 +126,34 @@ async def test_a_follower_hears_the_dispatcher_while_no_actor_logs(net: ZmqNetwo
             await follower.send(Subscribe(backlog=10))
             answer = await asyncio.wait_for(follower.recv(), WAIT)
             assert isinstance(answer.message, Heartbeat)
+        assert len(hub.followers) == 1
+    finally:
+        serving.cancel()
+        hub.close()
+
+
+async def test_the_hub_holds_a_bounded_number_of_files_and_followers(
+    net: ZmqNetwork, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logstream, "MAX_FILES", 2)
+    monkeypatch.setattr(logstream, "MAX_FOLLOWERS", 1)
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=5.0)
+    serving = asyncio.create_task(serve(hub))
+    try:
+        stranger = net.connect("stranger", server.address)
+        for n, actor in enumerate(("a", "b", "c", "a")):  # one actor name more than the hub takes
+            batch = LogBatch(actor, "far", "/x.jsonl", [line(actor, n)])
+            await stranger.send(batch)
+            while batch.lines[0] not in hub.backlog:  # passed on to followers, written or not
+                await asyncio.sleep(0.01)
+        assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["a.jsonl", "b.jsonl"]
+        followers = [net.connect(f"follower-{i}", server.address) for i in range(2)]
+        await followers[0].send(Subscribe())
+        assert isinstance((await asyncio.wait_for(followers[0].recv(), WAIT)).message, Heartbeat)
+        await followers[1].send(Subscribe())
+        with pytest.raises(TimeoutError):  # not taken: the hub serves one follower
+            await asyncio.wait_for(followers[1].recv(), 0.5)
         assert len(hub.followers) == 1
     finally:
         serving.cancel()

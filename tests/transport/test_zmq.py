@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from cadence.actors.publisher import Publisher
-from cadence.transport.endpoint import Server
+from cadence.transport.endpoint import RefusalLog, Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
 from cadence.transport.weights import (
@@ -35,6 +35,7 @@ from cadence.wire.messages import (
     Message,
     Register,
     Shutdown,
+    TrainerKey,
     WeightChunk,
     WeightChunkRequest,
     WeightMeta,
@@ -44,6 +45,7 @@ from cadence.wire.messages import (
     encode,
     encode_frames,
 )
+from cadence.wire.roles import upload_ticket
 
 RUN = "run-a"
 ADDRESS = "tcp://127.0.0.1:*"
@@ -400,6 +402,7 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
     try:
         dispatcher = network.bind("dispatcher", ADDRESS)
         server = network.bind("publisher", ADDRESS)
+        server.refusals = RefusalLog("publisher", per_second=1000)  # log every one of them
         store = WeightStore(chunk_bytes=400, keep=2)
         liveness = Liveness(interval_s=0.05, liveness=200, clock=time.monotonic)
         session = Session(
@@ -414,18 +417,31 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         data = payload(3000)
         trainer = network.connect("trainer", server.address)
         with structlog.testing.capture_logs() as logs:
-            await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray"))  # index past the count
-            sha = await upload_weights(trainer, 2, data, chunk_bytes=700, timeout_s=WAIT)
+            # before the dispatcher has told the publisher the trainer's key: refused, and sent again
+            upload = asyncio.ensure_future(
+                upload_weights(trainer, 1, data, 400, timeout_s=WAIT, key="trainer-key")
+            )
+            while not server.refused:
+                await asyncio.sleep(0.01)
+            await dispatcher.send(peer, TrainerKey("trainer-key"))  # the registered trainer's
+            assert await asyncio.wait_for(upload, WAIT) == digest(data)
+            refused_first = server.refused
+            stray = upload_ticket("trainer-key", 2, 5, digest(data))
+            await trainer.send(WeightUpload(2, 7, 5, digest(data), b"stray", stray))  # index past the count
+            await trainer.send(WeightUpload(2, 0, 5, digest(data), b"x" * 700))  # no ticket
+            sha = await upload_weights(trainer, 2, data, chunk_bytes=400, timeout_s=WAIT, key="trainer-key")
         assert sha == digest(data)
         assert store.latest == 2
-        assert [e["index"] for e in logs if e["event"] == "upload_chunk_refused"] == [7]
+        reasons = [e["reason"] for e in logs if e["event"] == "message_refused"]
+        assert reasons[0] == "no trainer known yet"
+        assert reasons[-2:] == ["chunk 7 of 5", "no ticket of the registered trainer"]
+        assert server.refused == refused_first + 2
 
         worker = network.connect("worker-1", server.address)
         assert await pull_weights(worker, 2, timeout_s=WAIT) == data
 
         await dispatcher.send(peer, Shutdown("done"))
         await asyncio.wait_for(run, WAIT)
-        assert server.refused == 0
     finally:
         if run is not None and not run.done():
             run.cancel()

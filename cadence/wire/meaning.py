@@ -1,0 +1,115 @@
+"""What a well-formed message must also mean before an actor acts on it: the checks after the codec.
+
+Invariant: each check is a pure function of the message and the limits its actor knows (the run's
+periods, the model's vocabulary, the upload bounds); it returns None for a message that may be
+handled, else the reason it may not, and never raises. The codec has already checked every field's
+type (`cadence.wire.codec`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cadence.wire.messages import GroupResult, RunDone, VersionReady, WeightUpload, WorkRequest
+
+MAX_CREDITS = 1 << 16
+"""The most prompt groups one `WorkRequest` may grant: far above any worker's `rollout.inflight`."""
+
+_JSON_DEPTH = 8
+
+
+def plain_json(value: Any, depth: int = 0) -> bool:
+    """Whether `value` is of plain JSON types: str, bool, None, a number, a list of such, or a map of
+    str to such, nested at most a few levels (a msgpack ext value or bytes is not)."""
+    if depth > _JSON_DEPTH:
+        return False
+    if value is None or isinstance(value, str | bool | int | float):
+        return True
+    if isinstance(value, list):
+        return all(plain_json(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _in_vocab(tokens: list[int], vocab_size: int) -> bool:
+    return all(0 <= t < vocab_size for t in tokens)
+
+
+def version_ready_problem(msg: VersionReady, periods: int) -> str | None:
+    """A version names a period of the run (0 … periods), with a size, and metrics of plain JSON."""
+    if not 0 <= msg.version <= periods:
+        return f"version {msg.version} outside the run's 0..{periods}"
+    if msg.nbytes < 0:
+        return f"negative size {msg.nbytes}"
+    if not plain_json(msg.metrics):
+        return "metrics are not plain JSON (numbers, strings, lists and maps)"
+    return None
+
+
+def run_done_problem(msg: RunDone, periods: int, published: int) -> str | None:
+    """The run is done only at its last version, once that version was announced."""
+    if msg.version != periods:
+        return f"version {msg.version}, the run ends at {periods}"
+    if published != periods:
+        return f"version {periods} not announced yet (the last announced is {published})"
+    return None
+
+
+def work_request_problem(msg: WorkRequest) -> str | None:
+    if not 0 <= msg.credits <= MAX_CREDITS:
+        return f"credits {msg.credits} outside 0..{MAX_CREDITS}"
+    return None
+
+
+def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
+    """A group: as many completions, log-prob rows, rewards and correctness values as samples (at
+    least one), a log-prob a token, every token in the vocabulary, every number finite."""
+    n = len(msg.completions)
+    if n == 0:
+        return "no completions"
+    counts = {
+        "logprobs": len(msg.logprobs),
+        "rewards": len(msg.rewards),
+        "correct": len(msg.correct),
+        **{f"reward_parts[{k}]": len(v) for k, v in msg.reward_parts.items()},
+    }
+    if msg.responses:
+        counts["responses"] = len(msg.responses)
+    wrong = {name: count for name, count in counts.items() if count != n}
+    if wrong:
+        return f"{n} completions but {wrong}"
+    for i, (tokens, logprobs) in enumerate(zip(msg.completions, msg.logprobs, strict=True)):
+        if len(tokens) != len(logprobs):
+            return f"completion {i}: {len(tokens)} tokens but {len(logprobs)} log-probs"
+        if not _in_vocab(tokens, vocab_size):
+            return f"completion {i}: a token id outside the vocabulary of {vocab_size}"
+        if not _finite(logprobs):
+            return f"completion {i}: a log-prob that is not finite"
+    if not _in_vocab(msg.prompt_tokens, vocab_size):
+        return f"prompt: a token id outside the vocabulary of {vocab_size}"
+    numbers = [*msg.rewards, *msg.correct, msg.gen_s, msg.load_s, msg.finished_at]
+    if not _finite(numbers) or not all(_finite(v) for v in msg.reward_parts.values()):
+        return "a reward, correctness value or time that is not finite"
+    return None
+
+
+def upload_problem(msg: WeightUpload, chunk_bytes: int, max_bytes: int) -> str | None:
+    """A chunk of an upload: its index among its chunks, the count within `max_bytes` of chunks of
+    `chunk_bytes`, and every chunk but the last exactly `chunk_bytes` long (the last at most)."""
+    most = max(1, -(-max_bytes // chunk_bytes))
+    if msg.version < 0:
+        return f"version {msg.version}"
+    if not 1 <= msg.chunks <= most:
+        return f"{msg.chunks} chunks, at most {most} of {chunk_bytes} bytes fit the limit of {max_bytes}"
+    if not 0 <= msg.index < msg.chunks:
+        return f"chunk {msg.index} of {msg.chunks}"
+    size = len(msg.data)
+    if size > chunk_bytes or (msg.index < msg.chunks - 1 and size != chunk_bytes):
+        return f"chunk {msg.index} of {size} bytes, chunks are {chunk_bytes}"
+    return None

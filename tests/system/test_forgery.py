@@ -1,0 +1,233 @@
+"""Forged and meaningless messages from a peer that knows the run id, and a flood at full speed, sent to
+a live run: each is refused and logged, no actor fails, and the run ends with the weights of a clean
+run of the same seed (one worker, a group a micro-batch: the result does not depend on timing)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from cadence.wire.digest import digest
+from cadence.wire.messages import (
+    GroupResult,
+    Message,
+    Register,
+    RunDone,
+    VersionReady,
+    WeightUpload,
+    encode_frames,
+)
+from tests.system.helpers import ROOT, Launched, events, start_run, summary, wait_until
+from tests.system.test_hostile import _addresses
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+
+RUN_ID = "forged"
+PERIODS = 200  # long enough to outlast the forgeries and the flood on a fast machine
+SETTINGS = (
+    *("--set", f"periods={PERIODS}", "--set", "rollout.workers=1", "--set", "seed=11"),
+    *("--set", "trainer.micro_batch_tokens=0", "--set", f"run_id='{RUN_ID}'"),
+)
+FLOOD_S = 8.0
+
+
+class Forger:
+    """A peer that speaks the protocol, with the run id, from its own socket."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], name: str, address: str) -> None:
+        self.name = name
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, name.encode())
+        self.sock.connect(address)
+
+    def send(self, msg: Message) -> None:
+        self.sock.send_multipart([bytes(f) for f in encode_frames(msg, self.name, RUN_ID)])
+
+    def send_raw(self, header: dict[str, Any]) -> None:
+        self.sock.send(msgpack.packb(header))
+
+
+def group(prompt_id: int, **changes: Any) -> GroupResult:
+    values: dict[str, Any] = {
+        "period": 0,
+        "version": 0,
+        "prompt_id": prompt_id,
+        "prompt_tokens": [1, 2],
+        "completions": [[3, 4], [5, 6]],
+        "logprobs": [[-1.0, -1.0], [-1.0, -1.0]],
+        "rewards": [1.0, 0.0],
+        "correct": [1.0, 0.0],
+        "gen_s": 0.0,
+        "load_s": 0.0,
+        "finished_at": 0.0,
+    }
+    return GroupResult(**{**values, **changes})
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("clean") / "run"
+    run = start_run(out, *SETTINGS)
+    try:
+        code, _, err = run.finish(timeout=400)
+    finally:
+        run.kill()
+    assert code == 0, err
+    return str(summary(out)["weights_sha256"])
+
+
+def refusals(run_dir: Path, actor: str) -> list[dict[str, Any]]:
+    return [e for e in events(run_dir, actor) if e["event"] == "message_refused" and "role" in e]
+
+
+def refused_by(run: Launched, actor: str, peer: str, type_: str, count: int = 1) -> None:
+    """Wait until `actor` has logged `count` refusals of `type_` from `peer`."""
+
+    def seen() -> bool:
+        return len([e for e in refusals(run.out, actor) if (e["peer"], e["type"]) == (peer, type_)]) >= count
+
+    wait_until(seen, 60, f"{actor} refusing {type_} from {peer}", run.proc)
+
+
+def assert_clean_end(run: Launched, clean: str) -> None:
+    code, _, err = run.finish(timeout=400)
+    assert code == 0, err
+    s = summary(run.out)
+    assert s["weights_sha256"] == clean and s["final_version"] == PERIODS
+    assert s["groups_trained"] == PERIODS * 4 and s["stale_dropped"] == 0
+    for actor in ("dispatcher", "trainer", "rollout-0"):
+        failures = [e for e in events(run.out, actor) if e["event"] in ("actor_failed", "message_failed")]
+        assert failures == [], actor
+    lost = [e for e in events(run.out, "dispatcher") if e["event"] in ("peer_lost", "trainer_lost_waiting")]
+    assert lost == []
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def forge_to_dispatcher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address: str, out: Path) -> None:
+    """A registered worker may not end the run, rewind it, or announce metrics; a second trainer may
+    not join while the run has one (trainer.on_loss = "fail")."""
+    forger = Forger(ctx, "forger", address)
+    forger.send(Register("rollout"))
+
+    def joined() -> bool:
+        return any(
+            e.get("peer") == "forger" for e in events(run.out, "dispatcher") if e["event"] == "peer_joined"
+        )
+
+    wait_until(joined, 60, "the forger registered", run.proc)
+    forger.send(RunDone(PERIODS, "f" * 64, str(out / "nowhere")))
+    refused_by(run, "dispatcher", "forger", "run_done")
+    forger.send(VersionReady(-1, "f" * 64, 1))
+    refused_by(run, "dispatcher", "forger", "version_ready")
+    header = msgpack.unpackb(bytes(encode_frames(VersionReady(3, "f" * 64, 1), "forger", RUN_ID)[0]))
+    header["body"]["metrics"] = {"reward_mean": msgpack.ExtType(3, b"\x00")}
+    forger.send_raw(header)
+    refused_by(run, "dispatcher", "forger", "version_ready", count=2)
+    impostor = Forger(ctx, "impostor", address)
+    impostor.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
+    refused_by(run, "dispatcher", "impostor", "register")
+
+
+def forge_to_trainer(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    """Groups nobody assigned: an unissued prompt id, NaN rewards, ids beyond the vocabulary, ragged lengths."""
+    forger = Forger(ctx, "forger", address)
+    forger.send(group(10_000))
+    forger.send(group(0, rewards=[math.nan, 1.0], logprobs=[[-math.inf, -1.0], [-1.0, -1.0]]))
+    forger.send(group(1, completions=[[3, 1 << 20], [5, 6]]))
+    forger.send(group(2, rewards=[1.0], completions=[[3, 4], [5, 6], [7]]))
+    refused_by(run, "trainer", "forger", "group_result", count=4)
+
+
+def forge_to_publisher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    """A forged version under the trainer's name, and 12 partial uploads announcing 2^40 chunks."""
+    forger = Forger(ctx, "trainer", address)
+    fake = b"\x00" * 1024
+    forger.send(WeightUpload(1, 0, 1, digest(fake), fake))
+    for version in range(2, 14):
+        forger.send(WeightUpload(version, 0, 1 << 40, "0" * 32, b"\x00" * 4096))
+
+    def all_refused() -> bool:  # counted, though the log shows a few a second
+        forger.send(WeightUpload(99, 0, 1, digest(fake), fake))  # one more, logged with the count
+        shown = [e for e in refusals(run.out, "trainer") if e["channel"] == "publisher"]
+        return bool(shown) and shown[-1]["refused_total"] >= 14
+
+    wait_until(all_refused, 60, "the publisher refusing every upload", run.proc, interval_s=0.5)
+
+
+def flood(addresses: dict[str, str]) -> tuple[float, float, list[int]]:
+    """Garbage at full speed to every socket for FLOOD_S, each from a process of its own: when it
+    began and ended, and how many frames each flooder sent."""
+    started = time.time()
+    floods = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.system.flooder", addresses[role], str(FLOOD_S), RUN_ID],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for role in ("dispatcher", "trainer", "publisher")
+    ]
+    try:
+        sent = [int(f.communicate(timeout=FLOOD_S + 120)[0]) for f in floods]
+    finally:
+        for f in floods:
+            f.kill()
+    return started, time.time(), sent
+
+
+def test_forgeries_and_a_flood_are_refused_and_change_nothing(
+    tmp_path: Path, clean: str, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    run = start_run(tmp_path / "run", *SETTINGS)
+    try:
+        addresses = _addresses(run)
+        forge_to_dispatcher(run, context, addresses["dispatcher"], tmp_path)
+        forge_to_trainer(run, context, addresses["trainer"])
+        forge_to_publisher(run, context, addresses["publisher"])
+        started, ended, sent = flood(addresses)
+        assert run.proc.poll() is None, "the run ended before the flood did"  # alive through all of it
+        assert_clean_end(run, clean)
+    finally:
+        run.kill()
+    by_forger = [e for e in refusals(run.out, "dispatcher") if e["peer"] in ("forger", "impostor")]
+    assert [(e["peer"], e["role"], e["type"]) for e in by_forger] == [
+        ("forger", "rollout", "run_done"),
+        ("forger", "rollout", "version_ready"),
+        ("forger", "rollout", "version_ready"),
+        ("impostor", "stranger", "register"),
+    ]
+    assert "the run has its trainer already (trainer)" in by_forger[-1]["reason"]
+    groups = [e for e in refusals(run.out, "trainer") if e["peer"] == "forger"]
+    assert {e["reason"] for e in groups} == {
+        f"no assignment of prompt {i} of period 0 to forger" for i in (10_000, 0, 1, 2)
+    }
+    uploads = [e for e in refusals(run.out, "trainer") if e["peer"] == "trainer"]
+    assert {(e["channel"], e["type"], e["reason"]) for e in uploads} == {
+        ("publisher", "weight_upload", "no ticket of the registered trainer")
+    }
+    assert [e for e in events(run.out, "trainer") if e["event"] == "version_stored"] == []  # none uploaded
+    # the flood: every socket flooded, refused there, and the run's own traffic moved meanwhile
+    assert min(sent) > 1000
+    done = [e["time"] for e in events(run.out, "trainer") if e["event"] == "period_done"]
+    assert any(started < t < ended for t in done)
+    for actor, channels in (("dispatcher", {"dispatcher"}), ("trainer", {"trainer", "publisher"})):
+        refused = [
+            e for e in events(run.out, actor) if e["event"] == "message_refused" and e["time"] > started
+        ]
+        assert {e["channel"] for e in refused} == channels, actor

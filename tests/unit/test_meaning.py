@@ -1,0 +1,139 @@
+"""The meaning checks after the codec: each well-formed but meaningless message gets a reason; every
+sound one gets None. The values are run through the codec first, as an actor would see them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import msgpack
+import pytest
+
+from cadence.wire.meaning import (
+    MAX_CREDITS,
+    group_problem,
+    plain_json,
+    run_done_problem,
+    upload_problem,
+    version_ready_problem,
+    work_request_problem,
+)
+from cadence.wire.messages import (
+    GroupResult,
+    Message,
+    RunDone,
+    VersionReady,
+    WeightUpload,
+    WorkRequest,
+    decode_frames,
+    encode_frames,
+)
+
+VOCAB = 12
+
+
+def wire(msg: Message) -> Any:
+    """`msg` as the actor receives it: encoded and decoded."""
+    return decode_frames(encode_frames(msg, "peer", "run")).message
+
+
+def wire_of(msg: Message) -> VersionReady:
+    assert isinstance(msg, VersionReady)
+    return msg
+
+
+def group(**changes: Any) -> GroupResult:
+    sound = GroupResult(
+        period=2,
+        version=2,
+        prompt_id=5,
+        prompt_tokens=[1, 2, 3],
+        completions=[[4, 11], [5]],
+        logprobs=[[-0.5, -1.0], [-2.0]],
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        gen_s=0.1,
+        load_s=0.0,
+        finished_at=1.0,
+        reward_parts={"task": [1.0, 0.0]},
+        responses=["a", "b"],
+    )
+    return dataclasses.replace(sound, **changes)
+
+
+def test_a_sound_group_passes() -> None:
+    assert group_problem(wire(group()), VOCAB) is None
+    assert group_problem(wire(group(responses=[])), VOCAB) is None  # texts are kept for some groups only
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"completions": [], "logprobs": [], "rewards": [], "correct": []}, "no completions"),
+        ({"rewards": [1.0]}, "2 completions but {'rewards': 1}"),
+        ({"logprobs": [[-0.5, -1.0]]}, "'logprobs': 1"),
+        ({"correct": [1.0, 0.0, 0.0]}, "'correct': 3"),
+        ({"reward_parts": {"task": [1.0]}}, "'reward_parts[task]': 1"),
+        ({"responses": ["a"]}, "'responses': 1"),
+        ({"logprobs": [[-0.5], [-2.0]]}, "completion 0: 2 tokens but 1 log-probs"),
+        ({"completions": [[4, 12], [5]]}, "completion 0: a token id outside the vocabulary of 12"),
+        ({"completions": [[4, 11], [-1]]}, "completion 1: a token id outside"),
+        ({"prompt_tokens": [1, 99]}, "prompt: a token id outside the vocabulary"),
+        ({"logprobs": [[-0.5, math.nan], [-2.0]]}, "completion 0: a log-prob that is not finite"),
+        ({"logprobs": [[-0.5, -1.0], [-math.inf]]}, "completion 1: a log-prob that is not finite"),
+        ({"rewards": [math.nan, 0.0]}, "not finite"),
+        ({"correct": [math.inf, 0.0]}, "not finite"),
+        ({"reward_parts": {"task": [1.0, math.nan]}}, "not finite"),
+        ({"gen_s": math.nan}, "not finite"),
+    ],
+)
+def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
+    problem = group_problem(wire(group(**changes)), VOCAB)
+    assert problem is not None and reason in problem
+
+
+def test_versions_are_in_the_run_and_metrics_plain_json() -> None:
+    row = {"period": 3, "reward_mean": 0.5, "spans": [[1.0, 2.0]], "reward_fn": {"a": None}}
+    assert version_ready_problem(wire(VersionReady(4, "s", 10, row)), periods=5) is None
+    assert version_ready_problem(wire(VersionReady(5, "s", 10)), periods=5) is None  # the last one
+    assert version_ready_problem(wire(VersionReady(-1, "s", 1)), 5) == "version -1 outside the run's 0..5"
+    assert "version 6 outside" in str(version_ready_problem(wire(VersionReady(6, "s", 1)), 5))
+    assert "negative size" in str(version_ready_problem(wire(VersionReady(1, "s", -3)), 5))
+    ext = msgpack.ExtType(5, b"\x00\x01")
+    frames = encode_frames(VersionReady(1, "s", 1), "trainer", "run")
+    header = msgpack.unpackb(frames[0])
+    header["body"]["metrics"] = {"reward_mean": ext}  # what a forger can put on the wire
+    forged = wire_of(decode_frames([msgpack.packb(header)]).message)
+    assert "not plain JSON" in str(version_ready_problem(forged, 5))
+    for bad in (b"bytes", ext, {1: 2}, [[[[[[[[[[[1]]]]]]]]]]], {"x": {b"k"}}):
+        assert not plain_json(bad), bad
+    assert plain_json({"a": [1, 2.5, "x", None, True, {"b": math.nan}]})
+
+
+def test_the_run_is_done_only_at_its_last_announced_version() -> None:
+    assert run_done_problem(wire(RunDone(5, "s", "c")), periods=5, published=5) is None
+    assert "the run ends at 5" in str(run_done_problem(wire(RunDone(4, "s", "c")), periods=5, published=5))
+    assert "not announced yet" in str(run_done_problem(wire(RunDone(5, "s", "c")), periods=5, published=3))
+
+
+def test_credits_are_bounded() -> None:
+    assert work_request_problem(wire(WorkRequest(4))) is None
+    assert work_request_problem(wire(WorkRequest(-1))) is not None
+    assert work_request_problem(wire(WorkRequest(MAX_CREDITS + 1))) is not None
+
+
+def test_uploads_fit_the_limits_and_their_chunks() -> None:
+    def upload(index: int, chunks: int, size: int, version: int = 1) -> str | None:
+        msg = wire(WeightUpload(version, index, chunks, "d", b"x" * size))
+        return upload_problem(msg, chunk_bytes=10, max_bytes=100)
+
+    assert upload(0, 3, 10) is None and upload(2, 3, 4) is None and upload(0, 1, 0) is None
+    assert upload(0, 10, 10) is None  # exactly the limit
+    assert "1099511627776 chunks, at most 10" in str(upload(0, 1 << 40, 10))
+    assert "0 chunks" in str(upload(0, 0, 0))
+    assert "chunk 3 of 3" in str(upload(3, 3, 4))
+    assert "chunk -1 of 3" in str(upload(-1, 3, 4))
+    assert "chunk 0 of 4 bytes" in str(upload(0, 3, 4))  # only the last may be short
+    assert "chunk 2 of 11 bytes" in str(upload(2, 3, 11))
+    assert "version -2" in str(upload(0, 1, 1, version=-2))
