@@ -49,6 +49,12 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         micro_batch_tokens=t.micro_batch_tokens,
         normaliser=t.normaliser,
         checkpoint_every=t.checkpoint_every,
+        objective=t.objective,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        lr=t.lr,
+        lr_schedule=t.lr_schedule,
+        warmup_periods=t.warmup_periods,
+        min_lr_ratio=t.min_lr_ratio,
     )
 
 

@@ -32,6 +32,7 @@ class RecordingLearner:
         self.calls: list[tuple[str, object]] = []  # ("train", group tag) each group, ("step", normaliser)
         self.micro: list[list[float]] = []  # the tags of each micro-batch, in order
         self.old: list[list[list[float]] | None] = []
+        self.rates: list[float | None] = []  # the learning rate of each step
         self.gate = threading.Event()  # the first micro-batch waits for it
         self.gate.set()
         self.entered = threading.Event()  # set when a micro-batch is being trained
@@ -45,8 +46,9 @@ class RecordingLearner:
             self.old.append(g.old_logprobs)
         return {}
 
-    def step(self, normaliser: float) -> dict[str, float]:
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         self.calls.append(("step", normaliser))
+        self.rates.append(lr)
         return {}
 
     def weights(self) -> bytes:
