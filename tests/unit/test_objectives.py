@@ -112,7 +112,7 @@ def test_each_objective_equals_its_formula(objective: str, beta: float, spread: 
         beta,
     )
     want.backward()
-    assert float(loss.detach()) / normaliser == pytest.approx(float(want), rel=1e-5, abs=1e-7)
+    assert float(loss.detach()) / normaliser == pytest.approx(float(want.detach()), rel=1e-5, abs=1e-7)
     assert policy.grad is not None
     want_grad = torch.zeros_like(logp, dtype=torch.float64)
     for i, sample in enumerate(leaves):
