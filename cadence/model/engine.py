@@ -1,7 +1,7 @@
 """The built-in generation engine: batched sampling of one prompt with a KV cache.
 
 The log-prob recorded with each token is that of the distribution it was sampled from before top-p:
-log softmax(logits / T) (ops/logprobs.py, the learner's very function), at T = 1 when greedy.
+log softmax(logits / T), the learner's (ops/logprobs.py), at T = 1 when greedy.
 
 Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a generator seeded
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
-from cadence.ops.logprobs import token_logprobs
+from cadence.ops.logprobs import tempered
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,10 @@ class TorchEngine:
         for step in range(steps):
             token = self._sample(logits, uniforms[:, step], params)
             tokens[:, step] = token
-            logprobs[:, step] = token_logprobs(logits, token, params.temperature)
+            tempered_logits = tempered(logits, params.temperature)
+            logprobs[:, step] = (
+                torch.log_softmax(tempered_logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            )
             done |= token == self.eos_id
             if step + 1 == steps or bool(done.all()):
                 break
