@@ -62,14 +62,16 @@ class TrainerSettings:
     checkpoint_every: int
     objective: str = "dapo"  # fixes the step's normaliser (ops/losses.py step_normaliser)
     max_new_tokens: int = 1  # dr_grpo's constant normaliser is max_new_tokens x samples
-    lr: float = 1e-3
+    lr: float | None = None  # the peak rate; None: the learner's own, never changed
     lr_schedule: str = "constant"
     warmup_periods: int = 0
     min_lr_ratio: float = 0.0
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int) -> float | None:
         """The learning rate of the run's optimizer step `step` (ops/schedule.py)."""
         steps = self.steps_per_period
+        if self.lr is None:
+            return None
         return lr_at(
             step,
             self.lr,
