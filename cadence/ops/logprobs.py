@@ -30,5 +30,6 @@ def token_logprobs(
     norm = torch.logsumexp(logits, dim=-1)
     if entropy is not None:
         with torch.no_grad():
-            entropy.append(norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1))
+            probs = (logits - norm.unsqueeze(-1)).exp_()  # the softmax, from the normaliser at hand
+            entropy.append(norm - torch.linalg.vecdot(probs, logits))  # H = logsumexp - Σ p z
     return picked - norm
