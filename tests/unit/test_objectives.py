@@ -13,7 +13,7 @@ from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
 from cadence.ops.advantages import group_advantages
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum, step_normaliser
-from cadence.training.learner import TorchLearner, TrainGroup
+from cadence.training.learner import TorchLearner, TrainGroup, summarise
 from tests.unit.test_prefix import CONFIGS, make_groups
 
 CLIP = {"dapo": (0.2, 0.28), "grpo": (0.2, 0.28), "dr_grpo": (0.2, 0.28), "gspo": (3e-4, 4e-4)}
@@ -217,3 +217,34 @@ def test_dr_grpo_does_not_scale_advantages_and_the_others_do() -> None:
     assert losses["dapo", 2.0] == pytest.approx(losses["dapo", 4.0], rel=1e-6)
     assert losses["dr_grpo", 2.0] == pytest.approx(losses["dapo", 2.0], rel=1e-6)
     assert losses["dr_grpo", 4.0] == pytest.approx(2 * losses["dr_grpo", 2.0], rel=1e-6)
+
+
+def test_a_step_reports_means_over_the_trained_tokens_and_sums_over_the_normaliser() -> None:
+    sums = {"loss_sum": -3.0, "clipped_tokens": 5.0, "kl_sum": 2.0, "entropy_sum": 60.0, "tokens": 40.0}
+    info = summarise(sums, 8.0)
+    assert info == {
+        "loss_sum": -0.375,
+        "clipped_tokens": 0.625,
+        "kl_sum": 0.25,
+        "entropy": 1.5,
+        "clip_fraction": 0.125,
+        "kl": 0.05,
+    }
+    assert "kl" not in summarise({k: v for k, v in sums.items() if k != "kl_sum"}, 8.0)  # no reference
+    assert summarise({}, 1.0) == {}  # a rank without a share
+
+
+def test_the_kl_of_a_moved_policy_is_its_k3_mean() -> None:
+    """After a step the policy has left the reference: the next micro-batch's `kl` is its k3 mean."""
+    own = learner("dapo", kl_beta=0.1)
+    groups = groups_with_old_logprobs()
+    own.train_groups(groups)
+    own.step(100.0)
+    stats = own.train_groups(groups)
+    logp, mask, ref = own._logprobs(groups)
+    assert ref is not None
+    delta = (ref - logp.detach()).double()[mask]
+    want = float((delta.exp() - delta - 1).mean())
+    assert want > 1e-6
+    assert stats["kl_sum"] / stats["tokens"] == pytest.approx(want, rel=1e-4)
+    assert own.step(stats["tokens"])["kl"] == pytest.approx(want, rel=1e-3)
