@@ -1,14 +1,16 @@
-"""The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on a micro-batch.
+"""The trainer's model side: policy, frozen reference, optimizer, and the policy loss on a micro-batch.
 
 A micro-batch is one or more whole groups. Every log-prob, the policy's and the reference's, is of the
-distribution the engine samples from, the logits divided by `rollout.temperature` (ops/logprobs.py). With `packing = "shared_prompt"` they share one row, each
-prompt computed once and every group attending only within itself (ops/packing.py): one forward of
-the policy (with gradient; detached, it is also the old policy) and one of the reference. With
+distribution the engine samples from: the logits divided by `rollout.temperature` (ops/logprobs.py);
+the loss is `trainer.objective`'s (ops/losses.py). With `packing = "shared_prompt"` the groups share
+one row, each prompt computed once and every group attending only within itself (ops/packing.py):
+one forward of the policy (with gradient; detached, it is also the old policy) and one of the
+reference. With
 `"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
 (model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
-them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
+them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between two steps the weights
 do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
 """
 
