@@ -10,8 +10,9 @@ reference. With
 (model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
-them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between two steps the weights
-do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
+them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between
+two steps the weights do not change, so the old-policy log-probs are the detached policy log-probs
+(ratio 1).
 """
 
 from __future__ import annotations
