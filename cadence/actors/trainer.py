@@ -19,7 +19,8 @@
 Invariant: each (period, prompt id) enters the gradient at most once, only with weights of the
 period's version, and every period ends in exactly `trainer.steps_per_period` optimizer steps (one by
 default), each after B / steps accepted groups; the new version is published after the last. The version rule lives here
-and nowhere else.
+and nowhere else. Step j of period k runs at the learning rate of the run's step k x steps + j
+(ops/schedule.py), so a resumed run continues the schedule exactly.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from cadence.config import RunConfig
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.samples import SampleWriter
 from cadence.monitor.span import span
+from cadence.ops.losses import step_normaliser
 from cadence.ops.packing import packed_length
+from cadence.ops.schedule import lr_at
 from cadence.training.learner import Learner, TrainGroup
 from cadence.training.resume import load_resume, save_resume
 from cadence.transport.endpoint import Server
@@ -65,6 +68,26 @@ class TrainerSettings:
     vocab_size: int  # token ids of the model; a group with others is refused
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
     threads_alone: int = 0  # once the period's last group is in, the workers idle (0: the same)
+    objective: str = "dapo"  # fixes the step's normaliser (ops/losses.py step_normaliser)
+    max_new_tokens: int = 1  # dr_grpo's constant normaliser is max_new_tokens x samples
+    lr: float | None = None  # the peak rate; None: the learner's own, never changed
+    lr_schedule: str = "constant"
+    warmup_periods: int = 0
+    min_lr_ratio: float = 0.0
+
+    def lr_at(self, step: int) -> float | None:
+        """The learning rate of the run's optimizer step `step` (ops/schedule.py)."""
+        steps = self.steps_per_period
+        if self.lr is None:
+            return None
+        return lr_at(
+            step,
+            self.lr,
+            self.lr_schedule,
+            self.periods * steps,
+            self.warmup_periods * steps,
+            self.min_lr_ratio,
+        )
 
 
 class Trainer:
@@ -303,11 +326,14 @@ class Trainer:
         self._batch.extend(micro)
         if len(self._batch) < self.B // steps:
             return
+        s = self.settings
         lengths = [len(c) for g in self._batch for c in g.completions]
-        normaliser = sum(lengths) if self.settings.normaliser == "tokens" else len(lengths)
+        normaliser = step_normaliser(s.objective, s.normaliser, lengths, s.max_new_tokens)
+        lr = s.lr_at(stats.period * steps + len(stats.steps))
         with span(self.clock, "step", period=stats.period) as stepping:
-            info = await self._compute(self.learner.step, float(max(normaliser, 1)))
+            info = await self._compute(self.learner.step, normaliser, lr)
         stats.step_s += stepping.duration
+        stats.stepped(info)
         self._batch = []
         log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 

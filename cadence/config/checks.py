@@ -19,6 +19,7 @@ def check_run(cfg: RunConfig) -> None:
     """Every rule below, in order."""
     check_positive(cfg)
     check_trainer(cfg)
+    check_objective(cfg)
     check_parallel(cfg)
     check_vllm(cfg)
     check_weights(cfg)
@@ -76,6 +77,35 @@ def check_trainer(cfg: RunConfig) -> None:
         raise ConfigError(
             "trainer.on_loss = 'wait' needs trainer.checkpoint_every > 0 (got"
             f" {cfg.trainer.checkpoint_every}): a lost trainer comes back only from a resume checkpoint"
+        )
+
+
+def check_objective(cfg: RunConfig) -> None:
+    """The objective's clip ranges and normaliser, the learning rate's schedule, sampling log-probs."""
+    t = cfg.trainer
+    for key, low in (("trainer.clip_low", t.clip_low), ("trainer.gspo.clip_low", t.gspo.clip_low)):
+        if not 0 <= low < 1:
+            raise ConfigError(f"{key} must be in [0, 1), got {low}")
+    for key, high in (("trainer.clip_high", t.clip_high), ("trainer.gspo.clip_high", t.gspo.clip_high)):
+        if high < 0:
+            raise ConfigError(f"{key} must be >= 0, got {high}")
+    if t.normaliser != "tokens" and t.objective != "dapo":
+        raise ConfigError(
+            f"trainer.normaliser = {t.normaliser!r} applies to trainer.objective = 'dapo' only (got"
+            f" {t.objective!r}, which fixes its own normaliser): leave trainer.normaliser = 'tokens'"
+        )
+    if t.warmup_periods < 0 or t.warmup_periods > cfg.periods:
+        raise ConfigError(
+            f"trainer.warmup_periods must be in [0, periods = {cfg.periods}], got {t.warmup_periods}"
+        )
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"trainer.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    tempered = cfg.rollout.temperature not in (0.0, 1.0)
+    if cfg.rollout.engine == "vllm" and tempered and t.steps_per_period > 1:
+        raise ConfigError(
+            f"trainer.steps_per_period = {t.steps_per_period} takes the old log-probs from the engine,"
+            f" and rollout.engine = 'vllm' returns them at temperature 1, not at rollout.temperature ="
+            f" {cfg.rollout.temperature}: use rollout.engine = 'torch', temperature 1, or one step a period"
         )
 
 

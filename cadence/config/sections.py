@@ -137,14 +137,39 @@ class ModelConfigSection:
 
 
 @dataclass(frozen=True)
+class GspoConfig:
+    """GSPO's own clip range (`trainer.objective = "gspo"`): it clips a sequence-level ratio, the
+    geometric mean of the token ratios, which stays much closer to 1 than a token's."""
+
+    clip_low: float = doc(3e-4, "lower clip bound of the sequence ratio: s >= 1 - clip_low")
+    clip_high: float = doc(4e-4, "upper clip bound of the sequence ratio: s <= 1 + clip_high")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     learner: Literal["torch", "simulated"] = doc(
         "torch", "what trains: the real model or a timed stand-in (bench)"
     )
-    lr: float = doc(1e-3, "AdamW learning rate")
+    lr: float = doc(1e-3, "AdamW learning rate (the peak, with a schedule)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = doc(
+        "constant",
+        "learning rate after the warmup, stepped once per optimizer step: constant, or decaying linearly"
+        " or along a half cosine to lr x min_lr_ratio at the run's last step",
+    )
+    warmup_periods: int = doc(
+        0, "periods over which the learning rate rises linearly from lr / warmup steps to lr"
+    )
+    min_lr_ratio: float = doc(0.0, "linear and cosine schedules: the last step's lr as a share of lr")
     weight_decay: float = doc(0.0, "AdamW weight decay")
-    clip_low: float = doc(0.2, "lower clip bound: ratio >= 1 - clip_low")
-    clip_high: float = doc(0.28, "upper clip bound: ratio <= 1 + clip_high")
+    objective: Literal["dapo", "grpo", "dr_grpo", "gspo"] = doc(
+        "dapo",
+        "the policy loss (docs/objectives.md): dapo (token-level sum over the step's batch / its tokens),"
+        " grpo (each sample's token-mean, averaged over samples), dr_grpo (no std scaling of advantages,"
+        " / max_new_tokens x samples), gspo (sequence-level ratio and clip, settings in [trainer.gspo])",
+    )
+    clip_low: float = doc(0.2, "lower clip bound of a token's ratio: r >= 1 - clip_low (not gspo)")
+    clip_high: float = doc(0.28, "upper clip bound of a token's ratio: r <= 1 + clip_high (not gspo)")
+    gspo: GspoConfig = field(default_factory=GspoConfig, metadata={"doc": "the gspo objective's clip range"})
     kl_beta: float = doc(0.0, "weight of the k3 KL penalty to the frozen reference; 0 skips the reference")
     packing: Literal["shared_prompt", "prefix_cache", "padded"] = doc(
         "shared_prompt",
@@ -168,7 +193,9 @@ class TrainerConfig:
         " the ranks (workers idle while it trains), in periodic mode the cores the workers' threads leave",
     )
     normaliser: Literal["tokens", "samples"] = doc(
-        "tokens", "the period's summed loss is divided by its response tokens or its samples"
+        "tokens",
+        "dapo: each step's summed loss is divided by its response tokens or its samples (the other"
+        " objectives fix their own)",
     )
     checkpoint_every: int = doc(0, "save a resumable checkpoint every N periods (0: only the final weights)")
     on_loss: Literal["fail", "wait"] = doc(

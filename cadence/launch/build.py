@@ -122,19 +122,23 @@ def join_ranks(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks) -> tuple[
 def make_torch_learner(
     cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device, comm: Collectives | None = None
 ) -> TorchLearner:
-    """This rank's learner; with `trainer.sharding = "fsdp2"` one whose policy is split over `comm`."""
+    """This rank's learner; with `trainer.sharding = "fsdp2"` one whose policy is split over `comm`.
+    Its log-probs are at the sampling temperature; gspo clips with its own range."""
     use_threads(trainer_threads(cfg))
     model, model_cfg = make_model(cfg, tokenizer)
     t = cfg.trainer
+    clip = t.gspo if t.objective == "gspo" else t
     settings: dict[str, Any] = dict(
         lr=t.lr,
         weight_decay=t.weight_decay,
-        clip_low=t.clip_low,
-        clip_high=t.clip_high,
+        clip_low=clip.clip_low,
+        clip_high=clip.clip_high,
         kl_beta=t.kl_beta,
         max_grad_norm=t.max_grad_norm,
         packing=t.packing,
         device=device,
+        objective=t.objective,
+        temperature=cfg.rollout.temperature,
     )
     if t.sharding == "fsdp2" and comm is not None:
         from cadence.training.sharding import ShardedLearner

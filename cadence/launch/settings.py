@@ -55,6 +55,12 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         vocab_size=vocab_size,
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
+        objective=t.objective,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        lr=t.lr,
+        lr_schedule=t.lr_schedule,
+        warmup_periods=t.warmup_periods,
+        min_lr_ratio=t.min_lr_ratio,
     )
 
 

@@ -1,5 +1,8 @@
 """The built-in generation engine: batched sampling of one or several prompts with a KV cache.
 
+The log-prob recorded with each token is that of the distribution it was sampled from before top-p:
+log softmax(logits / T), the learner's (ops/logprobs.py), at T = 1 when greedy.
+
 Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a generator seeded
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
 batch size and the other seeds; ``sample_seed`` makes that seed a pure function of
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
+from cadence.ops.logprobs import tempered
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Completion:
     """One sample: its tokens (with the final eos if it stopped there) and their model log-probs."""
 
     tokens: list[int]
-    logprobs: list[float]  # log_softmax of the raw logits (no temperature, no top-p), one per token
+    logprobs: list[float]  # log_softmax(logits / T) (T = 1 when greedy; top-p not renormalised), one a token
     finished: bool  # True when it ended on eos, False when it reached max_new_tokens
 
 
@@ -129,7 +133,10 @@ class TorchEngine:
         for step in range(steps):
             token = self._sample(logits, uniforms[:, step], params)
             tokens[:, step] = token
-            logprobs[:, step] = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            tempered_logits = tempered(logits, params.temperature)
+            logprobs[:, step] = (
+                torch.log_softmax(tempered_logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+            )
             done |= token == self.eos_id
             if step + 1 == steps or bool(done.all()):
                 break

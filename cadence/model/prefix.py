@@ -23,9 +23,16 @@ from cadence.ops.logprobs import token_logprobs
 
 
 def prefix_logprobs(
-    model: Transformer, prompt: list[int], completions: list[list[int]], pad_id: int
+    model: Transformer,
+    prompt: list[int],
+    completions: list[list[int]],
+    pad_id: int,
+    temperature: float = 1.0,
+    entropy: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probs [G, R_max] of each response's tokens (right-padded with 0) and the bool mask [G, R_max].
+    """Log-probs [G, R_max] of each response's tokens (right-padded with 0) at ``temperature`` and the
+    bool mask [G, R_max]; with ``entropy``, the tempered distribution's entropy at every response
+    token is appended to it (one value a token, detached).
 
     Differentiable w.r.t. the model's parameters unless called under ``torch.no_grad``.
     """
@@ -45,14 +52,19 @@ def prefix_logprobs(
     if width == 0:
         return last.new_zeros((g, 0)), mask
     firsts = torch.tensor([c[0] if c else pad_id for c in completions], device=device)  # [G]
-    logp = token_logprobs(last.expand(g, -1), firsts).unsqueeze(1)  # [G, 1]
+    firsts_entropy: list[Tensor] | None = [] if entropy is not None else None
+    logp = token_logprobs(last.expand(g, -1), firsts, temperature, firsts_entropy).unsqueeze(1)  # [G, 1]
+    if entropy is not None and firsts_entropy:
+        entropy.append(firsts_entropy[0][mask[:, 0]])
     if width > 1:
         cache.repeat_batch(g)  # Tensor.repeat: differentiable, gradients of all rows sum into P's k/v
         inputs = _right_pad([c[:-1] for c in completions], width - 1, pad_id, device)  # [G, R_max - 1]
         targets = _right_pad([c[1:] for c in completions], width - 1, pad_id, device)
         read = mask[:, 1:]  # the head only where a response token is read, never on a pad
         logits = model(inputs, cache=cache, logits_at=read)  # positions continue from |P|
-        rest = logp.new_zeros((g, width - 1)).masked_scatter(read, token_logprobs(logits, targets[read]))
+        rest = logp.new_zeros((g, width - 1)).masked_scatter(
+            read, token_logprobs(logits, targets[read], temperature, entropy)
+        )
         logp = torch.cat([logp, rest], dim=1)
     return torch.where(mask, logp, torch.zeros_like(logp)), mask
 

@@ -43,6 +43,7 @@ class PeriodStats:
     stale_dropped: int = 0
     duplicates_dropped: int = 0
     step_s: float = 0.0  # optimizer steps of the period, summed
+    steps: list[dict[str, float]] = field(default_factory=list)  # each optimizer step's statistics
 
     completions: dict[int, list[list[int]]] = field(default_factory=dict)
 
@@ -69,6 +70,14 @@ class PeriodStats:
         self.correct.extend(correct)
         self.gen_s.append(gen_s)
         self.load_s.append(load_s)
+
+    def stepped(self, info: dict[str, float]) -> None:
+        """An optimizer step of the period was taken; `info`: the learner's statistics of it."""
+        self.steps.append(info)
+
+    def _mean_of_steps(self, key: str) -> float:
+        values = [info[key] for info in self.steps if key in info]
+        return sum(values) / len(values) if values else 0.0
 
     def finish(self, end: float, publish_s: float) -> PeriodMetrics:
         """The figures of this period; `end` is when the next version was published."""
@@ -115,6 +124,10 @@ class PeriodStats:
             step_s=self.step_s,
             samples_sha256=samples_digest(self.completions),
             reward_functions={name: sum(v) / len(v) for name, v in sorted(self.parts.items()) if v},
+            entropy=self._mean_of_steps("entropy"),
+            clip_fraction=self._mean_of_steps("clip_fraction"),
+            kl=self._mean_of_steps("kl"),
+            lr=self.steps[-1].get("lr", 0.0) if self.steps else 0.0,
         )
 
 

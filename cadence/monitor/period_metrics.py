@@ -59,6 +59,10 @@ class PeriodMetrics:
     micro_batch_train_s: tuple[float, ...] = ()  # each micro-batch's training time
     forward_backward_s: float = 0.0  # the micro-batches' forward and backward: train_s without the steps
     step_s: float = 0.0  # optimizer steps, summed
+    entropy: float = 0.0  # mean entropy of the tempered policy over the trained tokens (steps' mean)
+    clip_fraction: float = 0.0  # share of trained tokens whose clip is active for their advantage's sign
+    kl: float = 0.0  # mean k3 KL to the reference a trained token (0 without a reference)
+    lr: float = 0.0  # learning rate of the period's last optimizer step
     samples_sha256: str = ""  # checksum of every generated token, independent of arrival order
     reward_functions: dict[str, float] = field(default_factory=dict)  # function -> mean (reward_<name>)
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)

@@ -1,14 +1,20 @@
-"""The GRPO objective: clipped surrogate with separate bounds, and a k3 KL penalty to a reference.
+"""The policy objectives (`trainer.objective`): clipped surrogates with separate bounds, aggregated
+per token (dapo, dr_grpo) or per sample (grpo, gspo), and a k3 KL penalty to a reference.
 
-Invariant: losses here are *sums* over the masked tokens, never means. The trainer divides the
-period's summed gradient by the period's normaliser once, before clipping and the step, so the
-order in which groups arrive cannot change the result beyond floating-point summation order.
+Invariant: losses here are *sums* over samples (of a per-sample quantity), never means over the
+batch. The trainer divides the step's summed gradient by `step_normaliser` once, before clipping and
+the step, so neither the order in which groups arrive nor the micro-batch split can change the
+result beyond floating-point summation order. The formulas are in docs/objectives.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+OBJECTIVES = ("dapo", "grpo", "dr_grpo", "gspo")
 
 
 def clipped_surrogate(
@@ -20,10 +26,45 @@ def clipped_surrogate(
     return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
+def clip_active(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float) -> Tensor:
+    """Where the clip takes the gradient away: the ratio above 1 + clip_high with a positive advantage,
+    or below 1 - clip_low with a negative one (elsewhere a ratio out of bounds is still unclipped)."""
+    return ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+
+
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(q - p) - (q - p) - 1, q = ref."""
     delta = ref_logp - logp
     return torch.exp(delta) - delta - 1.0
+
+
+def _masked(values: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def _token_terms(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: Tensor | None,
+    kl_beta: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-token terms [N, T] (surrogate, plus kl_beta x k3 with a reference) and summed statistics."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(logp)
+    per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    stats: dict[str, float] = {}
+    with torch.no_grad():
+        active = clip_active(torch.exp(logp - old_logp), advantages, clip_low, clip_high)
+        stats["clipped_tokens"] = float((active & mask.bool()).sum())
+    if ref_logp is not None and kl_beta > 0:
+        kl = k3_kl(logp, ref_logp)
+        per_token = per_token + kl_beta * kl
+        stats["kl_sum"] = float(_masked(kl.detach(), mask).sum())
+    return per_token, stats
 
 
 def grpo_loss_sum(
@@ -36,20 +77,95 @@ def grpo_loss_sum(
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Summed loss over tokens where `mask` is set, and summed statistics for logging.
+    """dapo and dr_grpo: the token-level summed loss over tokens where `mask` is set, and summed
+    statistics for logging.
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample) or [N, T].
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1).expand_as(logp)
-    per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    per_token, stats = _token_terms(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+    return _masked(per_token, mask).sum(), stats
+
+
+def sequence_mean_loss_sum(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """grpo: the sum over samples of each sample's token-mean of the token-level terms."""
+    per_token, stats = _token_terms(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+    lengths = mask.sum(dim=-1).clamp_min(1).to(per_token.dtype)
+    return (_masked(per_token, mask).sum(dim=-1) / lengths).sum(), stats
+
+
+def gspo_loss_sum(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """gspo: the sum over samples of -min(s A, clip(s, 1 - clip_low, 1 + clip_high) A) with the
+    sequence ratio s = exp(token-mean of logp - old_logp); the KL term as a token-mean per sample.
+
+    advantages: [N], one per sample."""
+    if advantages.dim() != 1:
+        raise ValueError("gspo takes one advantage per sample, [N]")
+    lengths = mask.sum(dim=-1).clamp_min(1).to(logp.dtype)
+    log_ratio = _masked(logp - old_logp, mask).sum(dim=-1) / lengths
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_sample = -torch.minimum(ratio * advantages, clipped * advantages)
     stats: dict[str, float] = {}
     with torch.no_grad():
-        ratio = torch.exp(logp - old_logp)
-        clipped = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
-        stats["clipped_tokens"] = float((clipped & mask.bool()).sum())
+        active = clip_active(ratio, advantages, clip_low, clip_high)
+        stats["clipped_tokens"] = float((mask.sum(dim=-1) * active).sum())  # a clipped sample's tokens
     if ref_logp is not None and kl_beta > 0:
-        kl = k3_kl(logp, ref_logp)
-        per_token = per_token + kl_beta * kl
-        stats["kl_sum"] = float(torch.where(mask.bool(), kl.detach(), torch.zeros_like(kl)).sum())
-    return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum(), stats
+        kl = _masked(k3_kl(logp, ref_logp), mask)
+        per_sample = per_sample + kl_beta * kl.sum(dim=-1) / lengths
+        stats["kl_sum"] = float(kl.detach().sum())
+    has_tokens = mask.any(dim=-1)
+    return torch.where(has_tokens, per_sample, torch.zeros_like(per_sample)).sum(), stats
+
+
+def objective_loss_sum(
+    objective: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics."""
+    if objective in ("dapo", "dr_grpo"):
+        loss = grpo_loss_sum
+    elif objective == "grpo":
+        loss = sequence_mean_loss_sum
+    elif objective == "gspo":
+        loss = gspo_loss_sum
+    else:
+        raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
+    return loss(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+
+
+def step_normaliser(objective: str, normaliser: str, lengths: Sequence[int], max_new_tokens: int) -> float:
+    """What one optimizer step divides its summed gradient by, from the lengths of its completions:
+    dapo the response tokens (or, `normaliser = "samples"`, the samples), grpo and gspo the samples,
+    dr_grpo the constant max_new_tokens x samples; at least 1."""
+    if objective == "dapo":
+        total = sum(lengths) if normaliser == "tokens" else len(lengths)
+    elif objective == "dr_grpo":
+        total = max_new_tokens * len(lengths)
+    else:
+        total = len(lengths)
+    return float(max(total, 1))

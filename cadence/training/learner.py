@@ -1,14 +1,18 @@
-"""The trainer's model side: policy, frozen reference, optimizer, and the GRPO loss on a micro-batch.
+"""The trainer's model side: policy, frozen reference, optimizer, and the policy loss on a micro-batch.
 
-A micro-batch is one or more whole groups. With `packing = "shared_prompt"` they share one row, each
-prompt computed once and every group attending only within itself (ops/packing.py): one forward of
-the policy (with gradient; detached, it is also the old policy) and one of the reference. With
+A micro-batch is one or more whole groups. Every log-prob, the policy's and the reference's, is of the
+distribution the engine samples from: the logits divided by `rollout.temperature` (ops/logprobs.py);
+the loss is `trainer.objective`'s (ops/losses.py). With `packing = "shared_prompt"` the groups share
+one row, each prompt computed once and every group attending only within itself (ops/packing.py):
+one forward of the policy (with gradient; detached, it is also the old policy) and one of the
+reference. With
 `"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
 (model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
-them by the period's normaliser once, clips, steps and clears them. Between two steps the weights
-do not change, so the old-policy log-probs are the detached policy log-probs (ratio 1).
+them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between
+two steps the weights do not change, so the old-policy log-probs are the detached policy log-probs
+(ratio 1).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.logprobs import token_logprobs
-from cadence.ops.losses import grpo_loss_sum
+from cadence.ops.losses import OBJECTIVES, objective_loss_sum
 from cadence.ops.packing import PackedBatch, pack_groups, to_padded
 from cadence.wire.digest import checksum
 
@@ -51,7 +55,9 @@ class TrainGroup:
 class Learner(Protocol):
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]: ...
 
-    def step(self, normaliser: float) -> dict[str, float]: ...
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
+        """Divide the summed gradients by `normaliser`, clip, step at `lr` (None: the rate as it is)."""
+        ...
 
     def weights(self) -> bytes: ...
 
@@ -87,16 +93,26 @@ def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> t
     return inputs, targets, mask
 
 
-def loss_logprobs(model: Transformer, batch: PackedBatch) -> Tensor:
-    """`packed_logprobs` of the model's forward, with the head applied only at the loss positions."""
+def loss_logprobs(
+    model: Transformer, batch: PackedBatch, temperature: float = 1.0, entropy: list[Tensor] | None = None
+) -> Tensor:
+    """`packed_logprobs` of the model's forward at `temperature`, with the head applied only at the
+    loss positions (their entropies appended to `entropy` when given)."""
     args = (batch.input_ids, batch.position_ids, batch.attn_mask)
     logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
-    return token_logprobs(logits, batch.targets[batch.loss_mask])
+    return token_logprobs(logits, batch.targets[batch.loss_mask], temperature, entropy)
 
 
-def masked_logprobs(model: Transformer, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+def masked_logprobs(
+    model: Transformer,
+    inputs: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    temperature: float = 1.0,
+    entropy: list[Tensor] | None = None,
+) -> Tensor:
     """Log-probs [B, T] of `targets` where `mask`, 0 elsewhere; the head runs only where `mask`."""
-    picked = token_logprobs(model(inputs, logits_at=mask), targets[mask])
+    picked = token_logprobs(model(inputs, logits_at=mask), targets[mask], temperature, entropy)
     return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
 
 
@@ -116,11 +132,17 @@ class TorchLearner:
         max_grad_norm: float,
         packing: str = "shared_prompt",
         device: torch.device | str = "cpu",
+        objective: str = "dapo",
+        temperature: float = 1.0,
     ) -> None:
         packings = ("shared_prompt", "prefix_cache", "padded")
         if packing not in packings:
             raise ValueError(f"trainer.packing must be one of {list(packings)}, got {packing!r}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
         self.packing = packing
+        self.objective = objective
+        self.temperature = temperature
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model_cfg = model_cfg
@@ -149,15 +171,17 @@ class TorchLearner:
         policy's (ratio exactly 1) unless a group carries the sampler's."""
         if not groups:
             raise ValueError("an empty micro-batch")
+        scale = self.objective != "dr_grpo"  # Dr. GRPO: advantages without the std scaling
         advantages = torch.cat(
             [
                 torch.tensor(g.advantages, dtype=torch.float32)
                 if g.advantages is not None
-                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32))
+                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale)
                 for g in groups
             ]
         ).to(self.device)
-        logp, mask, ref_logp = self._logprobs(groups)
+        entropy: list[Tensor] = []
+        logp, mask, ref_logp = self._logprobs(groups, entropy)
         old = logp.detach().clone()
         row = 0
         for g in groups:
@@ -165,29 +189,34 @@ class TorchLearner:
                 old[row, : len(given)] = torch.tensor(given, dtype=old.dtype, device=old.device)
                 row += 1
             row += 0 if g.old_logprobs else len(g.completions)
-        loss, stats = grpo_loss_sum(
-            logp, old, advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
+        loss, stats = objective_loss_sum(
+            self.objective, logp, old, advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
         )
         loss.backward()
         stats["loss_sum"] = float(loss.detach())
         stats["tokens"] = float(mask.sum())
+        stats["entropy_sum"] = float(sum(float(e.sum()) for e in entropy))
         for key, value in stats.items():
             self._sums[key] = self._sums.get(key, 0.0) + value
         return stats
 
-    def _logprobs(self, groups: Sequence[TrainGroup]) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _logprobs(
+        self, groups: Sequence[TrainGroup], entropy: list[Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Policy log-probs [S, R_max] over every sample of the micro-batch (groups in order) with
-        gradient, their mask, and the reference's (or None)."""
+        gradient, their mask, and the reference's (or None); the policy's entropy at every trained
+        token is appended to `entropy` when given."""
+        t = self.temperature
         if self.packing == "shared_prompt":
             batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
             batch = batch.to(self.device)
-            logp, mask = to_padded(loss_logprobs(self.model, batch), batch)
+            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
             if self.reference is None:
                 return logp, mask, None
             with torch.no_grad():
-                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch), batch)
+                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
             return logp, mask, ref_logp
-        parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
+        parts = [self._group_logprobs(g.prompt, g.completions, entropy) for g in groups]
         width = max(p[0].shape[1] for p in parts)
         logp = torch.cat([_widen(p[0], width) for p in parts])
         mask = torch.cat([_widen(p[1], width) for p in parts])
@@ -195,27 +224,31 @@ class TorchLearner:
         return logp, mask, torch.cat(refs) if refs else None
 
     def _group_logprobs(
-        self, prompt: list[int], completions: list[list[int]]
+        self, prompt: list[int], completions: list[list[int]], entropy: list[Tensor] | None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """One group's policy log-probs [G, R] aligned to the responses, mask, reference (or None)."""
+        t, pad = self.temperature, self.tokenizer.pad_id
         if self.packing == "prefix_cache":
-            logp, mask = prefix_logprobs(self.model, prompt, completions, self.tokenizer.pad_id)
+            logp, mask = prefix_logprobs(self.model, prompt, completions, pad, t, entropy)
             if self.reference is None:
                 return logp, mask, None
             with torch.no_grad():
-                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, self.tokenizer.pad_id)
+                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
             return logp, mask, ref_logp
-        inputs, targets, mask = (
-            t.to(self.device) for t in pad_group(prompt, completions, self.tokenizer.pad_id)
-        )
+        inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad))
         start = len(prompt) - 1
-        logp = masked_logprobs(self.model, inputs, targets, mask)[:, start:]
+        logp = masked_logprobs(self.model, inputs, targets, mask, t, entropy)[:, start:]
         if self.reference is None:
             return logp, mask[:, start:], None
         with torch.no_grad():
-            return logp, mask[:, start:], masked_logprobs(self.reference, inputs, targets, mask)[:, start:]
+            return logp, mask[:, start:], masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
 
-    def step(self, normaliser: float) -> dict[str, float]:
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
+        """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the
+        schedule's, ops/schedule.py) and clear them; the step's statistics (`summarise`)."""
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.div_(normaliser)
@@ -225,8 +258,9 @@ class TorchLearner:
         )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        info = {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}
+        info = summarise(self._sums, normaliser)
         info["grad_norm"] = round(float(norm), 6)
+        info["lr"] = float(self.optimizer.param_groups[0]["lr"])
         self._sums = {}
         return info
 
@@ -258,6 +292,21 @@ class TorchLearner:
 
     def load_state(self, directory: Path) -> None:
         self.load(*read_state(directory))
+
+
+def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
+    """A step's statistics from its micro-batches' sums: the loss and the other sums divided by the
+    normaliser (as the gradient was), and means over the trained tokens: `entropy` (of the tempered
+    policy), `clip_fraction` (tokens whose clip is active) and, with a reference, `kl` (k3)."""
+    per_token = ("tokens", "entropy_sum")
+    info = {k: round(v / normaliser, 6) for k, v in sums.items() if k not in per_token}
+    tokens = sums.get("tokens", 0.0)
+    if tokens > 0 and "clipped_tokens" in sums:
+        info["entropy"] = round(sums.get("entropy_sum", 0.0) / tokens, 6)
+        info["clip_fraction"] = round(sums["clipped_tokens"] / tokens, 6)
+        if "kl_sum" in sums:
+            info["kl"] = round(sums["kl_sum"] / tokens, 6)
+    return info
 
 
 def write_checkpoint(

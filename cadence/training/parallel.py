@@ -42,7 +42,14 @@ from torch import Tensor
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.ops.advantages import group_advantages
 from cadence.training.collectives import CollectiveError, Collectives
-from cadence.training.learner import TorchLearner, TrainGroup, read_state, write_checkpoint, write_state
+from cadence.training.learner import (
+    TorchLearner,
+    TrainGroup,
+    read_state,
+    summarise,
+    write_checkpoint,
+    write_state,
+)
 
 log = structlog.get_logger()
 
@@ -74,12 +81,12 @@ class DistributedLearner:
             self._sums[key] = self._sums.get(key, 0.0) + value
         return stats
 
-    def step(self, normaliser: float) -> dict[str, float]:
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         with self._lock:
-            self._command({"op": "step", "normaliser": normaliser})
-            info = step_all(self.local, normaliser, self.comm)
+            self._command({"op": "step", "normaliser": normaliser, "lr": lr})
+            info = step_all(self.local, normaliser, self.comm, lr)
             self._full = None
-        info |= {k: round(v / normaliser, 6) for k, v in self._sums.items() if k != "tokens"}
+        info |= summarise(self._sums, normaliser)
         self._sums = {}
         return info
 
@@ -176,7 +183,8 @@ def follow(local: TorchLearner, comm: Collectives) -> None:
         if op == "train":
             train_share(local, [TrainGroup(**g) for g in command["groups"]], comm)
         elif op == "step":
-            step_all(local, float(command["normaliser"]), comm)
+            lr = command.get("lr")
+            step_all(local, float(command["normaliser"]), comm, None if lr is None else float(lr))
         elif op == "sync":
             sync_state(local, comm)
         elif op == "gather":
@@ -192,9 +200,9 @@ def follow(local: TorchLearner, comm: Collectives) -> None:
             raise CollectiveError(f"trainer rank {rank}: unknown command {op!r} from rank 0")
 
 
-def share(groups: Sequence[TrainGroup], rank: int, world: int) -> list[TrainGroup]:
+def share(groups: Sequence[TrainGroup], rank: int, world: int, scale: bool = True) -> list[TrainGroup]:
     """This rank's part of the micro-batch: completions rank, rank + world, … of every group, each with
-    its advantage in the whole group."""
+    its advantage in the whole group (`scale`: divided by the group's std, all but dr_grpo)."""
     mine = []
     for g in groups:
         picks = range(rank, len(g.completions), world)
@@ -202,7 +210,8 @@ def share(groups: Sequence[TrainGroup], rank: int, world: int) -> list[TrainGrou
             continue
         advantages = g.advantages
         if advantages is None:
-            advantages = group_advantages(torch.tensor(g.rewards, dtype=torch.float32)).tolist()
+            rewards = torch.tensor(g.rewards, dtype=torch.float32)
+            advantages = group_advantages(rewards, scale=scale).tolist()
         old = g.old_logprobs
         mine.append(
             TrainGroup(
@@ -218,7 +227,7 @@ def share(groups: Sequence[TrainGroup], rank: int, world: int) -> list[TrainGrou
 
 def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collectives) -> dict[str, float]:
     """Every rank: forward/backward of its share; the statistics summed over the ranks."""
-    mine = share(groups, comm.ranks.rank, comm.ranks.world)
+    mine = share(groups, comm.ranks.rank, comm.ranks.world, local.objective != "dr_grpo")
     stats = local.train_groups(mine) if mine or local.sharded else {}
     total: dict[str, float] = {}
     for part in comm.all_gather_bytes(msgpack.packb(stats), "gathering the micro-batch's statistics"):
@@ -227,12 +236,14 @@ def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collect
     return total
 
 
-def step_all(local: TorchLearner, normaliser: float, comm: Collectives) -> dict[str, float]:
+def step_all(
+    local: TorchLearner, normaliser: float, comm: Collectives, lr: float | None = None
+) -> dict[str, float]:
     """Every rank: sum the gradients over the ranks (sharded: summed by every backward already), then
     the one-rank step on the sum."""
     if not local.sharded:
         comm.sum_gradients([p for p in local.model.parameters() if p.requires_grad])
-    return local.step(normaliser)
+    return local.step(normaliser, lr)
 
 
 def sync_state(local: TorchLearner, comm: Collectives) -> None:

@@ -11,7 +11,8 @@
 ```
 
 Prompts are a pure function of (task config, seed, period) and sampling seeds of (seed, period,
-prompt id, sample index), so the version is the whole data position: a run continued from version k
+prompt id, sample index), and the learning rate of a step of (period, step, run shape:
+ops/schedule.py), so the version is the whole data and schedule position: a run continued from version k
 regenerates exactly what it would have generated without the interruption.
 
 Invariant: a kill at any moment leaves a complete checkpoint (the old or the new one). A checkpoint is
@@ -61,9 +62,11 @@ class ResumeError(RuntimeError):
 
 
 def must_match(cfg: RunConfig) -> dict[str, Any]:
-    """The config's keys, flattened to dotted names, that a continuation must share with the saver."""
+    """The config's keys, flattened to dotted names, that a continuation must share with the saver
+    (`periods` too under a decaying learning rate schedule: the run's length shapes every rate)."""
     flat = _flatten(to_dict(cfg))
-    return {k: v for k, v in flat.items() if k not in FREE_KEYS and not k.startswith(FREE_SECTIONS)}
+    free = FREE_KEYS - {"periods"} if cfg.trainer.lr_schedule != "constant" else FREE_KEYS
+    return {k: v for k, v in flat.items() if k not in free and not k.startswith(FREE_SECTIONS)}
 
 
 def config_sha256(cfg: RunConfig) -> str:

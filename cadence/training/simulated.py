@@ -68,7 +68,7 @@ class SimulatedLearner:
         time.sleep(self.cfg.train_s_per_token * tokens)
         return {"tokens": float(tokens)}
 
-    def step(self, normaliser: float) -> dict[str, float]:
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         time.sleep(self.cfg.step_s)
         self.steps += 1
         return {}

@@ -19,6 +19,7 @@ from torch import Tensor
 from cadence.actors.trainer import Trainer
 from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
+from cadence.ops.schedule import lr_at
 from cadence.training.learner import TrainGroup
 from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
@@ -38,6 +39,7 @@ class RecordingLearner:
         self.calls: list[tuple[str, object]] = []  # ("train", group tag) each group, ("step", normaliser)
         self.micro: list[list[float]] = []  # the tags of each micro-batch, in order
         self.old: list[list[list[float]] | None] = []
+        self.rates: list[float | None] = []  # the learning rate of each step
         self.gate = threading.Event()  # the first micro-batch waits for it
         self.gate.set()
         self.entered = threading.Event()  # set when a micro-batch is being trained
@@ -57,10 +59,11 @@ class RecordingLearner:
             self.old.append(g.old_logprobs)
         return {}
 
-    def step(self, normaliser: float) -> dict[str, float]:
+    def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         self.calls.append(("step", normaliser))
         self.budgets.append(("step", self.threads[-1]))
-        return {}
+        self.rates.append(lr)
+        return {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
 
     def weights(self) -> bytes:
         self.budgets.append(("weights", self.threads[-1]))
@@ -226,6 +229,35 @@ async def test_several_steps_a_period_use_the_sampler_log_probs(
     assert [c[0] for c in learner.calls] == ["train", "train", "step", "train", "train", "step"]
     assert [c[1] for c in learner.calls if c[0] == "step"] == [10.0, 10.0]  # each step its own tokens
     assert learner.old == [group(0, 0).logprobs] * 4
+    task.cancel()
+
+
+@pytest.mark.parametrize(
+    ("objective", "normaliser"), [("dapo", 10.0), ("grpo", 4.0), ("gspo", 4.0), ("dr_grpo", 4 * 4.0)]
+)
+async def test_each_step_takes_the_schedule_rate_and_the_objective_normaliser(
+    network: InprocNetwork, tmp_path: Path, objective: str, normaliser: float
+) -> None:
+    """Two periods of two steps under a cosine schedule with one warmup period: the four rates of
+    ops/schedule.py in order; dr_grpo divides by max_new_tokens (4) x samples, grpo and gspo by samples."""
+    overrides = ["trainer.steps_per_period=2", "trainer.lr_schedule='cosine'", "trainer.warmup_periods=1"]
+    cfg, dispatcher, worker, learner, published, task, _ = await start(
+        network, tmp_path, *overrides, f"trainer.objective='{objective}'", "rollout.max_new_tokens=4"
+    )
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    rows = []
+    for period in (0, 1):
+        for pid in range(4):
+            await worker.send(group(period, 4 * period + pid))
+        rows.append((await expect(dispatcher, VersionReady, skip=(Consumed,))).metrics)
+    lr = cfg.trainer.lr
+    # warmup (s + 1) / 2, then the half cosine at progress 0 and 1/2 of the 2 steps after it
+    want = [lr * 0.5, lr, lr, lr * 0.5 * (1 + math.cos(math.pi / 2))]
+    assert learner.rates == pytest.approx(want)
+    assert want == pytest.approx([lr_at(step, lr, "cosine", 4, 2) for step in range(4)])
+    assert [c[1] for c in learner.calls if c[0] == "step"] == [normaliser] * 4
+    assert [r["lr"] for r in rows] == pytest.approx([want[1], want[3]])  # the period's last step
+    assert [r["entropy"] for r in rows] == [2.0, 4.0] and rows[0]["clip_fraction"] == 0.25  # steps' mean
     task.cancel()
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from cadence.config import load_config, to_dict
 from cadence.monitor.run_dir import read_jsonl, write_json
+from cadence.ops.schedule import lr_at
 from tests.system.helpers import ROOT, SMALL, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
@@ -73,6 +74,37 @@ def test_a_killed_run_resumed_ends_like_the_uninterrupted_one(uninterrupted: Pat
     assert_same_end(out, uninterrupted)
     resumed = [e for e in events(out, "trainer") if e["event"] == "resumed"]
     assert [e["version"] for e in resumed] == [killed_at]
+
+
+SCHEDULED = [
+    *SAME,
+    *("--set", "trainer.lr_schedule='cosine'", "--set", "trainer.warmup_periods=2"),
+    *("--set", "trainer.min_lr_ratio=0.1", "--set", "trainer.steps_per_period=2"),
+    *("--set", "rollout.temperature=0.7", "--set", "trainer.objective='grpo'"),
+]
+
+
+def test_a_killed_scheduled_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Warmup and a cosine decay over two steps a period (old log-probs the engine's, at T = 0.7): the
+    resumed run takes each step at the rate the uninterrupted one took it, and ends with its weights."""
+    reference = tmp_path / "uninterrupted"
+    cadence("run", "configs/quickstart.toml", "--out", str(reference), *SMALL, *SCHEDULED)
+    out = tmp_path / "run"
+    run = start_run(out, *SCHEDULED)
+    try:
+        wait_for_checkpoint(out, 4, run.proc)
+    finally:
+        run.kill()
+    killed_at = checkpoint_version(out)
+    assert 4 <= killed_at < PERIODS and not (out / "summary.json").exists(), "killed too late"
+    assert f"resumed at period {killed_at}" in cadence("run", "--resume", str(out)).stdout
+    assert_same_end(out, reference)
+    lr = load_config(None).trainer.lr
+    want = [lr_at(2 * p + 1, lr, "cosine", 2 * PERIODS, 4, 0.1) for p in range(PERIODS)]  # each last step
+    for run_dir in (out, reference):
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-6)
+        assert all(r["entropy"] > 0 and 0 <= r["clip_fraction"] <= 1 for r in rows)
 
 
 @pytest.mark.parametrize(

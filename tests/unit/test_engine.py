@@ -71,12 +71,18 @@ def test_tiny_top_p_is_greedy() -> None:
     assert all(c.tokens == greedy.tokens for c in nucleus)
 
 
-def test_logprobs_are_untempered() -> None:
+@pytest.mark.parametrize(("temperature", "divisor"), [(0.5, 0.5), (1.0, 1.0), (0.0, 1.0)])
+def test_logprobs_are_of_the_tempered_distribution_before_top_p(temperature: float, divisor: float) -> None:
+    """log softmax(logits / T) of each sampled token, top-p not renormalised; greedy (T = 0) at T = 1."""
     engine = _engine(seed=3)
-    out = engine.generate(PROMPT, [9], SamplingParams(max_new_tokens=6, temperature=0.5, top_p=0.8))[0]
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, top_p=0.8)
+    out = engine.generate(PROMPT, [9], params)[0]
     logits = engine.model(torch.tensor([PROMPT + out.tokens]))[0, len(PROMPT) - 1 : -1]
-    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.tokens)[:, None]).squeeze(1)
+    expected = torch.log_softmax(logits / divisor, -1).gather(1, torch.tensor(out.tokens)[:, None]).squeeze(1)
     assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-5)
+    untempered = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.tokens)[:, None]).squeeze(1)
+    if divisor != 1.0:
+        assert max(abs(a - b) for a, b in zip(out.logprobs, untempered.tolist(), strict=True)) > 1e-3
 
 
 def test_eos_stops_a_sample() -> None:

@@ -97,3 +97,71 @@ def test_sampler_log_probs_on_some_groups_only_line_up_with_their_samples() -> N
 def test_an_empty_micro_batch_is_refused() -> None:
     with pytest.raises(ValueError, match="empty micro-batch"):
         learner("shared_prompt").train_groups([])
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "prefix_cache", "padded"])
+def test_at_a_temperature_the_engine_samples_the_log_probs_the_learner_reads(packing: str) -> None:
+    """At T = 0.7 (and top-p 0.9) the built-in engine's sampling log-probs are the learner's before any
+    step: both of softmax(logits / T), whatever the packing; neither is the untempered one."""
+    from cadence.model.engine import SamplingParams, TorchEngine
+
+    cfg = CONFIGS["qwen3"]
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9)
+    engine = TorchEngine(init_model(cfg, seed=5), eos_id=2)
+    groups, sampled = [], []
+    for i, (prompt, _) in enumerate(make_groups(4)):
+        completions = engine.generate(prompt, [10 * i + s for s in range(4)], params)
+        groups.append(TrainGroup(prompt, [c.tokens for c in completions], [float(s) for s in range(4)]))
+        sampled += [torch.tensor(c.logprobs) for c in completions]
+    tempered = TorchLearner(
+        init_model(cfg, seed=5),
+        cfg,
+        CharTokenizer(),
+        1e-3,
+        0.0,
+        0.2,
+        0.28,
+        0.0,
+        1.0,
+        packing,
+        temperature=0.7,
+    )
+    logp, mask, _ = tempered._logprobs(groups)
+    want = torch.cat(sampled)
+    assert int(mask.sum()) == want.numel()
+    assert (logp[mask].detach() - want).abs().max() <= 1e-5
+    untempered = learner(packing, kl_beta=0.0)._logprobs(groups)[0]
+    assert (untempered[mask].detach() - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "prefix_cache", "padded"])
+def test_the_entropy_is_of_the_tempered_policy_at_every_trained_token(packing: str) -> None:
+    """The learner's entropy sum, taken from the logits the loss already has, against the entropy of
+    softmax(logits / T) of a full forward over every group, at the response tokens only."""
+    temperature = 0.7
+    cfg = CONFIGS["qwen3"]
+    own = TorchLearner(
+        init_model(cfg, seed=5),
+        cfg,
+        CharTokenizer(),
+        1e-3,
+        0.0,
+        0.2,
+        0.28,
+        0.0,
+        1.0,
+        packing,
+        temperature=0.7,
+    )
+    stats = own.train_groups(micro_batch())
+    want = 0.0
+    with torch.no_grad():
+        for g in micro_batch():
+            for c in g.completions:
+                logits = own.model(torch.tensor([g.prompt + c]))[0, len(g.prompt) - 1 : -1] / temperature
+                p = torch.softmax(logits.double(), -1)
+                want += float(-(p * torch.log(p)).sum())
+    assert stats["entropy_sum"] == pytest.approx(want, rel=1e-5)
+    info = own.step(stats["tokens"])
+    assert info["entropy"] == pytest.approx(want / stats["tokens"], rel=1e-4)
+    assert 0.0 <= info["clip_fraction"] <= 1.0 and info["lr"] == 1e-3

@@ -154,8 +154,15 @@ def test_loss_equals_masked_sum_of_per_token_terms() -> None:
     per_token = clipped_surrogate(logp, old, adv[:, None].expand_as(logp), 0.2, 0.28)
     torch.testing.assert_close(loss, per_token[mask].sum())
     ratio = torch.exp(logp - old)
-    expected_clipped = (((ratio < 0.8) | (ratio > 1.28)) & mask).sum().item()
-    assert expected_clipped > 0
+    # the clip is active only where it takes the gradient away: above 1.28 with A > 0, below 0.8 with A < 0
+    expected_clipped = sum(
+        1
+        for i in range(logp.shape[0])
+        for j in range(logp.shape[1])
+        if mask[i, j] and ((adv[i] > 0 and ratio[i, j] > 1.28) or (adv[i] < 0 and ratio[i, j] < 0.8))
+    )
+    out_of_bounds = (((ratio < 0.8) | (ratio > 1.28)) & mask).sum().item()
+    assert 0 < expected_clipped < out_of_bounds  # the batch has both kinds
     assert stats["clipped_tokens"] == expected_clipped
     assert "kl_sum" not in stats
 

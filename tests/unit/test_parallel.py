@@ -156,6 +156,9 @@ def test_the_share_of_every_rank_covers_each_completion_once_with_the_group_adva
         assert group.advantages is None
     # advantages stay those of the whole group: rank 1's share of group 1 has rewards [0, 1]
     assert parts[1][1].rewards == [0.0, 1.0] and parts[1][1].advantages == pytest.approx([-1.0, 1.0])
+    # dr_grpo's advantages are not divided by the group's std: r - mean of the whole group, 0 and 1
+    unscaled = [share(g, rank, 2, scale=False) for rank in range(2)]
+    assert unscaled[1][1].advantages == pytest.approx([-0.5, 0.5])
 
 
 @pytest.mark.parametrize("sharding", ["none", "fsdp2"])
