@@ -46,7 +46,9 @@ log = structlog.get_logger()
 
 
 class Scorer(Protocol):
-    async def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score: ...
+    async def score(
+        self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int = -1
+    ) -> Score: ...
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ class RolloutWorker:
             completions = await asyncio.to_thread(self._generate, prompt, seeds)
             texts = [self.tokenizer.decode_response(c.tokens) for c in completions]
             scores = [
-                await self.scorer.score(job.prompt, text, job.answer, c.finished)
+                await self.scorer.score(job.prompt, text, job.answer, c.finished, job.prompt_id)
                 for text, c in zip(texts, completions, strict=True)
             ]
             keep = is_sampled(seed, job.prompt_id, self.settings.samples_fraction)
