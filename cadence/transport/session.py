@@ -5,6 +5,8 @@
             ─► together, until the first ends:
                work…                     the actor's own loops
                beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
+                       this process itself not run for > liveness (SIGSTOP, a suspended VM)
+                         ─► process_paused: the silence was its own, the peers get a fresh lease
                listen: any message       ─► the dispatcher is seen
                        Heartbeat         ─► nothing more
                        Shutdown          ─► its handler (which may raise), then the session ends
@@ -12,8 +14,9 @@
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
 
-Invariant: a dispatcher that stays silent past its liveness ends the session with `PeerLost`
-naming it and how long it was silent; a message the actor has no handler for is logged and
+Invariant: a dispatcher that stays silent past its liveness, while this process runs, ends the
+session with `PeerLost` naming it and how long it was silent (a dispatcher that declared this one lost
+meanwhile answers with a Shutdown saying so); a message the actor has no handler for is logged and
 dropped, never raised; the session ends at the first Shutdown.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -56,8 +60,10 @@ class Session:
         liveness: Liveness,
         address: str = "",
         peer: str = "dispatcher",
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dispatcher = dispatcher
+        self.monotonic = monotonic  # real time, to tell this process's own pauses
         self.role = role
         self.liveness = liveness
         self.address = address
@@ -80,11 +86,19 @@ class Session:
         return await first_of(*work, self.listen(), self.beat())
 
     async def beat(self) -> None:
-        """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long."""
+        """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long
+        while this process ran."""
+        last = self.monotonic()
         while True:
             await self.send(Heartbeat(self.role))
+            now = self.monotonic()
+            if now - last > self.liveness.timeout_s:  # nothing ran here: the peers could not be heard
+                log.warning("process_paused", role=self.role, paused_s=round(now - last, 1))
+                for peer in list(self.liveness.last_seen):
+                    self.liveness.seen(peer)
             for peer, silent in self.liveness.expired():
                 raise PeerLost(peer, silent)
+            last = now
             await asyncio.sleep(self.liveness.interval_s)
 
     async def listen(self) -> None:

@@ -131,3 +131,27 @@ async def test_handled_messages_reach_their_handler_and_others_are_logged_not_ra
     assert welcomed == [Welcome("inproc://t", "inproc://p", 0)]
     await rig.dispatcher.send(b"trainer", Shutdown("test over"))
     await asyncio.wait_for(task, WAIT)
+
+
+async def test_a_pause_of_this_process_is_not_blamed_on_the_dispatcher(network: InprocNetwork) -> None:
+    """Stopped (SIGSTOP) past the liveness, the process heard nothing because it ran nothing: it says it
+    was paused and goes on beating, and a dispatcher silent afterwards is still named."""
+    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
+    clock, real = FakeClock(), FakeClock()
+    liveness = Liveness(interval_s=0.01, liveness=3, clock=clock)
+    client = network.connect("w0", "inproc://dispatcher")
+    session = Session(client, "rollout", liveness, monotonic=real)
+    task = asyncio.create_task(session.run(forever()))
+    await expect(dispatcher, Register)
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 7.5  # both clocks jump: nothing of this process ran
+        real.now += 7.5
+        while not [e for e in logs if e["event"] == "process_paused"]:  # ended by the test's timeout
+            await expect(dispatcher, Heartbeat, timeout=WAIT)
+        await expect(dispatcher, Heartbeat, timeout=WAIT)  # beating on after the pause
+    assert not task.done()
+    paused = [e for e in logs if e["event"] == "process_paused"]
+    assert paused[0]["paused_s"] == 7.5 and paused[0]["role"] == "rollout"
+    clock.now += 7.5  # now only the dispatcher's silence grows
+    with pytest.raises(PeerLost, match="dispatcher silent for 7.5s"):
+        await asyncio.wait_for(task, WAIT)
