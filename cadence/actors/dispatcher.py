@@ -237,7 +237,7 @@ class Dispatcher:
             return
         if info.role != "rollout":
             who = name if name == info.role else f"{info.role} {name}"
-            self.failure = f"{who} lost ({reason} for {silent_s:.1f}s)"
+            self.failure = self.failure or f"{who} lost ({reason} for {silent_s:.1f}s)"  # the first says why
             log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
             self.done.set()
             return
@@ -286,7 +286,7 @@ class Dispatcher:
 
     def _fail_without_workers(self, waited: float) -> None:
         lost = ", ".join(self.lost) or "none had joined"
-        self.failure = (
+        self.failure = self.failure or (
             f"no rollout worker left for {waited:.0f}s (rollout.wait_for_workers_s ="
             f" {self.settings.wait_for_workers_s:g}) with {len(self.pending)} prompts of period"
             f" {self.period} pending; lost workers: {lost}"
