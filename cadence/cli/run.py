@@ -39,9 +39,10 @@ def run_handler(args: argparse.Namespace) -> int:
         return run_command(cfg, args.resume, resume=True)
     if args.config is None:
         return refuse("run wants a CONFIG file (or --resume DIR)")
+    cfg = load_config(args.config, args.overrides)
     out = args.out or Path("runs/latest")
     try:
-        check_out(out, args.overwrite)  # before the config is read: nothing starts, nothing is deleted
+        check_out(out, args.overwrite)  # before anything starts: nothing is deleted
     except LaunchError as err:
         return refuse(str(err))
-    return run_command(load_config(args.config, args.overrides), out, overwrite=args.overwrite)
+    return run_command(cfg, out, overwrite=args.overwrite)
