@@ -6,7 +6,8 @@
                work…                     the actor's own loops
                beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
                        this process itself not run for > liveness (SIGSTOP, a suspended VM)
-                         ─► process_paused: the silence was its own, the peers get a fresh lease
+                         ─► process_paused, Paused: the silence was its own, and the dispatcher
+                            has declared it lost (what it held went to others)
                listen: any message       ─► the dispatcher is seen
                        Heartbeat         ─► nothing more
                        Shutdown          ─► its handler (which may raise), then the session ends
@@ -15,8 +16,8 @@
 ```
 
 Invariant: a dispatcher that stays silent past its liveness, while this process runs, ends the
-session with `PeerLost` naming it and how long it was silent (a dispatcher that declared this one lost
-meanwhile answers with a Shutdown saying so); a message the actor has no handler for is logged and
+session with `PeerLost` naming it and how long it was silent; a pause of this process past the
+liveness ends it with `Paused`, never blamed on the dispatcher; a message the actor has no handler for is logged and
 dropped, never raised; the session ends at the first Shutdown.
 """
 
@@ -47,6 +48,17 @@ class PeerLost(RuntimeError):
         super().__init__(f"{peer} silent for {silent_s:.1f}s")
         self.peer = peer
         self.silent_s = silent_s
+
+
+class Paused(RuntimeError):
+    """This process did not run for longer than its peers' liveness: they have declared it lost."""
+
+    def __init__(self, role: str, paused_s: float, timeout_s: float) -> None:
+        super().__init__(
+            f"this {role} was paused for {paused_s:.1f}s, past the liveness of {timeout_s:g}s: the"
+            " dispatcher has declared it lost and given its work to others; start it again to rejoin"
+        )
+        self.paused_s = paused_s
 
 
 class Session:
@@ -87,15 +99,14 @@ class Session:
 
     async def beat(self) -> None:
         """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long
-        while this process ran."""
+        while this process ran, `Paused` once this process itself did not run for that long."""
         last = self.monotonic()
         while True:
             await self.send(Heartbeat(self.role))
             now = self.monotonic()
             if now - last > self.liveness.timeout_s:  # nothing ran here: the peers could not be heard
                 log.warning("process_paused", role=self.role, paused_s=round(now - last, 1))
-                for peer in list(self.liveness.last_seen):
-                    self.liveness.seen(peer)
+                raise Paused(self.role, now - last, self.liveness.timeout_s)
             for peer, silent in self.liveness.expired():
                 raise PeerLost(peer, silent)
             last = now
