@@ -44,7 +44,7 @@ class Scorer:
     async def score(
         self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int = -1
     ) -> Score:
-        own = self.task.score(prompt, response, answer, finished)
+        own = self._own(prompt, response, answer, finished, prompt_id)
         if not self.functions:
             return Score(reward=own.reward, correct=own.correct, parts={"task": own.reward})
         sample = Sample(prompt, response, answer, finished, self.settings)
@@ -54,6 +54,18 @@ class Scorer:
             parts[name] = await self._part(name, fn, sample, prompt_id)
             total += weight * parts[name]
         return Score(reward=total, correct=own.correct, parts=parts)
+
+    def _own(self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int) -> Score:
+        """The task's own score (a reasoning-gym checker is third-party code), guarded as a function's."""
+        try:
+            own = self.task.score(prompt, response, answer, finished)
+        except Exception as exc:
+            value = self._failed("task", prompt_id, f"{type(exc).__name__}: {exc}", exc_info=True)
+            return Score(reward=value, correct=0.0)
+        if not math.isfinite(own.reward):
+            value = self._failed("task", prompt_id, f"returned {own.reward}, not a finite value")
+            return Score(reward=value, correct=own.correct)
+        return own
 
     async def _part(self, name: str, fn: RewardFn, sample: Sample, prompt_id: int) -> float:
         """`fn`'s value for `sample`, or `rewards.on_error` (logged) when it fails."""

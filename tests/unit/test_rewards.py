@@ -15,6 +15,7 @@ from cadence.rewards.base import Sample, get_reward, load_modules, registered, r
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.answers import answers_match, extract_answer, is_correct, normalize
 from cadence.tasks.arithmetic import ArithmeticTask
+from cadence.tasks.base import Score
 
 EQUIVALENT = [
     ("1,000", "1000"),
@@ -282,3 +283,17 @@ async def test_a_sync_reward_function_runs_off_the_event_loop() -> None:
     _LOOP_RAN.set()
     score = await asyncio.wait_for(scoring, 10)
     assert score.parts == {"test_loop_set": 1.0}
+
+
+class _NanTask(ArithmeticTask):
+    def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
+        return Score(reward=float("nan"), correct=1.0)
+
+
+async def test_a_tasks_own_non_finite_reward_is_named_and_gives_on_error() -> None:
+    scorer = make_scorer(settings("rewards.on_error=0.25"), _NanTask(TaskConfig(name="arithmetic"), seed=0))
+    with structlog.testing.capture_logs() as logs:
+        score = await scorer.score("What is 20 + 22?", "42", "42", True, prompt_id=3)
+    assert score.reward == 0.25 and score.parts == {"task": 0.25} and score.correct == 1.0
+    (failed,) = [e for e in logs if e["event"] == "reward_function_failed"]
+    assert (failed["function"], failed["prompt_id"]) == ("task", 3) and "nan" in failed["why"]
