@@ -228,7 +228,7 @@ def _watch(
 def _without(cfg: RunConfig, procs: dict[str, subprocess.Popen[bytes]], lost: set[str]) -> str:
     """What becomes of the run after the loss of a worker: the others take its prompts, or, with the
     last one gone, the dispatcher waits a while for one to join and then fails the run."""
-    if any(name.startswith("rollout-") and name not in lost for name in procs):
+    if any(n.startswith("rollout-") and n not in lost and p.poll() is None for n, p in procs.items()):
         return "the run goes on without it"
     return (
         "no rollout worker is left: the run fails unless one joins within rollout.wait_for_workers_s ="
