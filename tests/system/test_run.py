@@ -180,6 +180,41 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
     assert rows[-1]["workers_active"] == 1
 
 
+def test_a_worker_stopped_past_its_liveness_says_it_was_paused_not_that_the_dispatcher_was_silent(
+    tmp_path: Path,
+) -> None:
+    proc = start_run(
+        tmp_path,
+        "--set",
+        "periods=40",
+        "--set",
+        "transport.heartbeat_s=0.1",
+        "--set",
+        "transport.liveness=10",
+    )
+    try:
+        pid = _wait_up(tmp_path, proc)["rollout-1"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            def lost() -> list[dict[str, object]]:
+                return [e for e in events(tmp_path, "dispatcher") if e["event"] == "worker_lost"]
+
+            wait_until(lost, 60, "the stopped worker declared lost", proc.proc)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        code, out, err = proc.finish(timeout=240)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    assert "rollout-1 exited with status 1; the run goes on without it" in out
+    log = events(tmp_path, "rollout-1")
+    (paused,) = [e for e in log if e["event"] == "process_paused"]
+    (failed,) = [e for e in log if e["event"] == "actor_failed"]
+    assert paused["paused_s"] >= 1.0 and failed["error"].startswith("Paused: this rollout was paused for")
+    assert "silent" not in failed["error"] and summary(tmp_path)["groups_trained"] == 40 * 4
+
+
 def test_a_run_whose_only_worker_dies_fails_within_wait_for_workers_s_naming_it(tmp_path: Path) -> None:
     wait = 3
     proc = start_run(
