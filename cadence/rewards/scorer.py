@@ -13,8 +13,9 @@ reward = sum(weight * fn(sample)) over the named functions, each function's raw 
 
 Invariant: every name is resolved when the scorer is made, so an unknown name fails the run at start,
 never in the middle of a period; every part of a score is a finite float, whatever a function does.
-A sync function runs in a daemon thread of its own; one past its deadline keeps that thread until it
-returns (Python cannot stop a thread), which never keeps the process from exiting.
+Sync functions run on daemon threads of the scorer's own (one more starts when all are busy, up to
+32); one past its deadline keeps its thread until it returns (Python cannot stop a thread), which
+never keeps the process from exiting.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import asyncio
 import contextlib
 import inspect
 import math
+import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -40,6 +43,7 @@ class Scorer:
         self.task = task
         self.settings = cfg.rewards
         self.functions = functions  # name -> (weight, function); empty: the task's own reward
+        self._threads = _Threads()
 
     async def score(
         self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int = -1
@@ -84,7 +88,7 @@ class Scorer:
     async def _call(self, fn: RewardFn, sample: Sample) -> Any:
         if inspect.iscoroutinefunction(fn):
             return await fn(sample)
-        value = await _in_thread(fn, sample)
+        value = await self._threads.submit(fn, sample)
         if inspect.isawaitable(value):  # a sync function that hands back an awaitable
             value = await value
         return value
@@ -101,29 +105,53 @@ class Scorer:
         return self.settings.on_error
 
 
-def _in_thread(fn: RewardFn, sample: Sample) -> asyncio.Future[Any]:
-    """`fn(sample)` in a daemon thread; a future of its value on the running loop."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+class _Threads:
+    """Daemon threads that call sync reward functions; a new one starts when every one is busy (a
+    hung function holds its thread), up to `limit`, after which calls wait (and time out) in line."""
 
-    def settle(value: Any, error: BaseException | None) -> None:
-        if future.done():  # given up on (timed out or cancelled)
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self.calls: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]]
+        self.calls = queue.SimpleQueue()
+        self.threads = 0
+        self.busy = 0
+        self.lock = threading.Lock()
 
-    def call() -> None:
-        try:
-            value, error = fn(sample), None
-        except Exception as exc:
-            value, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, value, error)
+    def submit(self, fn: RewardFn, sample: Sample) -> asyncio.Future[Any]:
+        """`fn(sample)` on one of the threads; a future of its value on the running loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
 
-    threading.Thread(target=call, name="reward", daemon=True).start()
-    return future
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # given up on (timed out or cancelled)
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def reply(value: Any, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, value, error)
+
+        with self.lock:
+            self.busy += 1
+            if self.busy > self.threads and self.threads < self.limit:
+                self.threads += 1
+                threading.Thread(target=self._serve, name="reward", daemon=True).start()
+        self.calls.put((lambda: fn(sample), reply))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            call, reply = self.calls.get()
+            try:
+                value, error = call(), None
+            except Exception as exc:
+                value, error = None, exc
+            with self.lock:
+                self.busy -= 1
+            reply(value, error)
 
 
 def make_scorer(cfg: RunConfig, task: Task) -> Scorer:
