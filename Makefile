@@ -32,7 +32,7 @@ $(VLLM_STAMP): pyproject.toml
 vllm: $(VLLM_STAMP)
 
 run: $(STAMP)
-	$(BIN)/cadence run configs/quickstart.toml --out runs/quickstart
+	$(BIN)/cadence run configs/quickstart.toml --out runs/quickstart --overwrite
 
 test: $(STAMP)
 	$(BIN)/ruff check cadence tests
@@ -59,7 +59,7 @@ data/basic_arithmetic.jsonl: $(STAMP)
 	  --option "operators=['+','-']" --option allow_parentheses=false --option allow_negation=false
 
 smollm2-math: smollm2 data/basic_arithmetic.jsonl
-	$(BIN)/cadence run configs/smollm2-math.toml --out runs/smollm2-math
+	$(BIN)/cadence run configs/smollm2-math.toml --out runs/smollm2-math --overwrite
 
 bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json

@@ -11,6 +11,7 @@
                               the m assigned to a worker at once say batch=m: it generates them together
  trainer ─ Consumed(k, ids) ► outstanding -= ids
  worker silent > liveness ──► its outstanding prompts go back to the front of pending, reassigned
+ no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
  trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
@@ -68,12 +69,14 @@ class DispatcherSettings:
     """What the dispatcher reads of the run's configuration (built by `launch/settings.py`).
 
     `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
-    the workers until a trainer resumed from its checkpoint registers again."""
+    the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
+    how long prompts may wait with no rollout worker left before the run fails."""
 
     periods: int
     prompts_per_period: int
     group_size: int
     on_trainer_loss: Literal["fail", "wait"]
+    wait_for_workers_s: float = 300.0
 
 
 @dataclass
@@ -162,7 +165,8 @@ class Dispatcher:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.liveness.interval_s)
-            for name, silent in self.liveness.expired():
+            # the trainer first: when its process dies, the publisher it hosts goes silent with it
+            for name, silent in sorted(self.liveness.expired(), key=lambda e: self._role(e[0]) != "trainer"):
                 self._lost(name, silent)
             self._check_workers()
             for peer in list(self.peers):
@@ -289,7 +293,8 @@ class Dispatcher:
             self._await_trainer(info, silent_s, reason)
             return
         if info.role != "rollout":
-            self.failure = f"{info.role} {name} lost ({reason} for {silent_s:.1f}s)"
+            who = name if name == info.role else f"{info.role} {name}"
+            self.failure = self.failure or f"{who} lost ({reason} for {silent_s:.1f}s)"  # the first says why
             log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
             self.done.set()
             return
@@ -297,6 +302,9 @@ class Dispatcher:
         self.reassigned += back
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
+
+    def _role(self, name: str) -> str:
+        return next((p.role for p in self.peers.values() if p.name == name), "")
 
     def _requeue(self, info: Peer) -> int:
         """Put what `info` held, still outstanding, back at the front of pending, in prompt order;
@@ -307,24 +315,41 @@ class Dispatcher:
         return len(back)
 
     def _check_workers(self) -> None:
-        """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is back."""
+        """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is
+        back; fail the run when none has come for `wait_for_workers_s`."""
         workers = sum(1 for p in self.peers.values() if p.role == "rollout")
         if workers == 0 and self.pending:
             now = self.clock()
-            if self._no_workers_since is None or now - self._no_workers_said >= 10.0:
-                self._no_workers_since = self._no_workers_since or now
+            self._no_workers_since = self._no_workers_since or now
+            waited = now - self._no_workers_since
+            if waited >= self.settings.wait_for_workers_s:
+                self._fail_without_workers(waited)
+            elif now - self._no_workers_said >= 10.0:
                 self._no_workers_said = now
                 log.warning(
                     "waiting_for_workers",
                     period=self.period,
                     pending=len(self.pending),
-                    waited_s=round(now - self._no_workers_since, 1),
+                    waited_s=round(waited, 1),
+                    lost=list(self.lost),
+                    fails_in_s=round(self.settings.wait_for_workers_s - waited, 1),
                 )
         elif self._no_workers_since is not None and workers:
             log.info(
                 "workers_back", workers=workers, waited_s=round(self.clock() - self._no_workers_since, 1)
             )
             self._no_workers_since = None
+            self._no_workers_said = 0.0
+
+    def _fail_without_workers(self, waited: float) -> None:
+        lost = ", ".join(self.lost) or "none had joined"
+        self.failure = self.failure or (
+            f"no rollout worker left for {waited:.0f}s (rollout.wait_for_workers_s ="
+            f" {self.settings.wait_for_workers_s:g}) with {len(self.pending)} prompts of period"
+            f" {self.period} pending; lost workers: {lost}"
+        )
+        log.error("no_workers_left", period=self.period, waited_s=round(waited, 1), lost=list(self.lost))
+        self.done.set()
 
     def _await_trainer(self, info: Peer, silent_s: float, reason: str) -> None:
         """A trainer (or its publisher) is gone but can come back from its resume checkpoint: hold

@@ -48,7 +48,9 @@ log = structlog.get_logger()
 
 
 class Scorer(Protocol):
-    async def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score: ...
+    async def score(
+        self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int = -1
+    ) -> Score: ...
 
 
 @dataclass(frozen=True)
@@ -254,7 +256,7 @@ class RolloutWorker:
             texts = [[self.tokenizer.decode_response(c.tokens) for c in group] for group in groups]
             scores = [
                 [
-                    await self.scorer.score(job.prompt, text, job.answer, c.finished)
+                    await self.scorer.score(job.prompt, text, job.answer, c.finished, job.prompt_id)
                     for text, c in zip(group_texts, group, strict=True)
                 ]
                 for job, group_texts, group in zip(jobs, texts, groups, strict=True)

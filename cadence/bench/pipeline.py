@@ -51,7 +51,7 @@ def bench_pipeline(overrides: Sequence[str], out: Path, as_json: bool) -> int:
     figures: dict[str, dict[str, float]] = {}
     for mode in ("sync", "periodic"):
         cfg = load_config(None, [*DEFAULTS, *overrides, f"mode='{mode}'"])
-        launch(cfg, out / mode, progress=False)
+        launch(cfg, out / mode, progress=False, overwrite=True)  # the bench's own folders, rerun each time
         figures[mode] = measure(read_jsonl(out / mode / "metrics.jsonl"))
         print(f"{mode:>8}: " + "  ".join(f"{k} {v:.3f}" for k, v in figures[mode].items()), flush=True)
     sync, periodic = figures["sync"], figures["periodic"]

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cadence.cli.common import Subparsers, config_args
+from cadence.cli.common import Subparsers, config_args, refuse
 
 if TYPE_CHECKING:
     from cadence.config import RunConfig
@@ -53,6 +53,8 @@ def actor_handler(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     ranks = _ranks(args.command, cfg)
     out: Path = args.out
+    if out.exists() and not out.is_dir():
+        return refuse(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
     name = args.command if args.command != "rollout" else (args.name or processes.default_name("rollout"))
     if not ranks.leader:

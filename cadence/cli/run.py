@@ -14,6 +14,11 @@ def add(sub: Subparsers) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/latest)")
     run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (its checkpoints, logs and samples are deleted)",
+    )
+    run.add_argument(
         "--resume",
         type=Path,
         default=None,
@@ -25,7 +30,7 @@ def add(sub: Subparsers) -> None:
 
 def run_handler(args: argparse.Namespace) -> int:
     from cadence.config import load_config
-    from cadence.launch.launcher import resume_config, run_command
+    from cadence.launch.launcher import LaunchError, check_out, resume_config, run_command
 
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
@@ -34,4 +39,10 @@ def run_handler(args: argparse.Namespace) -> int:
         return run_command(cfg, args.resume, resume=True)
     if args.config is None:
         return refuse("run wants a CONFIG file (or --resume DIR)")
-    return run_command(load_config(args.config, args.overrides), args.out or Path("runs/latest"))
+    cfg = load_config(args.config, args.overrides)
+    out = args.out or Path("runs/latest")
+    try:
+        check_out(out, args.overwrite)  # before anything starts: nothing is deleted
+    except LaunchError as err:
+        return refuse(str(err))
+    return run_command(cfg, out, overwrite=args.overwrite)

@@ -7,6 +7,7 @@ for the first rule a config breaks; a config that passes has every value the act
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from cadence.config.sections import ConfigError
@@ -24,6 +25,7 @@ def check_run(cfg: RunConfig) -> None:
     check_vllm(cfg)
     check_weights(cfg)
     check_rollout(cfg)
+    check_rewards(cfg)
 
 
 def check_positive(cfg: RunConfig) -> None:
@@ -43,7 +45,6 @@ def check_positive(cfg: RunConfig) -> None:
         "transport.liveness": cfg.transport.liveness,
         "transport.max_frame_bytes": cfg.transport.max_frame_bytes,
         "task.digits": cfg.task.digits,
-        "trainer.lr": cfg.trainer.lr,
         "model.hidden_size": cfg.model.hidden_size,
         "model.num_layers": cfg.model.num_layers,
         "model.num_heads": cfg.model.num_heads,
@@ -52,8 +53,10 @@ def check_positive(cfg: RunConfig) -> None:
         "model.max_position": cfg.model.max_position,
     }
     for key, value in positive.items():
-        if value <= 0:
+        if not value > 0:  # NaN too
             raise ConfigError(f"{key} must be positive, got {value}")
+    if not (cfg.trainer.lr > 0 and math.isfinite(cfg.trainer.lr)):
+        raise ConfigError(f"trainer.lr must be finite and positive, got {cfg.trainer.lr}")
 
 
 def check_trainer(cfg: RunConfig) -> None:
@@ -158,9 +161,29 @@ def check_weights(cfg: RunConfig) -> None:
 
 def check_rollout(cfg: RunConfig) -> None:
     """Worker count and sampling settings."""
-    if cfg.rollout.workers < 0:
-        raise ConfigError(f"rollout.workers must be >= 0, got {cfg.rollout.workers}")
+    if cfg.rollout.workers < 1:
+        raise ConfigError(
+            f"rollout.workers must be >= 1, got {cfg.rollout.workers}: with none the run would wait for"
+            " prompts to be generated forever"
+        )
+    if cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size must be >= 2, got {cfg.rollout.group_size}: GRPO's advantage compares the"
+            " completions of a prompt, one alone has none"
+        )
+    if not cfg.rollout.wait_for_workers_s > 0:
+        raise ConfigError(
+            f"rollout.wait_for_workers_s must be positive, got {cfg.rollout.wait_for_workers_s}"
+        )
     if cfg.rollout.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {cfg.rollout.temperature}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+
+
+def check_rewards(cfg: RunConfig) -> None:
+    """A reward function's deadline and the value a failed one gives."""
+    if not (cfg.rewards.timeout_s > 0 and math.isfinite(cfg.rewards.timeout_s)):
+        raise ConfigError(f"rewards.timeout_s must be positive and finite, got {cfg.rewards.timeout_s}")
+    if not math.isfinite(cfg.rewards.on_error):
+        raise ConfigError(f"rewards.on_error must be finite, got {cfg.rewards.on_error}")

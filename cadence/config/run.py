@@ -73,7 +73,12 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """The config in TOML or JSON file `path` (defaults if None), with `key=value` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
         try:
             data = _json_or_toml(path, text)
         except ValueError as exc:

@@ -61,6 +61,16 @@ class RewardsConfig:
     )
     length_limit: int = doc(0, "length reward: responses longer than this many characters are penalised")
     length_penalty: float = doc(0.001, "length reward: penalty per character beyond the limit")
+    timeout_s: float = doc(
+        30.0,
+        "seconds one reward function may take for one response; a sync function runs in a thread beside"
+        " the worker's event loop (its heartbeats go on), an async one is awaited with this deadline",
+    )
+    on_error: float = doc(
+        0.0,
+        "the value a reward function's part takes for a response when it raises, passes timeout_s or"
+        " returns a non-finite value (the function and prompt id are logged)",
+    )
 
 
 @dataclass(frozen=True)
@@ -78,13 +88,18 @@ class MonitorConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    workers: int = doc(2, "rollout worker processes that `cadence run` starts")
+    workers: int = doc(2, "rollout worker processes that `cadence run` starts (at least 1)")
+    wait_for_workers_s: float = doc(
+        300.0,
+        "seconds the dispatcher waits with prompts pending and no rollout worker left before it fails"
+        " the run naming the lost workers",
+    )
     engine: Literal["torch", "vllm", "simulated"] = doc(
         "torch",
         "inference engine of each worker: torch (built-in), vllm (vLLM in the worker's process, settings"
         " in [vllm]), simulated (a timed stand-in, bench)",
     )
-    group_size: int = doc(8, "G: completions generated per prompt")
+    group_size: int = doc(8, "G: completions generated per prompt (at least 2: GRPO compares them)")
     max_new_tokens: int = doc(4, "longest completion, in tokens")
     temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
     top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")

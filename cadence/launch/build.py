@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
     if cfg.model.checkpoint:
-        from cadence.model.hf_tokenizer import HFTokenizer
+        from cadence.model.hf_tokenizer import open_tokenizer
 
-        return HFTokenizer(Path(cfg.model.checkpoint).expanduser())
+        return open_tokenizer(Path(cfg.model.checkpoint).expanduser())
     return CharTokenizer(make_task(cfg.task, cfg.seed).alphabet)
 
 

@@ -30,15 +30,33 @@ from cadence.config import ConfigError, RunConfig, load_config, to_dict
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.ranks import die_with_parent, free_port, torchrun
-from cadence.training.resume import ResumeError, check_config, find_resume
+from cadence.training.resume import ResumeError, check_config, check_files, find_resume
 
 
 class LaunchError(RuntimeError):
     """An actor process failed or the run could not start."""
 
 
-def prepare(cfg: RunConfig, out: Path) -> tuple[RunConfig, Path]:
-    """Fresh run directory with the resolved config; earlier results in `out` are removed."""
+# what a run writes into its folder: a folder holding any of these holds a run
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "logs", "samples")
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse (`LaunchError`, one line) an `out` that is a file, or that holds a run while not `overwrite`."""
+    if out.exists() and not out.is_dir():
+        raise LaunchError(f"--out {out} is a file, not a folder")
+    held = [name for name in RUN_FILES if (out / name).exists()]
+    if held and not overwrite:
+        raise LaunchError(
+            f"{out} holds a run ({', '.join(held)}): give --overwrite to replace it, --resume {out} to"
+            " continue it, or another --out"
+        )
+
+
+def prepare(cfg: RunConfig, out: Path, overwrite: bool = False) -> tuple[RunConfig, Path]:
+    """Fresh run directory with the resolved config; earlier results in `out` are removed, which only
+    `overwrite` allows (`LaunchError` otherwise)."""
+    check_out(out, overwrite)
     cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])
     out.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
@@ -62,7 +80,12 @@ def resume_config(out: Path, config: Path | None, overrides: list[str]) -> RunCo
 def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
     """Ready `out` to continue from its resume checkpoint: the config's path and the period to resume
     at. `metrics.jsonl` keeps the periods before it; logs stay."""
-    found = find_resume(out / "checkpoints")
+    try:
+        found = find_resume(out / "checkpoints")
+        if found is not None:
+            check_files(found[0])
+    except ResumeError as err:
+        raise LaunchError(str(err)) from None
     if found is None:
         raise LaunchError(
             f"no resume checkpoint in {out / 'checkpoints' / 'resume'}: the run had"
@@ -85,14 +108,22 @@ def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
 
 
 def launch(
-    cfg: RunConfig, out: Path, progress: bool = True, timeout_s: float = 3600.0, resume: bool = False
+    cfg: RunConfig,
+    out: Path,
+    progress: bool = True,
+    timeout_s: float = 3600.0,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Run the whole system (with `resume`, continue the run in `out` from its resume checkpoint);
-    the summary when it succeeds, `LaunchError` otherwise."""
+    """Run the whole system (with `resume`, continue the run in `out` from its resume checkpoint;
+    a new run replaces one in `out` only with `overwrite`); the summary when it succeeds,
+    `LaunchError` otherwise."""
+    if cfg.model.checkpoint:
+        _check_model_checkpoint(Path(cfg.model.checkpoint).expanduser())
     if resume:
         config_path, first = prepare_resume(cfg, out)
     else:
-        (cfg, config_path), first = prepare(cfg, out), 0
+        (cfg, config_path), first = prepare(cfg, out, overwrite), 0
     again = ["--resume"] if resume else []
     base = [sys.executable, "-m", "cadence"]
     common = ["--config", str(config_path), "--out", str(out), "--log-level", "warning"]
@@ -130,6 +161,16 @@ def launch(
     return summary
 
 
+def _check_model_checkpoint(folder: Path) -> None:
+    """A missing or damaged `model.checkpoint` named before any process starts."""
+    from cadence.model.checkpoint import CheckpointError, check_checkpoint
+
+    try:
+        check_checkpoint(folder)
+    except CheckpointError as err:
+        raise LaunchError(f"model.checkpoint: {err}") from None
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -164,10 +205,12 @@ def _watch(
                 if code is None or code == 0 or name in lost:
                     continue
                 if not name.startswith("rollout-"):
-                    raise LaunchError(f"{name} exited with status {code}; see {out / 'logs'}")
+                    raise LaunchError(
+                        f"{name} exited with status {code}{_failure(out, name)}; see {out / 'logs'}"
+                    )
                 lost.add(name)  # the dispatcher hands its prompts to the other workers
                 shown.close()
-                print(f"cadence: {name} exited with status {code}; the run goes on without it", flush=True)
+                print(f"cadence: {name} exited with status {code}; {_without(cfg, procs, lost)}", flush=True)
             if procs["dispatcher"].poll() == 0:
                 if not (out / "summary.json").exists():
                     raise LaunchError("dispatcher finished without a summary")
@@ -180,6 +223,29 @@ def _watch(
             time.sleep(0.2)
     finally:
         shown.close()
+
+
+def _without(cfg: RunConfig, procs: dict[str, subprocess.Popen[bytes]], lost: set[str]) -> str:
+    """What becomes of the run after the loss of a worker: the others take its prompts, or, with the
+    last one gone, the dispatcher waits a while for one to join and then fails the run."""
+    if any(n.startswith("rollout-") and n not in lost and p.poll() is None for n, p in procs.items()):
+        return "the run goes on without it"
+    return (
+        "no rollout worker is left: the run fails unless one joins within rollout.wait_for_workers_s ="
+        f" {cfg.rollout.wait_for_workers_s:g}s"
+    )
+
+
+def _failure(out: Path, name: str) -> str:
+    """`: why`, from the last `actor_failed` event in the actor's log, or nothing."""
+    path = out / "logs" / f"{name}.jsonl"
+    with contextlib.suppress(OSError):
+        for line in reversed(path.read_text(errors="replace").splitlines()):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") == "actor_failed":
+                    return f": {event.get('error', '')}"
+    return ""
 
 
 def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
@@ -208,13 +274,13 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def run_command(cfg: RunConfig, out: Path, resume: bool = False) -> int:
+def run_command(cfg: RunConfig, out: Path, resume: bool = False, overwrite: bool = False) -> int:
     # Ctrl-C and `kill` stop the run and every actor. Set both explicitly: a shell that starts a
     # command in the background without job control leaves it with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = launch(cfg, out, progress=True, resume=resume)
+        summary = launch(cfg, out, progress=True, resume=resume, overwrite=overwrite)
     except LaunchError as err:
         print(f"cadence: run failed: {err}", file=sys.stderr)
         return 1

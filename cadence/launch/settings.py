@@ -38,6 +38,7 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         prompts_per_period=cfg.task.prompts_per_period,
         group_size=cfg.rollout.group_size,
         on_trainer_loss=cfg.trainer.on_loss,
+        wait_for_workers_s=cfg.rollout.wait_for_workers_s,
     )
 
 

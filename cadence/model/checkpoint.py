@@ -213,14 +213,56 @@ def _weight_files(directory: Path) -> list[Path]:
     if (directory / WEIGHTS_FILE).is_file():
         return [directory / WEIGHTS_FILE]
     if (directory / INDEX_FILE).is_file():
-        weight_map: dict[str, str] = json.loads((directory / INDEX_FILE).read_text())["weight_map"]
-        return [directory / name for name in sorted(set(weight_map.values()))]
-    raise FileNotFoundError(f"{directory} holds neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+        index = _read_json(directory / INDEX_FILE)
+        if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+            raise CheckpointError(f"{directory / INDEX_FILE} holds no weight_map")
+        return [directory / name for name in sorted(set(index["weight_map"].values()))]
+    raise CheckpointError(f"{directory} holds neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder, or a file in it, that is missing or cannot be read; the message names it."""
+
+
+def check_checkpoint(directory: Path) -> None:
+    """`CheckpointError` naming the first missing, unreadable or truncated file of the checkpoint folder
+    `directory` (its config, weights and tokenizer), without loading the weights."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint folder {directory} not found")
+    for name in (CONFIG_FILE, "tokenizer.json"):
+        _read_json(directory / name)
+    for path in _weight_files(directory):
+        _check_safetensors(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} not found") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is empty or damaged, not JSON ({exc})") from None
+
+
+def _check_safetensors(path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+    if len(head) < 8 or struct.unpack("<Q", head)[0] > size - 8:
+        raise CheckpointError(f"{path} is truncated or not safetensors ({size} bytes)")
 
 
 def _iter_tensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
     for path in files:  # one file in memory at a time, beside the converted tensors
-        for name, tensor in load_file(str(path)).items():
+        _check_safetensors(path)
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:  # safetensors' own errors name no file
+            raise CheckpointError(f"{path} cannot be read: {exc}") from None
+        for name, tensor in tensors.items():
             yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
@@ -244,7 +286,7 @@ def load_checkpoint(
     ``torch_dtype``) as they are read, so the model is never held in two precisions at once.
     """
     directory = Path(directory)
-    config = json.loads((directory / CONFIG_FILE).read_text())
+    config = _read_json(directory / CONFIG_FILE)
     cfg = ModelConfig.from_hf_dict(config)
     target = _resolve_dtype(dtype, config)
     with torch.device("meta"):

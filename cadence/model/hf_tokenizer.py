@@ -1,8 +1,10 @@
 """A Hugging Face checkpoint's tokenizer with `tokenizers` and its chat template with jinja2.
 
 Invariant: `encode_prompt(text)` gives the ids transformers' `apply_chat_template` gives for one user
-message with the generation prompt added; special tokens come from `tokenizer_config.json`, the
-template from `chat_template.jinja` or the config's `chat_template`. No transformers at run time.
+message with the generation prompt added (without a template: the text, after the bos token when
+`add_bos_token` says so); special tokens come from `tokenizer_config.json`, the template from
+`chat_template.jinja` or the config's `chat_template`. No transformers at run time. `open_tokenizer`
+also reads the character tokenizer files of checkpoints saved by cadence before it wrote HF ones.
 """
 
 from __future__ import annotations
@@ -16,12 +18,32 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from cadence.model.tokenizer import CharTokenizer, TextTokenizer
+
+
+def open_tokenizer(directory: Path) -> TextTokenizer:
+    """The tokenizer of checkpoint folder `directory`: its HF `tokenizer.json`, or the character
+    tokenizer of an older cadence checkpoint; `ValueError` naming the file it cannot read."""
+    path = Path(directory) / "tokenizer.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path} not found") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is empty or damaged, not JSON ({exc})") from None
+    if isinstance(data, dict) and data.get("type") == "char":
+        return CharTokenizer.from_dict(data)
+    return HFTokenizer(Path(directory))
+
 
 class HFTokenizer:
     def __init__(self, directory: Path) -> None:
         directory = Path(directory)
         self.directory = directory
-        self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as exc:  # the tokenizers library names no file
+            raise ValueError(f"{directory / 'tokenizer.json'} cannot be read: {exc}") from None
         config_path = directory / "tokenizer_config.json"
         self.config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.exists() else {}
         template_path = directory / "chat_template.jinja"
@@ -56,7 +78,7 @@ class HFTokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         """One user message in the chat template, ready for the assistant's answer."""
         if self.template is None:
-            return self.encode(text)
+            return self.encode(text, bos=self.config.get("add_bos_token") is True)
         rendered = self.template.render(
             messages=[{"role": "user", "content": text}],
             add_generation_prompt=True,

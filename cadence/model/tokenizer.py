@@ -2,7 +2,10 @@
 
 Invariant: ids are fixed by the alphabet alone (``<pad>``=0, ``<bos>``=1, ``<eos>``=2, then the
 alphabet in order), so ``decode(encode(text)) == text`` for every text over the alphabet and a
-tokenizer rebuilt from ``to_dict()`` assigns the same ids.
+tokenizer rebuilt from ``to_dict()`` assigns the same ids. Saved beside a checkpoint (``files()``) it
+is a Hugging Face ``tokenizers`` file (a WordLevel model over the same ids, one piece a character,
+``<bos>`` added before a text) with its ``tokenizer_config.json``, which cadence's `HFTokenizer` and
+transformers' ``AutoTokenizer`` read with the same ids.
 """
 
 from __future__ import annotations
@@ -95,8 +98,28 @@ class CharTokenizer:
         return self.encode(text, bos=True)
 
     def files(self) -> dict[str, str]:
-        """The files to save beside a checkpoint so that it loads with this tokenizer."""
-        return {"tokenizer.json": json.dumps(self.to_dict())}
+        """The files to save beside a checkpoint so that it loads with this tokenizer: the same ids as a
+        Hugging Face tokenizer (`tokenizer.json`) and its special tokens (`tokenizer_config.json`)."""
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+        vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)} | self._ids
+        hf = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # a piece a character
+        hf.decoder = decoders.Fuse()  # pieces joined with nothing between them
+        hf.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", self.bos_id)]
+        )
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "pad_token": "<pad>",
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "add_bos_token": True,
+            "clean_up_tokenization_spaces": False,
+            "cadence_alphabet": self.alphabet,
+        }
+        return {"tokenizer.json": hf.to_str(), "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
 
     def decode_response(self, ids: Sequence[int]) -> str:
         """A completion as text for scoring: one trailing eos dropped, any other special token shown."""

@@ -24,10 +24,12 @@ save removes it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import struct
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +82,36 @@ def save_resume(
     row of the period before it; its folder."""
     final, tmp, old = root / NAME, root / f"{NAME}.tmp", root / f"{NAME}.old"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_tmp(tmp, learner, version, cfg, metrics)
+    except Exception as exc:  # a kill leaves resume.tmp/, which is never read and the next save removes
+        shutil.rmtree(tmp, ignore_errors=True)  # never a half-written checkpoint left behind
+        if _no_space(exc):
+            raise ResumeError(
+                f"no space left on the device of {root}: the resume checkpoint of period {version} was"
+                " not written (the one before it is kept); free space and resume"
+            ) from exc
+        raise
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(root)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _no_space(exc: BaseException) -> bool:
+    """A full disk, as an OSError or as torch's writer says it (its message holds the OS's words)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return isinstance(exc, OSError | RuntimeError) and "No space left" in str(exc)
+
+
+def _write_tmp(
+    tmp: Path, learner: Learner, version: int, cfg: RunConfig, metrics: dict[str, Any] | None
+) -> None:
+    """Every file of the checkpoint into `tmp`, fsynced, `state.json` last."""
     tmp.mkdir(parents=True)
     learner.save_state(tmp)
     state = {
@@ -95,22 +127,36 @@ def save_resume(
     for path in sorted(tmp.iterdir()):
         _fsync(path)
     _fsync(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync(root)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def find_resume(root: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The complete resume checkpoint under `root` and its state, or None."""
+    """The complete resume checkpoint under `root` and its state, or None; `ResumeError` naming the
+    file when its `state.json` is empty or no JSON object."""
     for name in (NAME, f"{NAME}.old"):
         path = root / name / STATE
         if path.is_file():
-            return path.parent, dict(json.loads(path.read_text()))
+            try:
+                state = json.loads(path.read_text())
+            except (ValueError, OSError) as exc:
+                raise ResumeError(f"{path} is empty or damaged, not a resume state ({exc})") from None
+            if not isinstance(state, dict) or not isinstance(state.get("version"), int):
+                raise ResumeError(f"{path} is no resume state: it holds no version")
+            return path.parent, state
     return None
+
+
+def check_files(where: Path) -> None:
+    """`ResumeError` naming the first file of the checkpoint in `where` that is empty or (weights) a
+    truncated safetensors file; a missing one is named when the learner reads it."""
+    for path in sorted(where.iterdir()):
+        size = path.stat().st_size
+        if path.is_file() and size == 0:
+            raise ResumeError(f"{path} is empty: the resume checkpoint in {where} is damaged")
+        if path.suffix == ".safetensors":
+            with path.open("rb") as f:
+                head = f.read(8)
+            if len(head) < 8 or struct.unpack("<Q", head)[0] > size - 8:
+                raise ResumeError(f"{path} is truncated or not safetensors ({size} bytes)")
 
 
 def check_config(state: dict[str, Any], cfg: RunConfig, where: Path) -> None:
@@ -142,7 +188,11 @@ def load_resume(root: Path, learner: Learner, cfg: RunConfig) -> dict[str, Any]:
         )
     where, state = found
     check_config(state, cfg, where)
-    learner.load_state(where)
+    check_files(where)
+    try:
+        learner.load_state(where)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ResumeError(f"the resume checkpoint in {where} cannot be read: {exc}") from exc
     return state
 
 

@@ -5,6 +5,9 @@
             ─► together, until the first ends:
                work…                     the actor's own loops
                beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
+                       this process itself not run for > liveness (SIGSTOP, a suspended VM)
+                         ─► process_paused, Paused: the silence was its own, and the dispatcher
+                            has declared it lost (what it held went to others)
                listen: any message       ─► the dispatcher is seen
                        Heartbeat         ─► nothing more
                        Shutdown          ─► its handler (which may raise), then the session ends
@@ -12,8 +15,9 @@
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
 
-Invariant: a dispatcher that stays silent past its liveness ends the session with `PeerLost`
-naming it and how long it was silent; a message the actor has no handler for is logged and
+Invariant: a dispatcher that stays silent past its liveness, while this process runs, ends the
+session with `PeerLost` naming it and how long it was silent; a pause of this process past the
+liveness ends it with `Paused`, never blamed on the dispatcher; a message the actor has no handler for is logged and
 dropped, never raised; the session ends at the first Shutdown.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -46,6 +51,17 @@ class PeerLost(RuntimeError):
         self.silent_s = silent_s
 
 
+class Paused(RuntimeError):
+    """This process did not run for longer than its peers' liveness: they have declared it lost."""
+
+    def __init__(self, role: str, paused_s: float, timeout_s: float) -> None:
+        super().__init__(
+            f"this {role} was paused for {paused_s:.1f}s, past the liveness of {timeout_s:g}s: the"
+            " dispatcher has declared it lost and given its work to others; start it again to rejoin"
+        )
+        self.paused_s = paused_s
+
+
 class Session:
     """The session of actor `role` (serving at `address`, if anywhere) with the dispatcher behind
     `dispatcher`; `liveness` decides how often to beat and how long the dispatcher may be silent."""
@@ -57,8 +73,10 @@ class Session:
         liveness: Liveness,
         address: str = "",
         peer: str = "dispatcher",
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dispatcher = dispatcher
+        self.monotonic = monotonic  # real time, to tell this process's own pauses
         self.role = role
         self.liveness = liveness
         self.address = address
@@ -83,11 +101,18 @@ class Session:
         return await first_of(*work, self.listen(), self.beat())
 
     async def beat(self) -> None:
-        """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long."""
+        """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long
+        while this process ran, `Paused` once this process itself did not run for that long."""
+        last = self.monotonic()
         while True:
             await self.send(Heartbeat(self.role))
+            now = self.monotonic()
+            if now - last > self.liveness.timeout_s:  # nothing ran here: the peers could not be heard
+                log.warning("process_paused", role=self.role, paused_s=round(now - last, 1))
+                raise Paused(self.role, now - last, self.liveness.timeout_s)
             for peer, silent in self.liveness.expired():
                 raise PeerLost(peer, silent)
+            last = now
             await asyncio.sleep(self.liveness.interval_s)
 
     async def listen(self) -> None:

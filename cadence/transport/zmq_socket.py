@@ -7,13 +7,16 @@ the wire to the receiver as a view of ZeroMQ's message, without a copy in Python
 a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
 Every receive gives the event loop a turn: a frame already waiting is received without one, so a
 peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
+A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from pathlib import Path
 
+import structlog
 import zmq
 import zmq.asyncio
 
@@ -21,6 +24,22 @@ from cadence.transport.curve import CurveGate
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.keys import CurveKeys
 from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Payload
+
+log = structlog.get_logger()
+
+
+def beyond_loopback(address: str) -> bool:
+    """Whether a server bound at `address` can be reached from other machines (tcp on any interface
+    but loopback; inproc and ipc stay on this one)."""
+    if not address.startswith("tcp://"):
+        return False
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "*", an interface or host name
+        return True
 
 
 def _socket(ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int) -> zmq.asyncio.Socket:
@@ -110,6 +129,15 @@ class ZmqNetwork:
         self.gate = CurveGate(self.ctx, self.keys) if self.keys is not None else None
 
     def bind(self, name: str, address: str) -> ZmqServer:
+        if self.keys is None and beyond_loopback(address):
+            log.warning(
+                "unencrypted_bind",
+                server=name,
+                address=address,
+                risk="anyone who can reach this address and learns the run id (config.json) can join the"
+                " run, send it work results and read its weights; nothing is encrypted",
+                fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
+            )
         return ZmqServer(self.ctx, name, address, self.run, self.max_frame_bytes, self.gate)
 
     def connect(self, name: str, address: str) -> ZmqClient:

@@ -274,3 +274,45 @@ async def test_a_message_that_fails_its_handler_is_contained(network: InprocNetw
     assert len(failed) == 1 and failed[0]["type"] == "version_ready" and "TypeError" in failed[0]["error"]
     assert not task.done() and dispatcher.period == 0
     task.cancel()
+
+
+async def test_with_no_worker_left_past_wait_for_workers_s_the_run_fails_naming_them(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(
+        network, tmp_path, "transport.liveness=20", "rollout.wait_for_workers_s=0.5"
+    )
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    beating = keep_beating([trainer, publisher])
+    with structlog.testing.capture_logs() as logs:
+        gone = await join(network, "gone", "rollout")
+        await expect(gone, Welcome)
+        await gone.send(WorkRequest(1))
+        await trainer.send(VersionReady(0, "sha", 10, {}))
+        await expect(gone, Assignment)
+        # it goes silent: lost after its liveness, then the run fails half a second later
+        with pytest.raises(RuntimeError, match="no rollout worker left") as failed:
+            await asyncio.wait_for(task, 20)
+        bye = await expect(trainer, Shutdown)
+    beating.cancel()
+    message = str(failed.value)
+    assert "rollout.wait_for_workers_s = 0.5" in message and "lost workers: gone" in message
+    assert "4 prompts of period 0 pending" in message and bye.reason == message
+    (event,) = [e for e in logs if e["event"] == "no_workers_left"]
+    assert event["lost"] == ["gone"] and event["waited_s"] >= 0.5
+    assert dispatcher.failure == message
+
+
+async def test_a_dead_trainer_process_is_named_trainer_not_its_publisher(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "transport.liveness=20")
+    await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")  # in the trainer's process
+    worker = await join(network, "w0", "rollout")
+    beating = keep_beating([worker])
+    with pytest.raises(RuntimeError) as failed:  # both go silent at once, as when the process dies
+        await asyncio.wait_for(task, 20)
+    beating.cancel()
+    assert str(failed.value).startswith("trainer lost (silent for ")

@@ -114,7 +114,7 @@ def test_bad_config_names_the_key() -> None:
     assert proc.returncode == 2 and "'periodic'" in proc.stderr and "mode" in proc.stderr
 
 
-def _wait_up(run_dir: Path, run: Launched, timeout: float = 120) -> dict[str, int]:
+def _wait_up(run_dir: Path, run: Launched, timeout: float = 120, actors: int = 4) -> dict[str, int]:
     """Once every actor has logged and the first period is done: each actor's pid."""
 
     def pids() -> dict[str, int]:
@@ -122,7 +122,10 @@ def _wait_up(run_dir: Path, run: Launched, timeout: float = 120) -> dict[str, in
         return {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
 
     wait_until(
-        lambda: len(pids()) == 4 and read_jsonl(run_dir / "metrics.jsonl"), timeout, "first period", run.proc
+        lambda: len(pids()) == actors and read_jsonl(run_dir / "metrics.jsonl"),
+        timeout,
+        "first period",
+        run.proc,
     )
     return pids()
 
@@ -175,6 +178,114 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
     assert [e["peer"] for e in lost] == ["rollout-1"]
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert rows[-1]["workers_active"] == 1
+
+
+def test_a_worker_stopped_past_its_liveness_says_it_was_paused_not_that_the_dispatcher_was_silent(
+    tmp_path: Path,
+) -> None:
+    proc = start_run(
+        tmp_path,
+        "--set",
+        "periods=40",
+        "--set",
+        "transport.heartbeat_s=0.1",
+        "--set",
+        "transport.liveness=10",
+    )
+    try:
+        pid = _wait_up(tmp_path, proc)["rollout-1"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            def lost() -> list[dict[str, object]]:
+                return [e for e in events(tmp_path, "dispatcher") if e["event"] == "worker_lost"]
+
+            wait_until(lost, 60, "the stopped worker declared lost", proc.proc)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        code, out, err = proc.finish(timeout=240)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    assert "rollout-1 exited with status 1; the run goes on without it" in out
+    log = events(tmp_path, "rollout-1")
+    (paused,) = [e for e in log if e["event"] == "process_paused"]
+    (failed,) = [e for e in log if e["event"] == "actor_failed"]
+    assert paused["paused_s"] >= 1.0 and failed["error"].startswith("Paused: this rollout was paused for")
+    assert "silent" not in failed["error"] and summary(tmp_path)["groups_trained"] == 40 * 4
+
+
+def test_a_run_whose_only_worker_dies_fails_within_wait_for_workers_s_naming_it(tmp_path: Path) -> None:
+    wait = 3
+    proc = start_run(
+        tmp_path,
+        "--set",
+        "periods=1000000",  # never ends by itself
+        "--set",
+        "rollout.workers=1",
+        "--set",
+        f"rollout.wait_for_workers_s={wait}",
+        "--set",
+        "transport.heartbeat_s=0.1",
+        "--set",
+        "transport.liveness=10",
+    )
+    try:
+        os.kill(_wait_up(tmp_path, proc, actors=3)["rollout-0"], signal.SIGKILL)
+        code, out, err = proc.finish(timeout=120)  # a bound, generous under load; the run would hang
+    finally:
+        proc.kill()
+    assert code == 1, (out, err)
+    assert "goes on without it" not in out
+    assert "rollout-0 exited with status -9; no rollout worker is left" in out
+    failed = [line for line in err.splitlines() if line.startswith("cadence: run failed:")]
+    assert len(failed) == 1, err
+    assert "no rollout worker left" in failed[0] and "lost workers: rollout-0" in failed[0]
+    assert f"rollout.wait_for_workers_s = {wait}" in failed[0]
+    (event,) = [e for e in events(tmp_path, "dispatcher") if e["event"] == "no_workers_left"]
+    assert event["lost"] == ["rollout-0"] and event["waited_s"] >= wait
+
+
+def test_a_folder_holding_a_run_is_refused_and_kept(quick_run: Path) -> None:
+    before = {p: p.read_bytes() for p in quick_run.rglob("*") if p.is_file()}
+    refused = cadence("run", "configs/quickstart.toml", "--out", str(quick_run), *SMALL, check=False)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "holds a run" in refused.stderr
+    assert "--overwrite" in refused.stderr and f"--resume {quick_run}" in refused.stderr
+    assert {p: p.read_bytes() for p in quick_run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "mistake", ["missing config", "out is a file", "empty state.json", "broken checkpoint"]
+)
+def test_a_users_mistake_is_one_line_naming_the_path(tmp_path: Path, mistake: str) -> None:
+    config, out = "configs/quickstart.toml", tmp_path / "run"
+    extra: list[str] = []
+    if mistake == "missing config":
+        config, named = str(tmp_path / "nope.toml"), str(tmp_path / "nope.toml")
+    elif mistake == "out is a file":
+        out.write_text("notes")
+        named = str(out)
+    elif mistake == "empty state.json":
+        (out / "checkpoints" / "resume").mkdir(parents=True)
+        (out / "checkpoints" / "resume" / "state.json").write_text("")
+        (out / "config.json").write_text(json.dumps({"periods": 5, "run_id": "r1"}))
+        named = str(out / "checkpoints" / "resume" / "state.json")
+    else:
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / "config.json").write_text("{")
+        extra, named = (
+            ["--set", f"model.checkpoint='{tmp_path / 'ckpt'}'"],
+            str(tmp_path / "ckpt" / "config.json"),
+        )
+    if mistake == "empty state.json":
+        result = cadence("run", "--resume", str(out), check=False)
+    else:
+        result = cadence("run", config, "--out", str(out), *extra, check=False)
+    assert result.returncode in (1, 2) and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("cadence: ") and named in line
+    assert not (out / "logs").exists()  # nothing started
 
 
 def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> None:

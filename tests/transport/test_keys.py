@@ -22,7 +22,7 @@ import zmq.auth
 from cadence import cli
 from cadence.transport.curve import PeerRefusals
 from cadence.transport.keys import ROLES, KeysError, make_keys
-from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
+from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer, beyond_loopback
 from cadence.wire.messages import Heartbeat, WorkRequest
 
 RUN = "run-k"
@@ -216,3 +216,34 @@ def test_cadence_keys_writes_private_secrets_and_keeps_keys_unless_forced(
     assert cli.main(["keys", str(folder), "--force"]) == 0
     assert (folder / "server.key").read_bytes() != before["server.key"]
     assert stat.S_IMODE((folder / "client.key_secret").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("address", "exposed"),
+    [
+        ("tcp://127.0.0.1:*", False),
+        ("tcp://127.0.0.2:5555", False),
+        ("tcp://localhost:5555", False),
+        ("tcp://[::1]:5555", False),
+        ("tcp://0.0.0.0:*", True),
+        ("tcp://*:5555", True),
+        ("tcp://10.0.0.1:5555", True),
+        ("tcp://eth0:5555", True),
+        ("inproc://dispatcher", False),
+    ],
+)
+def test_what_binds_beyond_loopback(address: str, exposed: bool) -> None:
+    assert beyond_loopback(address) is exposed
+
+
+async def test_binding_beyond_loopback_without_keys_warns_with_the_fix(
+    keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
+) -> None:
+    networks(None).bind("dispatcher", "tcp://127.0.0.1:*")
+    networks(keys).bind("dispatcher", "tcp://0.0.0.0:*")
+    assert not [e for e in logs if e["event"] == "unencrypted_bind"]  # loopback, or keyed: no warning
+    networks(None).bind("trainer", "tcp://0.0.0.0:*")
+    (warning,) = [e for e in logs if e["event"] == "unencrypted_bind"]
+    assert warning["log_level"] == "warning" and warning["server"] == "trainer"
+    assert warning["address"] == "tcp://0.0.0.0:*" and "can join the run" in warning["risk"]
+    assert "cadence keys" in warning["fix"] and "transport.keys" in warning["fix"]

@@ -13,7 +13,7 @@ import structlog
 
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
-from cadence.transport.session import PeerLost, Session
+from cadence.transport.session import Paused, PeerLost, Session
 from cadence.wire.messages import Heartbeat, Register, Shutdown, Welcome, WorkRequest
 from tests.conftest import expect
 
@@ -131,3 +131,22 @@ async def test_handled_messages_reach_their_handler_and_others_are_logged_not_ra
     assert welcomed == [Welcome("inproc://t", "inproc://p", 0)]
     await rig.dispatcher.send(b"trainer", Shutdown("test over"))
     await asyncio.wait_for(task, WAIT)
+
+
+async def test_a_pause_of_this_process_is_not_blamed_on_the_dispatcher(network: InprocNetwork) -> None:
+    """Stopped (SIGSTOP) past the liveness, the process heard nothing because it ran nothing: the
+    session ends saying it was paused (the dispatcher has declared it lost), not that the dispatcher
+    was silent."""
+    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
+    clock, real = FakeClock(), FakeClock()
+    liveness = Liveness(interval_s=0.01, liveness=3, clock=clock)
+    session = Session(network.connect("w0", "inproc://dispatcher"), "rollout", liveness, monotonic=real)
+    task = asyncio.create_task(session.run(forever()))
+    await expect(dispatcher, Register)
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 7.5  # both clocks jump: nothing of this process ran
+        real.now += 7.5
+        with pytest.raises(Paused, match="this rollout was paused for 7.5s, past the liveness of 0.03s"):
+            await asyncio.wait_for(task, WAIT)
+    (paused,) = [e for e in logs if e["event"] == "process_paused"]
+    assert paused["paused_s"] == 7.5 and paused["role"] == "rollout"

@@ -117,12 +117,12 @@ def test_overrides_apply_over_the_file() -> None:
 
 def test_override_values_are_parsed_as_toml() -> None:
     cfg = load_config(
-        None, ["trainer.lr=2e-4", "run_id='r 1'", "transport.host = 0.0.0.0", "rollout.workers=0"]
+        None, ["trainer.lr=2e-4", "run_id='r 1'", "transport.host = 0.0.0.0", "rollout.workers=5"]
     )
     assert cfg.trainer.lr == 2e-4
     assert cfg.run_id == "r 1"
     assert cfg.transport.host == "0.0.0.0"
-    assert cfg.rollout.workers == 0
+    assert cfg.rollout.workers == 5
 
 
 def test_the_last_override_wins() -> None:
@@ -159,8 +159,36 @@ def test_a_weight_chunk_larger_than_a_frame_is_refused() -> None:
     assert "weights.chunk_bytes (2048) must be at most transport.max_frame_bytes (1024)" in message
 
 
-def test_negative_workers_and_bad_top_p_are_refused() -> None:
-    assert "rollout.workers must be >= 0" in config_error(["rollout.workers=-1"])
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_a_run_without_workers_is_refused(workers: str) -> None:
+    assert f"rollout.workers must be >= 1, got {workers}" in config_error([f"rollout.workers={workers}"])
+
+
+def test_a_group_of_one_is_refused() -> None:
+    message = config_error(["rollout.group_size=1"])
+    assert "rollout.group_size must be >= 2, got 1" in message
+    assert load_config(None, ["rollout.group_size=2"]).rollout.group_size == 2
+
+
+@pytest.mark.parametrize("lr", ["nan", "inf", "-inf", "0", "-1e-3"])
+def test_the_learning_rate_must_be_finite_and_positive(lr: str) -> None:
+    assert "trainer.lr must be finite and positive" in config_error([f"trainer.lr={lr}"])
+
+
+@pytest.mark.parametrize(
+    ("item", "key"),
+    [
+        ("rollout.wait_for_workers_s=0", "rollout.wait_for_workers_s"),
+        ("rewards.timeout_s=0", "rewards.timeout_s"),
+        ("rewards.timeout_s=inf", "rewards.timeout_s"),
+        ("rewards.on_error=nan", "rewards.on_error"),
+    ],
+)
+def test_worker_wait_and_reward_deadline_are_checked(item: str, key: str) -> None:
+    assert key in config_error([item])
+
+
+def test_bad_top_p_is_refused() -> None:
     assert "rollout.top_p" in config_error(["rollout.top_p=0"])
     assert "rollout.top_p" in config_error(["rollout.top_p=1.5"])
 

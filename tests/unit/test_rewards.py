@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
+import structlog
 
 from cadence.config import ConfigError, RunConfig, TaskConfig, load_config
 from cadence.rewards.base import Sample, get_reward, load_modules, registered, reward
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.answers import answers_match, extract_answer, is_correct, normalize
 from cadence.tasks.arithmetic import ArithmeticTask
+from cadence.tasks.base import Score
 
 EQUIVALENT = [
     ("1,000", "1000"),
@@ -214,3 +217,83 @@ def test_unknown_names_and_modules_are_named() -> None:
         )
     with pytest.raises(KeyError, match="registered:"):
         get_reward("nope")
+
+
+def _raises(sample: Sample) -> float:
+    raise ZeroDivisionError("the user's bug")
+
+
+def _not_finite(sample: Sample) -> float:
+    return float("nan")
+
+
+_HUNG = threading.Event()
+
+
+def _hangs(sample: Sample) -> float:
+    _HUNG.wait(30)  # released when the test ends
+    return 1.0
+
+
+def _loop_set(sample: Sample) -> float:
+    """Returns 1 only once the event loop has run while this function waited."""
+    return 1.0 if _LOOP_RAN.wait(10) else 0.0
+
+
+_LOOP_RAN = threading.Event()
+for _name, _fn in (
+    ("test_raises", _raises),
+    ("test_not_finite", _not_finite),
+    ("test_hangs", _hangs),
+    ("test_loop_set", _loop_set),
+):
+    reward(_name)(_fn)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("test_raises", "ZeroDivisionError: the user's bug"),
+        ("test_not_finite", "returned nan, not a finite value"),
+        ("test_hangs", "no value within rewards.timeout_s = 0.2s"),
+    ],
+)
+async def test_a_failing_reward_function_is_named_and_gives_on_error(name: str, why: str) -> None:
+    cfg = settings(
+        f"rewards.weights={{{name} = 1.0, math = 2.0}}", "rewards.timeout_s=0.2", "rewards.on_error=-0.5"
+    )
+    scorer = make_scorer(cfg, arithmetic_task())
+    try:
+        with structlog.testing.capture_logs() as logs:
+            score = await scorer.score("What is 20 + 22?", "42", "42", True, prompt_id=17)
+    finally:
+        _HUNG.set()
+    _HUNG.clear()
+    assert score.parts == {name: -0.5, "math": 1.0} and score.reward == pytest.approx(1.5)
+    failed = [e for e in logs if e["event"] == "reward_function_failed"]
+    assert len(failed) == 1
+    assert failed[0]["function"] == name and failed[0]["prompt_id"] == 17 and failed[0]["why"] == why
+
+
+async def test_a_sync_reward_function_runs_off_the_event_loop() -> None:
+    scorer = make_scorer(settings("rewards.weights={test_loop_set = 1.0}"), arithmetic_task())
+    _LOOP_RAN.clear()
+    scoring = asyncio.create_task(scorer.score("What is 20 + 22?", "42", "42", True))
+    await asyncio.sleep(0.05)  # the loop runs while the function waits: it is on another thread
+    _LOOP_RAN.set()
+    score = await asyncio.wait_for(scoring, 10)
+    assert score.parts == {"test_loop_set": 1.0}
+
+
+class _NanTask(ArithmeticTask):
+    def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
+        return Score(reward=float("nan"), correct=1.0)
+
+
+async def test_a_tasks_own_non_finite_reward_is_named_and_gives_on_error() -> None:
+    scorer = make_scorer(settings("rewards.on_error=0.25"), _NanTask(TaskConfig(name="arithmetic"), seed=0))
+    with structlog.testing.capture_logs() as logs:
+        score = await scorer.score("What is 20 + 22?", "42", "42", True, prompt_id=3)
+    assert score.reward == 0.25 and score.parts == {"task": 0.25} and score.correct == 1.0
+    (failed,) = [e for e in logs if e["event"] == "reward_function_failed"]
+    assert (failed["function"], failed["prompt_id"]) == ("task", 3) and "nan" in failed["why"]
