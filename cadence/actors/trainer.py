@@ -50,7 +50,7 @@ from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
 
-Publish = Callable[[int, bytes], Awaitable[str]]
+Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
 T = TypeVar("T")
 
 

@@ -170,7 +170,7 @@ def _publish_function(
         if publisher.broadcaster is None:
             return publisher.publish, [publisher.run()]
 
-        async def broadcast(version: int, data: bytes) -> str:
+        async def broadcast(version: int, data: bytes | bytearray) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
         return broadcast, [publisher.run()]
@@ -182,7 +182,7 @@ def _publish_function(
     uploads = net.connect("trainer", publisher_address)
     timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
 
-    async def upload(version: int, data: bytes) -> str:
+    async def upload(version: int, data: bytes | bytearray) -> str:
         return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
 
     return upload, []
