@@ -259,6 +259,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     from cadence.actors.rollout import RolloutWorker
     from cadence.launch.build import make_engine, make_tokenizer
     from cadence.launch.settings import session, worker_settings
+    from cadence.launch.threads import use_threads
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory
@@ -277,6 +278,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             make_scorer(cfg, make_task(cfg.task, cfg.seed)),
             tokenizer,
             time.time,
+            use_threads=use_threads,
         )
         await _with_log_stream(worker.run(), net, name, connect, stream)
     finally:
