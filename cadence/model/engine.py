@@ -123,33 +123,45 @@ class TorchEngine:
         self, logits: Tensor, cache: KVCache, lengths: Tensor, uniforms: Tensor, params: SamplingParams
     ) -> list[Completion]:
         """Sample every row from its prompt's last logits on, one batched forward a token. Rows whose
-        prompts are shorter than the cache's prompt part attend only their own prompt slots."""
+        prompts are shorter than the cache's prompt part attend only their own prompt slots. Once a
+        quarter of the rows still computed have ended on eos, they leave the batch (and the cache): a
+        long sample does not make every finished one compute on to its end."""
         n, steps, width = logits.shape[0], params.max_new_tokens, cache.length
         gaps = bool((lengths != width).any())
         prompt_slots = torch.arange(width, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)  # [n, W]
         tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
         logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)
-        done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        live = torch.arange(n, device=self.device)  # the rows still computed, in the batch's order
+        ended = torch.zeros(n, dtype=torch.bool, device=self.device)  # of the live rows
         for step in range(steps):
-            token = self._sample(logits, uniforms[:, step], params)
-            tokens[:, step] = token
-            tempered_logits = tempered(logits, params.temperature)
-            logprobs[:, step] = (
-                torch.log_softmax(tempered_logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-            )
-            done |= token == self.eos_id
-            if step + 1 == steps or bool(done.all()):
+            token = self._sample(logits, uniforms[live, step], params)
+            tokens[live, step] = token
+            picked = torch.log_softmax(tempered(logits, params.temperature), dim=-1).gather(1, token[:, None])
+            logprobs[live, step] = picked.squeeze(1)
+            ended |= token == self.eos_id
+            if step + 1 == steps or bool(ended.all()):
                 break
+            if 4 * int(ended.sum()) >= len(live):  # drop the ended rows
+                keep = (~ended).nonzero().squeeze(1)
+                live, token, lengths, prompt_slots = (
+                    live[keep],
+                    token[keep],
+                    lengths[keep],
+                    prompt_slots[keep],
+                )
+                cache.keep_rows(keep)
+                ended = ended[keep]
             if not gaps:  # every row at the cache's own positions: the plain causal step
                 logits = self.model(token[:, None], cache=cache)[:, -1]
                 continue
-            seen = torch.cat([prompt_slots, prompt_slots.new_ones((n, step + 1))], dim=1)
-            positions = (lengths + step).unsqueeze(1)  # [n, 1]: the row's own next position
-            logits = self.model(token[:, None], positions, seen.view(n, 1, 1, -1), cache)[:, -1]
+            m = len(live)
+            seen = torch.cat([prompt_slots, prompt_slots.new_ones((m, step + 1))], dim=1)
+            positions = (lengths + step).unsqueeze(1)  # [m, 1]: the row's own next position
+            logits = self.model(token[:, None], positions, seen.view(m, 1, 1, -1), cache)[:, -1]
         return [self._completion(row, lp) for row, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
 
     def _completion(self, row: list[int], logprobs: list[float]) -> Completion:
-        # a row keeps being sampled after its eos (the batch moves together) and steps never run hold -1
+        # a row may be sampled on after its eos (until it leaves the batch); steps never run hold -1
         finished = self.eos_id in row
         length = row.index(self.eos_id) + 1 if finished else len(row)
         return Completion(tokens=row[:length], logprobs=logprobs[:length], finished=finished)

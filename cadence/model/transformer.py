@@ -82,6 +82,11 @@ class KVCache:
         merged._length = length
         return merged
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep only the batch rows at indices ``rows`` (1-D long), in that order."""
+        self._keys = [k.index_select(0, rows) for k in self._keys]
+        self._values = [v.index_select(0, rows) for v in self._values]
+
     def repeat_batch(self, n: int) -> None:
         """Turn a batch-1 cache into ``n`` identical rows (one prefill shared by ``n`` samples)."""
         if any(k.shape[0] != 1 for k in self._keys):

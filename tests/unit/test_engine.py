@@ -146,3 +146,16 @@ def test_rows_of_a_shorter_prompt_see_only_their_own_prompt() -> None:
     together = engine.generate_many([(short, [0]), (long, [0])], greedy)
     assert together[0][0].tokens == _greedy_reference(engine, short, 10)
     assert together[1][0].tokens == _greedy_reference(engine, long, 10)
+
+
+def test_rows_that_ended_leave_the_batch_without_changing_any_sample() -> None:
+    engine = _engine(seed=5)
+    params = SamplingParams(max_new_tokens=40, temperature=1.5)
+    seeds = list(range(100, 112))
+    batch = engine.generate(PROMPT, seeds, params)
+    lengths = sorted(len(c.tokens) for c in batch)
+    assert lengths[0] < 10 and lengths[-1] > 20  # rows ended early while others went on: they left
+    for seed, sample in zip(seeds, batch, strict=True):
+        alone = engine.generate(PROMPT, [seed], params)[0]
+        assert sample.tokens == alone.tokens and sample.finished == alone.finished
+        assert sample.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
