@@ -14,7 +14,13 @@
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
- trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
+ VersionReady(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
+ pending empty (the period's prompts all assigned) ─► eval prompts to workers with credits left, as
+                              batches of their own (Assignment eval=True, version v)
+ worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
+                              complete ─► eval.jsonl row, samples/eval-period-v.jsonl
+ round v still open at VersionReady(v+2) or the next round ─► eval_abandoned (no row)
+ trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
@@ -23,19 +29,21 @@
 ```
 
 Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
-trainer reports it consumed; nothing of period k+1 is released before version k+1 is published.
+trainer reports it consumed; nothing of period k+1 is released before version k+1 is published; an
+eval prompt is handed out only while no training prompt is pending.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import structlog
 
+from cadence.monitor.evaluation import EvalRound
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
@@ -43,10 +51,16 @@ from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import first_of
-from cadence.wire.meaning import run_done_problem, version_ready_problem, work_request_problem
+from cadence.wire.meaning import (
+    eval_result_problem,
+    run_done_problem,
+    version_ready_problem,
+    work_request_problem,
+)
 from cadence.wire.messages import (
     Assignment,
     Consumed,
+    EvalResult,
     Heartbeat,
     LogBatch,
     Message,
@@ -70,13 +84,16 @@ class DispatcherSettings:
 
     `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
     the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
-    how long prompts may wait with no rollout worker left before the run fails."""
+    how long prompts may wait with no rollout worker left before the run fails. `eval_every`: the
+    versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt."""
 
     periods: int
     prompts_per_period: int
     group_size: int
     on_trainer_loss: Literal["fail", "wait"]
     wait_for_workers_s: float = 300.0
+    eval_every: int = 0
+    eval_samples: int = 1
 
 
 @dataclass
@@ -92,7 +109,8 @@ class Peer:
 
 
 class Dispatcher:
-    """`liveness`: how often to beat every peer and how long one may be silent before it is lost."""
+    """`liveness`: how often to beat every peer and how long one may be silent before it is lost;
+    `eval_set`: the held-out prompts (`cadence.tasks.heldout`), evaluated every `eval_every` versions."""
 
     def __init__(
         self,
@@ -103,8 +121,12 @@ class Dispatcher:
         liveness: Liveness,
         clock: Callable[[], float],
         hub: LogHub | None = None,
+        eval_set: Sequence[Prompt] = (),
     ) -> None:
         self.settings = settings
+        self.eval_set = list(eval_set)
+        self.round: EvalRound | None = None
+        self.run_done: RunDone | None = None
         self.hub = hub
         self.server = server
         self.task = task
@@ -201,11 +223,21 @@ class Dispatcher:
             self._consumed(msg)
         elif isinstance(msg, VersionReady):
             self._version_ready(msg)
+        elif isinstance(msg, EvalResult):
+            self._eval_result(msg)
         elif isinstance(msg, RunDone):
-            self.recorder.finish(self.clock(), msg.version, msg.sha256)
             log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
-            self.done.set()
+            self.run_done = msg
+        self._finish()
         self._assign()
+
+    def _finish(self) -> None:
+        """End the run once the trainer is done and the final eval round (if any) is recorded."""
+        msg = self.run_done
+        if msg is None or self.done.is_set() or (self.round is not None and not self.round.complete):
+            return
+        self.recorder.finish(self.clock(), msg.version, msg.sha256)
+        self.done.set()
 
     def _problem(self, peer: bytes, role: str, msg: Message) -> str | None:
         """Why a peer of `role` may not send `msg` now (`cadence.wire.roles`, `cadence.wire.meaning`),
@@ -220,7 +252,57 @@ class Dispatcher:
             return run_done_problem(msg, self.settings.periods, self.published)
         if isinstance(msg, WorkRequest):
             return work_request_problem(msg)
+        if isinstance(msg, EvalResult):
+            return self._eval_problem(peer, msg)
         return None
+
+    def _eval_problem(self, peer: bytes, msg: EvalResult) -> str | None:
+        """An eval answer makes sense, and answers a prompt of the open round given to its sender."""
+        problem = eval_result_problem(msg, self.settings.eval_samples)
+        if problem is not None:
+            return problem
+        r = self.round
+        if r is None or r.version != msg.version or not r.held_by(peer, msg.prompt_id):
+            return f"no eval prompt {msg.prompt_id} of version {msg.version} was given to this worker"
+        return None
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_due(self, version: int) -> bool:
+        every = self.settings.eval_every
+        return (
+            bool(self.eval_set) and every > 0 and (version % every == 0 or version == self.settings.periods)
+        )
+
+    def _open_round(self, version: int) -> None:
+        """Start the eval round of `version` when one is due; an open round the publisher may no longer
+        hold the weights of (two versions on), or that a new round replaces, is abandoned."""
+        old = self.round
+        if old is not None and (self._eval_due(version) or version >= old.version + 2):
+            log.warning(
+                "eval_abandoned", version=old.version, answered=len(old.answers), prompts=len(self.eval_set)
+            )
+            self.round = None
+        if self._eval_due(version):
+            self.round = EvalRound(version, deque(self.eval_set), self.clock())
+            log.info("eval_started", version=version, prompts=len(self.eval_set))
+
+    def _eval_result(self, msg: EvalResult) -> None:
+        r = self.round
+        assert r is not None
+        r.answer(msg.prompt_id, {"rewards": msg.rewards, "correct": msg.correct, "responses": msg.responses})
+        if not r.complete:
+            return
+        row = r.row(self.settings.eval_samples, self.clock())
+        self.recorder.evaluation(row, r.samples())
+        self.round = None
+        log.info(
+            "eval_done",
+            version=r.version,
+            accuracy=round(row["eval_accuracy"], 4),
+            reward=round(row["eval_reward"], 4),
+            eval_s=round(row["eval_s"], 3),
+        )
 
     def _claim_problem(self, peer: bytes, msg: Register) -> str | None:
         """A peer registers as a worker, or as the trainer or publisher when no other peer is that (the
@@ -273,8 +355,10 @@ class Dispatcher:
         if row is not None:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
+        self._open_round(msg.version)
         if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
+            self.pending.clear()
             return
         self.period = msg.version
         self.pending = deque(self.task.prompts(self.period, self.B))
@@ -299,6 +383,8 @@ class Dispatcher:
             self.done.set()
             return
         back = self._requeue(info)
+        if self.round is not None:
+            self.round.requeue(peer)
         self.reassigned += back
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
@@ -318,7 +404,7 @@ class Dispatcher:
         """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is
         back; fail the run when none has come for `wait_for_workers_s`."""
         workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-        if workers == 0 and self.pending:
+        if workers == 0 and (self.pending or (self.round is not None and self.round.pending)):
             now = self.clock()
             self._no_workers_since = self._no_workers_since or now
             waited = now - self._no_workers_since
@@ -356,6 +442,7 @@ class Dispatcher:
         every worker until both are there again (a fresh Welcome); a new trainer's first version
         names the period that starts over."""
         if info.role == "trainer":
+            self.round = None
             self.pending.clear()
             self.outstanding.clear()
             for p in self.peers.values():
@@ -385,6 +472,8 @@ class Dispatcher:
                 info.welcomed = True
                 info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
                 self._requeue(info)
+                if self.round is not None:
+                    self.round.requeue(peer)
                 self._outbox.append(
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
@@ -410,6 +499,27 @@ class Dispatcher:
                     self.settings.group_size,
                     assignment_ticket(key, self.period, prompt.prompt_id, self.peers[peer].name),
                     batch=len(prompts),
+                )
+                self._outbox.append((peer, assignment))
+        if not self.pending and self.round is not None:
+            self._assign_eval(workers, self.round)
+
+    def _assign_eval(self, workers: list[tuple[bytes, Peer]], r: EvalRound) -> None:
+        """Eval prompts to the workers' credits left once no training prompt is pending, each worker's
+        as one batch of its own (a training batch sent before it stays whole)."""
+        for peer, info in workers:
+            prompts = r.give(peer, max(info.credits, 0))
+            info.credits -= len(prompts)
+            for prompt in prompts:
+                assignment = Assignment(
+                    r.version,
+                    r.version,
+                    prompt.prompt_id,
+                    prompt.text,
+                    prompt.answer,
+                    self.settings.eval_samples,
+                    batch=len(prompts),
+                    eval=True,
                 )
                 self._outbox.append((peer, assignment))
 

@@ -39,6 +39,8 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         group_size=cfg.rollout.group_size,
         on_trainer_loss=cfg.trainer.on_loss,
         wait_for_workers_s=cfg.rollout.wait_for_workers_s,
+        eval_every=cfg.eval.every,
+        eval_samples=1 if cfg.eval.greedy else cfg.eval.k,
     )
 
 
@@ -73,6 +75,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         weights_transport=cfg.weights.transport,
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
+        eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
     )
 
 

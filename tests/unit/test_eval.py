@@ -1,0 +1,157 @@
+"""Held-out evaluation: the eval set's disjointness, pass@k and the round's figures, the config rules,
+the meaning check of an eval answer."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from cadence.config import ConfigError, load_config
+from cadence.monitor.evaluation import EvalRound, eval_figures, pass_at_k
+from cadence.tasks.base import Prompt
+from cadence.tasks.heldout import eval_prompts, held_out
+from cadence.tasks.registry import make_task
+from cadence.wire.meaning import eval_result_problem
+from cadence.wire.messages import EvalResult, decode_frames, encode_frames
+
+
+def test_pass_at_k_against_enumerating_every_draw() -> None:
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                samples = [1] * c + [0] * (n - c)
+                draws = list(itertools.combinations(range(n), k))
+                share = sum(any(samples[i] for i in d) for d in draws) / len(draws)
+                assert math.isclose(pass_at_k(n, c, k), share), (n, c, k)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 1)
+
+
+def test_eval_figures_are_sample_means_and_prompt_pass_rates() -> None:
+    groups = [([1.0, 0.25, 0.0], [1.0, 0.0, 0.0]), ([0.25, 0.25, 0.25], [0.0, 0.0, 0.0])]
+    figures = eval_figures(groups, 3)
+    assert math.isclose(figures["eval_reward"], 2.0 / 6)
+    assert math.isclose(figures["eval_accuracy"], 1.0 / 6)
+    assert math.isclose(figures["eval_pass_at_k"], 0.5)  # one prompt of two has a correct sample
+    assert (figures["eval_prompts"], figures["eval_samples"], figures["eval_k"]) == (2, 6, 3)
+    greedy = eval_figures([([1.0], [1.0]), ([0.0], [0.0]), ([0.0], [0.0])], 1)
+    assert math.isclose(greedy["eval_pass_at_k"], greedy["eval_accuracy"])
+
+
+def test_a_round_does_not_depend_on_answer_order_and_requeues_a_lost_peers_prompts() -> None:
+    prompts = [Prompt(-(i + 1), f"q{i}", str(i)) for i in range(4)]
+    rows = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        r = EvalRound(5, deque(prompts), 0.0)
+        given = r.give(b"a", 3) + r.give(b"b", 3)
+        assert [p.prompt_id for p in given] == [-1, -2, -3, -4] and r.complete is False
+        for i in order:
+            p = prompts[i]
+            r.answer(p.prompt_id, {"rewards": [i / 4], "correct": [float(i == 0)], "responses": [str(i)]})
+        assert r.complete
+        rows.append({k: v for k, v in r.row(1, 1.0).items()})
+        assert [s["prompt_id"] for s in r.samples()] == [-1, -2, -3, -4]
+    assert rows[0] == rows[1] and rows[0]["period"] == rows[0]["version"] == 5
+    r = EvalRound(0, deque(prompts), 0.0)
+    r.give(b"a", 2)
+    r.give(b"b", 2)
+    assert r.requeue(b"a") == 2 and [p.prompt_id for p in r.pending] == [-1, -2]
+    assert not r.held_by(b"a", -1) and r.held_by(b"b", -3)
+
+
+def test_generated_tasks_draw_eval_prompts_from_a_seed_stream_training_never_uses() -> None:
+    cfg = load_config(None, ["task.name='arithmetic'", "task.max_operand=1000", "eval.prompts=20"])
+    task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))
+    evals = eval_prompts(cfg.task, cfg.eval, task)
+    assert [p.prompt_id for p in evals] == [-(i + 1) for i in range(20)]
+    assert held_out(cfg.task, cfg.eval) == 0
+    training = {p.text for period in range(50) for p in task.prompts(period, 16)}
+    assert not training & {p.text for p in evals}  # 10^6 operand pairs: disjoint seeds give disjoint texts
+    again = eval_prompts(cfg.task, cfg.eval, make_task(cfg.task, cfg.seed))
+    assert evals == again
+
+
+def write_problems(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(n)))
+
+
+def test_the_file_task_holds_out_its_last_records_and_training_never_draws_them(tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 30)
+    cfg = load_config(None, ["task.name='file'", f"task.path='{tmp_path / 'p.jsonl'}'", "eval.prompts=7"])
+    task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))
+    evals = eval_prompts(cfg.task, cfg.eval, task)
+    assert [p.text for p in evals] == [f"q{i}" for i in range(23, 30)]
+    drawn = {p.text for period in range(40) for p in task.prompts(period, 5)}  # several epochs
+    assert drawn == {f"q{i}" for i in range(23)}
+    with pytest.raises(ValueError, match="eval.prompts"):
+        make_task(cfg.task, cfg.seed, 30)
+
+
+def test_eval_path_takes_the_first_records_of_its_file(tmp_path: Path) -> None:
+    write_problems(tmp_path / "train.jsonl", 10)
+    write_problems(tmp_path / "eval.jsonl", 5)
+    cfg = load_config(
+        None,
+        [
+            "task.name='file'",
+            f"task.path='{tmp_path / 'train.jsonl'}'",
+            f"eval.path='{tmp_path / 'eval.jsonl'}'",
+            "eval.prompts=3",
+            "eval.every=1",
+        ],
+    )
+    assert held_out(cfg.task, cfg.eval) == 0  # a separate file: training keeps every record
+    task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))
+    assert [p.text for p in eval_prompts(cfg.task, cfg.eval, task)] == ["q0", "q1", "q2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["eval.every=-1"], "eval.every"),
+        (["eval.prompts=-2"], "eval.prompts"),
+        (["eval.every=2"], "eval.every"),  # no held-out prompts
+        (["eval.k=0"], "eval.k"),
+        (["eval.k=4"], "eval.k"),  # greedy with k > 1
+        (["eval.greedy=false", "eval.k=4", "eval.temperature=0"], "eval.temperature"),
+        (["eval.path='x.jsonl'", "eval.every=1"], "eval.path"),  # digits draws its own
+        (["eval.greediness=1"], "eval.greediness"),
+    ],
+)
+def test_bad_eval_settings_are_named(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, overrides)
+
+
+def test_good_eval_settings_load() -> None:
+    cfg = load_config(None, ["eval.every=5", "eval.prompts=16", "eval.greedy=false", "eval.k=4"])
+    assert (cfg.eval.every, cfg.eval.prompts, cfg.eval.greedy, cfg.eval.k) == (5, 16, False, 4)
+
+
+def wire(msg: EvalResult) -> EvalResult:
+    out = decode_frames(encode_frames(msg, "peer", "run")).message
+    assert isinstance(out, EvalResult)
+    return out
+
+
+def test_an_eval_answer_must_make_sense() -> None:
+    good = EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1", "2"], [2, 1], 0.1)
+    assert eval_result_problem(wire(good), 2) is None
+    rng = random.Random(0)
+    bad = [
+        (EvalResult(3, 4, [0.5, 1.0], [0.0, 1.0], ["1", "2"], [2, 1]), "no eval prompt"),
+        (EvalResult(3, -2, [0.5], [0.0, 1.0], ["1", "2"], [2, 1]), "rewards"),
+        (EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1"], [2, 1]), "responses"),
+        (EvalResult(3, -2, [0.5, math.nan], [0.0, 1.0], ["1", "2"], [2, 1]), "finite"),
+        (EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1", "2"], [2, -1]), "negative"),
+    ]
+    rng.shuffle(bad)
+    for msg, reason in bad:
+        problem = eval_result_problem(wire(msg), 2)
+        assert problem is not None and reason in problem, (msg, problem)
