@@ -46,7 +46,7 @@ def test_eval_figures_are_sample_means_and_prompt_pass_rates() -> None:
 
 def test_a_round_does_not_depend_on_answer_order_and_requeues_a_lost_peers_prompts() -> None:
     prompts = [Prompt(-(i + 1), f"q{i}", str(i)) for i in range(4)]
-    rows = []
+    rows: list[dict[str, object]] = []
     for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
         r = EvalRound(5, deque(prompts), 0.0)
         given = r.give(b"a", 3) + r.give(b"b", 3)
@@ -55,7 +55,7 @@ def test_a_round_does_not_depend_on_answer_order_and_requeues_a_lost_peers_promp
             p = prompts[i]
             r.answer(p.prompt_id, {"rewards": [i / 4], "correct": [float(i == 0)], "responses": [str(i)]})
         assert r.complete
-        rows.append({k: v for k, v in r.row(1, 1.0).items()})
+        rows.append(r.row(1, 1.0))
         assert [s["prompt_id"] for s in r.samples()] == [-1, -2, -3, -4]
     assert rows[0] == rows[1] and rows[0]["period"] == rows[0]["version"] == 5
     r = EvalRound(0, deque(prompts), 0.0)
