@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -384,7 +385,7 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     assert dispatcher.round is None
 
 
-async def _rows(path: Path, count: int) -> list[dict[str, object]]:
+async def _rows(path: Path, count: int) -> list[dict[str, Any]]:
     for _ in range(200):
         rows = read_jsonl(path)
         if len(rows) >= count:
