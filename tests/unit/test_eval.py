@@ -14,6 +14,7 @@ import pytest
 
 from cadence.config import ConfigError, load_config
 from cadence.monitor.evaluation import EvalRound, eval_figures, pass_at_k
+from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.base import Prompt
 from cadence.tasks.heldout import eval_prompts, held_out
 from cadence.tasks.registry import make_task
@@ -155,3 +156,33 @@ def test_an_eval_answer_must_make_sense() -> None:
     for msg, reason in bad:
         problem = eval_result_problem(wire(msg), 2)
         assert problem is not None and reason in problem, (msg, problem)
+
+
+class Scalars:
+    """A metric writer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[int, dict[str, float]]] = []
+
+    def write(self, step: int, metrics: object) -> None:
+        pass
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.got.append((step, values))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_recorder_writes_eval_rows_samples_and_writers_and_a_resume_rewinds_them(tmp_path: Path) -> None:
+    writer = Scalars()
+    recorder = RunRecorder(tmp_path, "periodic", [writer])
+    for version in (0, 2, 4):
+        row = {"period": version, "version": version, "eval_accuracy": version / 4, "eval_k": 1}
+        recorder.evaluation(row, [{"prompt_id": -1, "responses": []}])
+    assert [r["period"] for r in read_jsonl(tmp_path / "eval.jsonl")] == [0, 2, 4]
+    assert read_jsonl(tmp_path / "samples" / "eval-period-2.jsonl") == [{"prompt_id": -1, "responses": []}]
+    assert writer.got[1] == (2, {"eval_accuracy": 0.5, "eval_k": 1.0})
+    # a trainer resumed at version 3 re-reports period 2 (rewind(2)): the rounds of versions >= 3 run again
+    recorder.rewind(2)
+    assert [r["period"] for r in read_jsonl(tmp_path / "eval.jsonl")] == [0, 2]
