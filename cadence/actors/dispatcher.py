@@ -19,7 +19,7 @@
                               batches of their own (Assignment eval=True, version v)
  worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
                               complete ─► eval.jsonl row, samples/eval-period-v.jsonl
- round v still open at VersionReady(v+2) or the next round ─► eval_abandoned (no row)
+ round v still open at VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
@@ -43,7 +43,7 @@ from typing import Literal
 
 import structlog
 
-from cadence.monitor.evaluation import EvalRound
+from cadence.monitor.evaluation import EvalRounds
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
@@ -85,7 +85,8 @@ class DispatcherSettings:
     `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
     the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
     how long prompts may wait with no rollout worker left before the run fails. `eval_every`: the
-    versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt."""
+    versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt;
+    `keep_versions`: the versions the publisher keeps (an eval round lasts that long)."""
 
     periods: int
     prompts_per_period: int
@@ -94,6 +95,7 @@ class DispatcherSettings:
     wait_for_workers_s: float = 300.0
     eval_every: int = 0
     eval_samples: int = 1
+    keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later
 
 
 @dataclass
@@ -124,8 +126,8 @@ class Dispatcher:
         eval_set: Sequence[Prompt] = (),
     ) -> None:
         self.settings = settings
-        self.eval_set = list(eval_set)
-        self.round: EvalRound | None = None
+        s = settings
+        self.evals = EvalRounds(eval_set, s.eval_every, s.periods, s.eval_samples, s.keep_versions)
         self.run_done: RunDone | None = None
         self.hub = hub
         self.server = server
@@ -234,7 +236,7 @@ class Dispatcher:
     def _finish(self) -> None:
         """End the run once the trainer is done and the final eval round (if any) is recorded."""
         msg = self.run_done
-        if msg is None or self.done.is_set() or (self.round is not None and not self.round.complete):
+        if msg is None or self.done.is_set() or self.evals.open:
             return
         self.recorder.finish(self.clock(), msg.version, msg.sha256)
         self.done.set()
@@ -259,46 +261,20 @@ class Dispatcher:
     def _eval_problem(self, peer: bytes, msg: EvalResult) -> str | None:
         """An eval answer makes sense, and answers a prompt of the open round given to its sender."""
         problem = eval_result_problem(msg, self.settings.eval_samples)
-        if problem is not None:
-            return problem
-        r = self.round
-        if r is None or r.version != msg.version or not r.held_by(peer, msg.prompt_id):
-            return f"no eval prompt {msg.prompt_id} of version {msg.version} was given to this worker"
-        return None
+        return problem or self.evals.problem(peer, msg.version, msg.prompt_id)
 
     # ------------------------------------------------------------------ evaluation
 
-    def _eval_due(self, version: int) -> bool:
-        every = self.settings.eval_every
-        return (
-            bool(self.eval_set) and every > 0 and (version % every == 0 or version == self.settings.periods)
-        )
-
-    def _open_round(self, version: int) -> None:
-        """Start the eval round of `version` when one is due; an open round the publisher may no longer
-        hold the weights of (two versions on), or that a new round replaces, is abandoned."""
-        old = self.round
-        if old is not None and (self._eval_due(version) or version >= old.version + 2):
-            log.warning(
-                "eval_abandoned", version=old.version, answered=len(old.answers), prompts=len(self.eval_set)
-            )
-            self.round = None
-        if self._eval_due(version):
-            self.round = EvalRound(version, deque(self.eval_set), self.clock())
-            log.info("eval_started", version=version, prompts=len(self.eval_set))
-
     def _eval_result(self, msg: EvalResult) -> None:
-        r = self.round
-        assert r is not None
-        r.answer(msg.prompt_id, {"rewards": msg.rewards, "correct": msg.correct, "responses": msg.responses})
-        if not r.complete:
+        record = {"rewards": msg.rewards, "correct": msg.correct, "responses": msg.responses}
+        done = self.evals.answer(msg.version, msg.prompt_id, record, self.clock())
+        if done is None:
             return
-        row = r.row(self.settings.eval_samples, self.clock())
-        self.recorder.evaluation(row, r.samples())
-        self.round = None
+        row, samples = done
+        self.recorder.evaluation(row, samples)
         log.info(
             "eval_done",
-            version=r.version,
+            version=msg.version,
             accuracy=round(row["eval_accuracy"], 4),
             reward=round(row["eval_reward"], 4),
             eval_s=round(row["eval_s"], 3),
@@ -355,7 +331,7 @@ class Dispatcher:
         if row is not None:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
-        self._open_round(msg.version)
+        self.evals.announce(msg.version, self.clock())
         if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
             self.pending.clear()
@@ -383,8 +359,7 @@ class Dispatcher:
             self.done.set()
             return
         back = self._requeue(info)
-        if self.round is not None:
-            self.round.requeue(peer)
+        self.evals.requeue(peer)
         self.reassigned += back
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
@@ -404,7 +379,7 @@ class Dispatcher:
         """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is
         back; fail the run when none has come for `wait_for_workers_s`."""
         workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-        if workers == 0 and (self.pending or (self.round is not None and self.round.pending)):
+        if workers == 0 and (self.pending or self.evals.pending):
             now = self.clock()
             self._no_workers_since = self._no_workers_since or now
             waited = now - self._no_workers_since
@@ -442,7 +417,7 @@ class Dispatcher:
         every worker until both are there again (a fresh Welcome); a new trainer's first version
         names the period that starts over."""
         if info.role == "trainer":
-            self.round = None
+            self.evals.open.clear()
             self.pending.clear()
             self.outstanding.clear()
             for p in self.peers.values():
@@ -472,8 +447,7 @@ class Dispatcher:
                 info.welcomed = True
                 info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
                 self._requeue(info)
-                if self.round is not None:
-                    self.round.requeue(peer)
+                self.evals.requeue(peer)
                 self._outbox.append(
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
@@ -501,27 +475,27 @@ class Dispatcher:
                     batch=len(prompts),
                 )
                 self._outbox.append((peer, assignment))
-        if not self.pending and self.round is not None:
-            self._assign_eval(workers, self.round)
+        if not self.pending and self.evals.pending:
+            self._assign_eval(workers)
 
-    def _assign_eval(self, workers: list[tuple[bytes, Peer]], r: EvalRound) -> None:
+    def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
         """Eval prompts to the workers' credits left once no training prompt is pending, each worker's
-        as one batch of its own (a training batch sent before it stays whole)."""
+        of a round as one batch of its own (a training batch sent before it stays whole)."""
         for peer, info in workers:
-            prompts = r.give(peer, max(info.credits, 0))
-            info.credits -= len(prompts)
-            for prompt in prompts:
-                assignment = Assignment(
-                    r.version,
-                    r.version,
-                    prompt.prompt_id,
-                    prompt.text,
-                    prompt.answer,
-                    self.settings.eval_samples,
-                    batch=len(prompts),
-                    eval=True,
-                )
-                self._outbox.append((peer, assignment))
+            for batch in self.evals.give(peer, max(info.credits, 0)):
+                info.credits -= len(batch)
+                for r, prompt in batch:
+                    assignment = Assignment(
+                        r.version,
+                        r.version,
+                        prompt.prompt_id,
+                        prompt.text,
+                        prompt.answer,
+                        self.settings.eval_samples,
+                        batch=len(batch),
+                        eval=True,
+                    )
+                    self._outbox.append((peer, assignment))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

@@ -41,6 +41,7 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         wait_for_workers_s=cfg.rollout.wait_for_workers_s,
         eval_every=cfg.eval.every,
         eval_samples=1 if cfg.eval.greedy else cfg.eval.k,
+        keep_versions=cfg.weights.keep_versions,
     )
 
 

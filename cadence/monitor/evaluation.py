@@ -1,4 +1,4 @@
-"""Held-out evaluation: the figures of an eval round, and the round's bookkeeping at the dispatcher.
+"""Held-out evaluation: the figures of an eval round, and the rounds' bookkeeping at the dispatcher.
 
 An eval round evaluates one version on the whole eval set (`cadence.tasks.heldout`): every prompt is
 pending, then outstanding at one worker, then answered; the round's row is written to `eval.jsonl`
@@ -17,7 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from cadence.tasks.base import Prompt
+
+log = structlog.get_logger()
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,3 +119,73 @@ class EvalRound:
                 }
             )
         return out
+
+
+class EvalRounds:
+    """The dispatcher's open eval rounds, oldest first: which are due, which prompt goes to which
+    worker, which answers to take, and when a round is complete or must be abandoned.
+
+    `every`: the versions evaluated (multiples of it, and `periods`; 0: none); `samples`: samples an eval
+    prompt; `keep_versions`: the versions the publisher holds, so a round of version v is abandoned when
+    version v + keep_versions is announced (its weights may be gone)."""
+
+    def __init__(
+        self, eval_set: Sequence[Prompt], every: int, periods: int, samples: int, keep_versions: int
+    ) -> None:
+        self.eval_set = list(eval_set)
+        self.every = every
+        self.periods = periods
+        self.samples = samples
+        self.keep_versions = keep_versions
+        self.open: list[EvalRound] = []
+
+    def due(self, version: int) -> bool:
+        every = self.every
+        return bool(self.eval_set) and every > 0 and (version % every == 0 or version == self.periods)
+
+    def announce(self, version: int, now: float) -> None:
+        """Version `version` is published: abandon the rounds too old to finish, open its own if due."""
+        for r in [r for r in self.open if r.version + self.keep_versions <= version]:
+            log.warning(
+                "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
+            )
+            self.open.remove(r)
+        if self.due(version) and all(r.version != version for r in self.open):
+            self.open.append(EvalRound(version, deque(self.eval_set), now))
+            log.info("eval_started", version=version, prompts=len(self.eval_set))
+
+    @property
+    def pending(self) -> bool:
+        return any(r.pending for r in self.open)
+
+    def give(self, peer: bytes, credits: int) -> list[list[tuple[EvalRound, Prompt]]]:
+        """Up to `credits` pending prompts for `peer`, oldest round first, one list (a batch) a round."""
+        batches = []
+        for r in self.open:
+            given = r.give(peer, credits)
+            credits -= len(given)
+            if given:
+                batches.append([(r, p) for p in given])
+        return batches
+
+    def problem(self, peer: bytes, version: int, prompt_id: int) -> str | None:
+        """Why an answer to eval prompt `prompt_id` of `version` from `peer` may not be taken, or None."""
+        if not any(r.version == version and r.held_by(peer, prompt_id) for r in self.open):
+            return f"no eval prompt {prompt_id} of version {version} was given to this worker"
+        return None
+
+    def answer(
+        self, version: int, prompt_id: int, record: dict[str, Any], now: float
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """Take an answer `problem` found nothing wrong with; the row and samples of the round it
+        completes, or None."""
+        r = next(r for r in self.open if r.version == version)
+        r.answer(prompt_id, record)
+        if not r.complete:
+            return None
+        self.open.remove(r)
+        return r.row(self.samples, now), r.samples()
+
+    def requeue(self, peer: bytes) -> None:
+        for r in self.open:
+            r.requeue(peer)

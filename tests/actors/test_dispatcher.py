@@ -382,7 +382,7 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     beating.cancel()
     rows = read_jsonl(tmp_path / "eval.jsonl")
     assert [r["period"] for r in rows] == [0, 2] and rows[1]["eval_accuracy"] == 1.0
-    assert dispatcher.round is None
+    assert dispatcher.evals.open == []
 
 
 async def _rows(path: Path, count: int) -> list[dict[str, Any]]:
