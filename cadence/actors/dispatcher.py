@@ -19,7 +19,8 @@
                               batches of their own (Assignment eval=True, version v)
  worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
                               complete ─► eval.jsonl row, samples/eval-period-v.jsonl
- round v still open at VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
+ round v with prompts not handed out at VersionReady(v+1), or unanswered at
+   VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
@@ -479,23 +480,24 @@ class Dispatcher:
             self._assign_eval(workers)
 
     def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
-        """Eval prompts to the workers' credits left once no training prompt is pending, each worker's
-        of a round as one batch of its own (a training batch sent before it stays whole)."""
+        """Eval prompts of the newest version's round to the workers' credits left once no training
+        prompt is pending, each worker's as one batch of its own (a training batch sent before it stays
+        whole)."""
         for peer, info in workers:
-            for batch in self.evals.give(peer, max(info.credits, 0)):
-                info.credits -= len(batch)
-                for r, prompt in batch:
-                    assignment = Assignment(
-                        r.version,
-                        r.version,
-                        prompt.prompt_id,
-                        prompt.text,
-                        prompt.answer,
-                        self.settings.eval_samples,
-                        batch=len(batch),
-                        eval=True,
-                    )
-                    self._outbox.append((peer, assignment))
+            batch = self.evals.give(peer, max(info.credits, 0), self.published)
+            info.credits -= len(batch)
+            for r, prompt in batch:
+                assignment = Assignment(
+                    r.version,
+                    r.version,
+                    prompt.prompt_id,
+                    prompt.text,
+                    prompt.answer,
+                    self.settings.eval_samples,
+                    batch=len(batch),
+                    eval=True,
+                )
+                self._outbox.append((peer, assignment))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

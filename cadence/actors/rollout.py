@@ -246,7 +246,12 @@ class RolloutWorker:
 
     async def _evaluate(self, jobs: list[Assignment], publisher: Client) -> None:
         """Answer eval assignments to the dispatcher. Weights that can no longer be had (the round
-        outlived the versions the publisher keeps) lose the round, not the worker."""
+        outlived the versions the publisher keeps) lose the round, not the worker; weights older than
+        the newest period's are not even fetched for an eval (they may be leaving the publisher, and
+        the next period's groups wait behind)."""
+        if jobs[0].version != self.loaded and jobs[0].version < self.newest_period:
+            log.info("eval_skipped", version=jobs[0].version, newest=self.newest_period, prompts=len(jobs))
+            return
         try:
             results = await self._rollout(jobs, publisher)
         except WeightError as err:

@@ -125,9 +125,14 @@ class EvalRounds:
     """The dispatcher's open eval rounds, oldest first: which are due, which prompt goes to which
     worker, which answers to take, and when a round is complete or must be abandoned.
 
+    A round's prompts are handed out only while its version is the newest announced (the weights the
+    workers generate with then, still held by the publisher), so no worker pulls older weights for an
+    eval. A round with prompts never handed out when the next version is announced cannot complete and
+    is abandoned; one whose prompts are all out is waited for until version v + `keep_versions` (the
+    versions the publisher holds) is announced, then abandoned too.
+
     `every`: the versions evaluated (multiples of it, and `periods`; 0: none); `samples`: samples an eval
-    prompt; `keep_versions`: the versions the publisher holds, so a round of version v is abandoned when
-    version v + keep_versions is announced (its weights may be gone)."""
+    prompt."""
 
     def __init__(
         self, eval_set: Sequence[Prompt], every: int, periods: int, samples: int, keep_versions: int
@@ -145,7 +150,12 @@ class EvalRounds:
 
     def announce(self, version: int, now: float) -> None:
         """Version `version` is published: abandon the rounds too old to finish, open its own if due."""
-        for r in [r for r in self.open if r.version + self.keep_versions <= version]:
+        late = [
+            r
+            for r in self.open
+            if r.version + self.keep_versions <= version or (r.pending and r.version < version)
+        ]
+        for r in late:
             log.warning(
                 "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
             )
@@ -158,15 +168,11 @@ class EvalRounds:
     def pending(self) -> bool:
         return any(r.pending for r in self.open)
 
-    def give(self, peer: bytes, credits: int) -> list[list[tuple[EvalRound, Prompt]]]:
-        """Up to `credits` pending prompts for `peer`, oldest round first, one list (a batch) a round."""
-        batches = []
-        for r in self.open:
-            given = r.give(peer, credits)
-            credits -= len(given)
-            if given:
-                batches.append([(r, p) for p in given])
-        return batches
+    def give(self, peer: bytes, credits: int, newest: int) -> list[tuple[EvalRound, Prompt]]:
+        """Up to `credits` pending prompts of the round of version `newest` (the newest announced) for
+        `peer`: one batch."""
+        r = next((r for r in self.open if r.version == newest), None)
+        return [] if r is None else [(r, p) for p in r.give(peer, credits)]
 
     def problem(self, peer: bytes, version: int, prompt_id: int) -> str | None:
         """Why an answer to eval prompt `prompt_id` of `version` from `peer` may not be taken, or None."""

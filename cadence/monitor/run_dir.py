@@ -121,6 +121,9 @@ class RunRecorder:
 
     def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
         summary = summarize(self.rows, self.mode, now - self.started, version, sha256)
+        evals = read_jsonl(self.out / "eval.jsonl")
+        if evals:  # the held-out figures before training (or the first round) and of the last round
+            summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         write_json(self.out / "summary.json", summary)
         self._metrics.close()
         for writer in self.writers:

@@ -198,8 +198,6 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
             peers[env.message.role] = peer
     await dispatcher.send(peers["rollout"], Welcome("inproc://trainer", "inproc://publisher", 0))
     await expect(dispatcher, WorkRequest)
-    # a training assignment of period 1 was seen; eval ones of version 0 are still generated
-    worker.newest_period = 1
     for prompt_id, text in ((-1, "35"), (-2, "72")):
         await dispatcher.send(peers["rollout"], Assignment(0, 0, prompt_id, text, "7", 1, batch=2, eval=True))
     answers = [await expect(dispatcher, EvalResult) for _ in range(2)]
@@ -211,6 +209,11 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
         assert a.responses == [tokenizer.decode_response(c.tokens) for c in greedy]  # greedy (eval.greedy)
         assert a.tokens == [len(c.tokens) for c in greedy] and len(a.rewards) == len(a.correct) == 1
     assert (await expect(dispatcher, WorkRequest)).credits == 2
+    # a training assignment of period 1 was seen: an eval one of version 0 is still generated, with the
+    # weights loaded (older ones would not be fetched for an eval)
+    worker.newest_period = 1
+    await dispatcher.send(peers["rollout"], Assignment(0, 0, -3, "11", "1", 1, eval=True))
+    assert (await expect(dispatcher, EvalResult)).prompt_id == -3 and worker.loaded == 0
     assert trainer.inbox.qsize() == 0 and worker.groups_sent == 0
     for t in tasks:
         t.cancel()

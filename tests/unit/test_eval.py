@@ -183,29 +183,39 @@ def test_the_recorder_writes_eval_rows_samples_and_writers_and_a_resume_rewinds_
     assert [r["period"] for r in read_jsonl(tmp_path / "eval.jsonl")] == [0, 2, 4]
     assert read_jsonl(tmp_path / "samples" / "eval-period-2.jsonl") == [{"prompt_id": -1, "responses": []}]
     assert writer.got[1] == (2, {"eval_accuracy": 0.5, "eval_k": 1.0})
+    summary = recorder.finish(1.0, 4, "sha")
+    assert (summary["eval_first"]["period"], summary["eval_last"]["eval_accuracy"]) == (0, 1.0)
+    recorder = RunRecorder(tmp_path, "periodic", resume=True)
     # a trainer resumed at version 3 re-reports period 2 (rewind(2)): the rounds of versions >= 3 run again
     recorder.rewind(2)
     assert [r["period"] for r in read_jsonl(tmp_path / "eval.jsonl")] == [0, 2]
 
 
-def test_rounds_are_due_at_multiples_and_the_end_queue_and_last_as_long_as_their_weights() -> None:
+def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their_version_is_newest() -> None:
     prompts = [Prompt(-(i + 1), f"q{i}", str(i)) for i in range(3)]
     rounds = EvalRounds(prompts, every=1, periods=5, samples=1, keep_versions=2)
     assert [v for v in range(6) if EvalRounds(prompts, 2, 5, 1, 2).due(v)] == [0, 2, 4, 5]
     assert not EvalRounds([], 2, 5, 1, 2).due(0)
     rounds.announce(0, 0.0)
-    first = rounds.give(b"a", 2)
-    rounds.announce(1, 1.0)  # round 0 stays open beside round 1
+    first = rounds.give(b"a", 2, 0)
+    last = rounds.give(b"b", 3, 0)
+    assert [p.prompt_id for _, p in first + last] == [-1, -2, -3]
+    rounds.announce(1, 1.0)  # round 0, all handed out, waits for its answers beside round 1
     assert [r.version for r in rounds.open] == [0, 1]
-    batches = rounds.give(b"b", 3)  # round 0's last prompt, then round 1's first two: a batch a round
-    assert [[(r.version, p.prompt_id) for r, p in b] for b in batches] == [[(0, -3)], [(1, -1), (1, -2)]]
+    assert rounds.give(b"b", 3, 0) == []  # nothing of an older version goes out any more
+    assert [(r.version, p.prompt_id) for r, p in rounds.give(b"b", 1, 1)] == [(1, -1)]
     assert rounds.problem(b"b", 0, -1) is not None and rounds.problem(b"a", 0, -1) is None
-    for _, p in first[0]:
+    for _, p in first:
         assert (
             rounds.answer(0, p.prompt_id, {"rewards": [1.0], "correct": [1.0], "responses": ["x"]}, 2.0)
             is None
         )
     done = rounds.answer(0, -3, {"rewards": [0.0], "correct": [0.0], "responses": ["y"]}, 2.0)
     assert done is not None and done[0]["version"] == 0 and abs(done[0]["eval_accuracy"] - 2 / 3) < 1e-9
-    rounds.announce(3, 3.0)  # round 1's weights may be gone (1 + 2 <= 3): abandoned, no row
-    assert [r.version for r in rounds.open] == [3]
+    rounds.announce(2, 3.0)  # round 1 still has prompts never handed out: it cannot complete
+    assert [r.version for r in rounds.open] == [2]
+    rounds.give(b"a", 3, 2)
+    rounds.announce(3, 4.0)
+    assert [r.version for r in rounds.open] == [2, 3]
+    rounds.announce(4, 5.0)  # round 2's weights may be gone (2 + 2 <= 4): abandoned unanswered
+    assert [r.version for r in rounds.open] == [4]
