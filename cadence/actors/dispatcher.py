@@ -15,8 +15,9 @@
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
  VersionReady(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
- pending empty (the period's prompts all assigned) ─► eval prompts to workers with credits left, as
-                              batches of their own (Assignment eval=True, version v)
+ pending empty (the period's prompts all assigned) ─► eval prompts to workers with credits left (a
+                              credit: G / eval samples prompts), as batches of their own
+                              (Assignment eval=True, version v)
  worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
                               complete ─► eval.jsonl row, samples/eval-period-v.jsonl
  round v with prompts not handed out at VersionReady(v+1), or unanswered at
@@ -482,10 +483,12 @@ class Dispatcher:
     def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
         """Eval prompts of the newest version's round to the workers' credits left once no training
         prompt is pending, each worker's as one batch of its own (a training batch sent before it stays
-        whole)."""
+        whole). A credit stands for a group of `group_size` samples, so it buys group_size / eval
+        samples eval prompts: a batch costs what the training groups of those credits would."""
+        per_credit = max(1, self.settings.group_size // self.settings.eval_samples)  # as many samples
         for peer, info in workers:
-            batch = self.evals.give(peer, max(info.credits, 0), self.published)
-            info.credits -= len(batch)
+            batch = self.evals.give(peer, max(info.credits, 0) * per_credit, self.published)
+            info.credits -= len(batch)  # below 0 until the worker's WorkRequest(len(batch)) after it
             for r, prompt in batch:
                 assignment = Assignment(
                     r.version,

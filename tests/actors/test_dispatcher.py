@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -332,7 +333,7 @@ def answer(a: Assignment, correct: float) -> EvalResult:
 async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigned(
     network: InprocNetwork, tmp_path: Path
 ) -> None:
-    dispatcher, task = await start(network, tmp_path, "periods=2", "eval.every=2", "eval.prompts=3")
+    dispatcher, task = await start(network, tmp_path, "periods=2", "eval.every=2", "eval.prompts=5")
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     worker = await join(network, "w0", "rollout")
@@ -344,36 +345,38 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     await worker.send(WorkRequest(3))
     training = [await expect(worker, Assignment) for _ in range(3)]
     assert not any(a.eval for a in training) and [a.batch for a in training] == [3, 3, 3]
-    await other.send(WorkRequest(3))  # the period's last prompt, then eval prompts with the credits left
+    await other.send(WorkRequest(2))  # the period's last prompt, then eval prompts with the credit left
     last = await expect(other, Assignment)
     assert (last.prompt_id, last.eval, last.batch) == (3, False, 1)
-    evals = [await expect(other, Assignment) for _ in range(2)]
+    # a credit stands for a group of G = 4 samples: 4 greedy eval prompts of one sample, one batch
+    evals = [await expect(other, Assignment) for _ in range(4)]
     assert [(a.prompt_id, a.version, a.period, a.eval, a.batch) for a in evals] == [
-        (-1, 0, 0, True, 2),
-        (-2, 0, 0, True, 2),
+        (-i, 0, 0, True, 4) for i in range(1, 5)
     ]
     assert all(a.ticket == "" and a.group_size == 1 for a in evals)  # no ticket: no trainer takes one
     with structlog.testing.capture_logs() as logs:
         await worker.send(answer(evals[0], 1.0))  # not given to this worker: refused, nothing changes
         await worker.send(WorkRequest(1))
-        third = await expect(worker, Assignment)
-    assert (third.prompt_id, third.eval, third.batch) == (-3, True, 1)
+        fifth = await expect(worker, Assignment)
+    assert (fifth.prompt_id, fifth.eval, fifth.batch) == (-5, True, 1)
     assert any(e["event"] == "message_refused" and e.get("type") == "eval_result" for e in logs)
-    for a, correct in ((evals[0], 1.0), (evals[1], 0.0)):
+    for a, correct in zip(evals, (1.0, 0.0, 0.0, 0.0), strict=True):
         await other.send(answer(a, correct))
-    await worker.send(answer(third, 0.0))
+    await worker.send(answer(fifth, 0.0))
     rows = await _rows(tmp_path / "eval.jsonl", 1)
-    assert rows[0]["period"] == 0 and rows[0]["eval_prompts"] == 3
-    assert abs(rows[0]["eval_accuracy"] - 1 / 3) < 1e-9 and abs(rows[0]["eval_pass_at_k"] - 1 / 3) < 1e-9
+    assert rows[0]["period"] == 0 and rows[0]["eval_prompts"] == 5
+    assert abs(rows[0]["eval_accuracy"] - 1 / 5) < 1e-9 and abs(rows[0]["eval_pass_at_k"] - 1 / 5) < 1e-9
     samples = read_jsonl(tmp_path / "samples" / "eval-period-0.jsonl")
-    assert [s["prompt_id"] for s in samples] == [-1, -2, -3]
+    assert [s["prompt_id"] for s in samples] == [-1, -2, -3, -4, -5]
+    await other.send(WorkRequest(4))  # the worker gives back what its eval batch took
+    await _until(lambda: [p.credits for p in dispatcher.peers.values() if p.name == "w1"] == [1])
     # version 1 is not due; the final version 2 is, and the run ends only once it is answered
     await trainer.send(VersionReady(1, "digest", 10, {"period": 0}))
     await trainer.send(VersionReady(2, "digest", 10, {"period": 1}))
     await trainer.send(RunDone(2, "sha", "/x"))
-    await worker.send(WorkRequest(3))
-    final = [await expect(worker, Assignment, skip=(Welcome,)) for _ in range(3)]
-    assert [(a.version, a.eval) for a in final] == [(2, True)] * 3
+    await worker.send(WorkRequest(2))
+    final = [await expect(worker, Assignment, skip=(Welcome,)) for _ in range(5)]
+    assert [(a.version, a.eval) for a in final] == [(2, True)] * 5
     assert not task.done()
     for a in final:
         await worker.send(answer(a, 1.0))
@@ -383,6 +386,14 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     rows = read_jsonl(tmp_path / "eval.jsonl")
     assert [r["period"] for r in rows] == [0, 2] and rows[1]["eval_accuracy"] == 1.0
     assert dispatcher.evals.open == []
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition did not come true")
 
 
 async def _rows(path: Path, count: int) -> list[dict[str, Any]]:
