@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cadence.config import ConfigError, load_config
+from cadence.launch.build import make_tokenizer
 from cadence.monitor.evaluation import EvalRound, EvalRounds, eval_figures, pass_at_k
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.base import Prompt
@@ -219,3 +220,15 @@ def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their
     assert [r.version for r in rounds.open] == [2, 3]
     rounds.announce(4, 5.0)  # round 2's weights may be gone (2 + 2 <= 4): abandoned unanswered
     assert [r.version for r in rounds.open] == [4]
+
+
+def test_a_char_tokenizer_also_spells_a_held_out_files_characters(tmp_path: Path) -> None:
+    write_problems(tmp_path / "train.jsonl", 3)
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"question": "what is 2 ~ 2 €", "answer": "4"}) + "\n")
+    base = ["task.name='file'", f"task.path='{tmp_path / 'train.jsonl'}'"]
+    plain = make_tokenizer(load_config(None, base))
+    cfg = load_config(None, [*base, f"eval.path='{tmp_path / 'eval.jsonl'}'", "eval.every=1"])
+    tokenizer = make_tokenizer(cfg)
+    text = "what is 2 ~ 2 €"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.encode("q1") == plain.encode("q1")  # the training texts keep their ids
