@@ -96,7 +96,9 @@ class Publisher:
             self._uploads.clear()  # a new trainer: what the old one left half done is void
         self.trainer_key = msg.key
 
-    async def publish(self, version: int, data: bytes, tensors: Mapping[str, Tensor] | None = None) -> str:
+    async def publish(
+        self, version: int, data: bytes | bytearray, tensors: Mapping[str, Tensor] | None = None
+    ) -> str:
         """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
         them to the members. Its digest (xxh3-128: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""

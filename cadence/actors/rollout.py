@@ -68,6 +68,8 @@ class WorkerSettings:
     weights_transport: Literal["zmq", "gloo", "nccl", "hccl"]
     broadcast_timeout_s: float
     on_trainer_loss: Literal["fail", "wait"]
+    threads: int = 0  # torch threads of a batch while the trainer trains (0: leave the process's count)
+    threads_first: int = 0  # of the period's first batch and the load before it: the trainer idles
     eval_temperature: float = 0.0
 
 
@@ -85,8 +87,11 @@ class RolloutWorker:
         scorer: Scorer,
         tokenizer: TextTokenizer,
         clock: Callable[[], float],
+        use_threads: Callable[[int], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.use_threads = use_threads
+        self._threads = settings.threads_first  # the budget of the next computation
         self.name = name
         self.session = session
         self.liveness = session.liveness
@@ -103,6 +108,7 @@ class RolloutWorker:
         )  # set by every Welcome: (re)connect to the trainer and publisher it names
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
+        self._period = -1  # the period of the last batch generated
         self.loaded: int | None = None
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
@@ -133,6 +139,7 @@ class RolloutWorker:
             )
         self.welcome = msg
         self.newest_period = -1
+        self._period = -1
         self.rejoin.set()
 
     async def _work(self) -> None:
@@ -215,12 +222,19 @@ class RolloutWorker:
             await asyncio.sleep(10 * self.liveness.timeout_s)
             raise
 
+    def _budget(self) -> None:
+        """Compute in the calling (worker) thread with the budget of the moment."""
+        if self.use_threads is not None and self._threads > 0:
+            self.use_threads(self._threads)
+
     def _load(self, data: bytearray) -> None:
         with self._engine_lock:
+            self._budget()
             self.engine.load(data)
 
     def _load_state(self, state: Mapping[str, Tensor]) -> None:
         with self._engine_lock:
+            self._budget()
             self.engine.load_state(state)
 
     async def _fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
@@ -240,6 +254,7 @@ class RolloutWorker:
         self, groups: list[tuple[list[int], list[int]]], evaluation: bool = False
     ) -> list[list[Completion]]:
         with self._engine_lock:
+            self._budget()
             if evaluation:
                 return self.engine.generate_many(groups, temperature=self.settings.eval_temperature)
             return self.engine.generate_many(groups)
@@ -274,6 +289,9 @@ class RolloutWorker:
         """Generate the groups of `jobs` (one version) together, score them, one result each; each
         result's `gen_s` is its share of the batch's generation time."""
         version = jobs[0].version
+        first = jobs[0].period > self._period  # the trainer idles until this batch's groups arrive
+        self._period = max(self._period, jobs[0].period)
+        self._threads = self.settings.threads_first if first else self.settings.threads
         load_s = 0.0
         if version != self.loaded:
             with span(self.clock, "load", period=jobs[0].period, version=version) as loading:

@@ -50,7 +50,7 @@ from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
 
-Publish = Callable[[int, bytes], Awaitable[str]]
+Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
 T = TypeVar("T")
 
 
@@ -67,7 +67,7 @@ class TrainerSettings:
     checkpoint_every: int
     vocab_size: int  # token ids of the model; a group with others is refused
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
-    threads_alone: int = 0  # once the period's last group is in, the workers idle (0: the same)
+    threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
     objective: str = "dapo"  # fixes the step's normaliser (ops/losses.py step_normaliser)
     max_new_tokens: int = 1  # dr_grpo's constant normaliser is max_new_tokens x samples
     lr: float | None = None  # the peak rate; None: the learner's own, never changed
@@ -113,6 +113,7 @@ class Trainer:
         self.settings = settings
         self.use_threads = use_threads
         self.alone = True  # no worker generates while this one computes (between periods, in sync)
+        self._trained = 0  # groups of the current period trained so far
         self.samples = samples
         self.resume = resume
         self.server = server
@@ -232,13 +233,13 @@ class Trainer:
         self.consumed.pop(period - 3, None)
         held: list[GroupResult] = []
         self.alone = self.settings.mode == "sync"
+        self._trained = 0
         while len(seen) < self.B:
             arrived, env = await self.arrivals.get()
             msg = self._accept(period, env, stats)
             if msg is None:
                 continue
             seen.add(msg.prompt_id)
-            self.alone = len(seen) == self.B  # the last group: nothing is left to generate this period
             stats.arrived(
                 arrived,
                 env.sender,
@@ -315,6 +316,11 @@ class Trainer:
         if not self._micro:
             return
         micro, self._micro, self._micro_tokens = self._micro, [], 0
+        # the period's last micro-batch comes after its last group: no worker has anything left to
+        # generate. Decided by the micro-batch, not by the moment the last group arrived, so that a
+        # run's arithmetic (threads included) does not depend on timing
+        self._trained += len(micro)
+        self.alone = self.alone or self._trained == self.B
         steps = self.settings.steps_per_period
         groups = [
             TrainGroup(m.prompt_tokens, m.completions, m.rewards, m.logprobs if steps > 1 else None)
@@ -339,7 +345,7 @@ class Trainer:
 
     async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in a worker thread, with the thread budget of the moment: `threads` while
-        workers generate, `threads_alone` once they have nothing left to generate."""
+        workers generate, `threads_alone` from the period's last micro-batch on (and in sync mode)."""
         threads = self.settings.threads_alone if self.alone else self.settings.threads
 
         def run() -> T:

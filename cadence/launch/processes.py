@@ -173,7 +173,7 @@ def _publish_function(
         if publisher.broadcaster is None:
             return publisher.publish, [publisher.run()]
 
-        async def broadcast(version: int, data: bytes) -> str:
+        async def broadcast(version: int, data: bytes | bytearray) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
         return broadcast, [publisher.run()]
@@ -185,7 +185,7 @@ def _publish_function(
     uploads = net.connect("trainer", publisher_address)
     timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
 
-    async def upload(version: int, data: bytes) -> str:
+    async def upload(version: int, data: bytes | bytearray) -> str:
         return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
 
     return upload, []
@@ -262,6 +262,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     from cadence.actors.rollout import RolloutWorker
     from cadence.launch.build import make_engine, make_tokenizer
     from cadence.launch.settings import session, worker_settings
+    from cadence.launch.threads import use_threads
     from cadence.rewards.scorer import make_scorer
     from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory
@@ -280,6 +281,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             make_scorer(cfg, make_task(cfg.task, cfg.seed)),
             tokenizer,
             time.time,
+            use_threads=use_threads,
         )
         await _with_log_stream(worker.run(), net, name, connect, stream)
     finally:

@@ -14,7 +14,12 @@ from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
-from cadence.launch.threads import trainer_threads, trainer_threads_alone
+from cadence.launch.threads import (
+    rollout_threads,
+    rollout_threads_first,
+    trainer_threads,
+    trainer_threads_alone,
+)
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
@@ -76,6 +81,8 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         weights_transport=cfg.weights.transport,
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
+        threads=rollout_threads(cfg),
+        threads_first=rollout_threads_first(cfg),
         eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
     )
 

@@ -10,7 +10,6 @@ model with the same logits. Only safetensors and json are used to read and write
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -48,39 +47,52 @@ _DTYPES = {
 }
 
 
-def _safetensors_bytes(state: Mapping[str, Tensor], metadata: Mapping[str, str]) -> bytes:
-    """Serialise per the safetensors format (8-byte header length, JSON header, raw little-endian data).
+def _safetensors_bytes(state: Mapping[str, Tensor], metadata: Mapping[str, str]) -> bytearray:
+    """Serialise per the safetensors format (8-byte header length, JSON header, raw little-endian data),
+    each tensor copied once, straight into the one buffer (a 135M model's 540 MB: a copy less is a
+    tenth of a second less on the way to the workers).
 
     Written here because ``safetensors.torch.save`` needs numpy, which cadence does not depend on.
     """
     if sys.byteorder != "little":
         raise RuntimeError("safetensors serialisation is implemented for little-endian hosts only")
     header: dict[str, object] = {"__metadata__": dict(metadata)}
-    chunks: list[bytes] = []
+    tensors: list[Tensor] = []
     offset = 0
     for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
+        tensor = state[name].detach()
         if tensor.dtype not in _DTYPES:
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store here")
         size = tensor.numel() * tensor.element_size()
-        chunks.append(ctypes.string_at(tensor.data_ptr(), size) if size else b"")
         header[name] = {
             "dtype": _DTYPES[tensor.dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }
+        tensors.append(tensor)
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    return b"".join([struct.pack("<Q", len(encoded)), encoded, *chunks])
+    base = 8 + len(encoded)
+    out = bytearray(base + offset)
+    out[:base] = struct.pack("<Q", len(encoded)) + encoded
+    if offset:
+        body = torch.frombuffer(out, dtype=torch.uint8, offset=base, count=offset)
+        start = 0
+        for tensor in tensors:
+            size = tensor.numel() * tensor.element_size()
+            if size:  # reshape: one contiguous row (a view unless the tensor is strided), on any device
+                body[start : start + size].copy_(tensor.reshape(-1).view(torch.uint8))
+            start += size
+    return out
 
 
-def state_dict_to_bytes(model: Transformer) -> bytes:
+def state_dict_to_bytes(model: Transformer) -> bytearray:
     """The HF-named state dict (tied ``lm_head.weight`` dropped) as safetensors bytes."""
     return tensors_to_bytes(hf_state_dict(model))
 
 
-def tensors_to_bytes(state: Mapping[str, Tensor]) -> bytes:
+def tensors_to_bytes(state: Mapping[str, Tensor]) -> bytearray:
     """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes."""
     return _safetensors_bytes(state, {"format": "pt"})
 
@@ -132,7 +144,7 @@ def _safetensors_views(data: bytearray) -> dict[str, Tensor]:
     return state
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes | bytearray) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)

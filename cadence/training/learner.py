@@ -59,7 +59,7 @@ class Learner(Protocol):
         """Divide the summed gradients by `normaliser`, clip, step at `lr` (None: the rate as it is)."""
         ...
 
-    def weights(self) -> bytes: ...
+    def weights(self) -> bytes | bytearray: ...
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The weights `weights()` serialises, as HF-named tensors (live: read before the next step)."""
@@ -264,7 +264,7 @@ class TorchLearner:
         self._sums = {}
         return info
 
-    def weights(self) -> bytes:
+    def weights(self) -> bytes | bytearray:
         return tensors_to_bytes(self.tensors())
 
     def tensors(self) -> dict[str, Tensor]:
@@ -317,7 +317,7 @@ def write_checkpoint(
     return checksum(tensors_to_bytes(weights))
 
 
-def write_state(directory: Path, weights: bytes, optimizer: dict[str, Any]) -> None:
+def write_state(directory: Path, weights: bytes | bytearray, optimizer: dict[str, Any]) -> None:
     """A resumable state: `model.safetensors` (the policy), `optimizer.pt` (AdamW's state_dict: moments
     and step counts by parameter index), `rng.pt` (torch's and Python's generators). The frozen
     reference is rebuilt from the config."""

@@ -90,7 +90,7 @@ class DistributedLearner:
         self._sums = {}
         return info
 
-    def weights(self) -> bytes:
+    def weights(self) -> bytes | bytearray:
         if not self.local.sharded:
             return self.local.weights()
         return tensors_to_bytes(self.tensors())

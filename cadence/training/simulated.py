@@ -76,7 +76,7 @@ class SimulatedLearner:
         self.steps += 1
         return {}
 
-    def weights(self) -> bytes:
+    def weights(self) -> bytes | bytearray:
         seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
         return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]
 

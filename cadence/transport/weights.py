@@ -37,7 +37,7 @@ class WeightError(RuntimeError):
 @dataclass(frozen=True)
 class StoredVersion:
     version: int
-    data: bytes
+    data: bytes | bytearray
     digest: str
 
 
@@ -49,7 +49,7 @@ class WeightStore:
         self.keep = keep
         self._versions: OrderedDict[int, StoredVersion] = OrderedDict()
 
-    def put(self, version: int, data: bytes, announced: str | None = None) -> StoredVersion:
+    def put(self, version: int, data: bytes | bytearray, announced: str | None = None) -> StoredVersion:
         """Hold `version`; with `announced`, only if the bytes' `digest` equals it."""
         xxh = digest(data)
         if announced is not None and announced != xxh:
@@ -198,7 +198,7 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 
 
 async def upload_weights(
-    client: Client, version: int, data: bytes, chunk_bytes: int, timeout_s: float, key: str = ""
+    client: Client, version: int, data: bytes | bytearray, chunk_bytes: int, timeout_s: float, key: str = ""
 ) -> str:
     """Hand `version` to a publisher in another process, each chunk with the ticket made with the
     trainer's `key`; returns its digest once the publisher holds it. The chunks are views of `data`,

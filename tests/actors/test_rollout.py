@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -49,8 +50,9 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
         server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
     )
     engine = make_engine(cfg, tokenizer)
+    budgets: list[int] = []  # the threads each load and generation computed with, in order
     worker = RolloutWorker(
-        worker_settings(cfg),
+        dataclasses.replace(worker_settings(cfg), threads=1, threads_first=3),
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
@@ -58,6 +60,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
         make_scorer(cfg, make_task(cfg.task, cfg.seed)),
         tokenizer,
         time.time,
+        use_threads=budgets.append,
     )
     tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
     peers: dict[str, bytes] = {}
@@ -92,6 +95,8 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     pair = [await expect(trainer, GroupResult) for _ in range(2)]
     assert [r.prompt_id for r in pair] == [9, 10] and [len(r.completions) for r in pair] == [3, 3]
     assert (await expect(dispatcher, WorkRequest)).credits == 2
+    # the load and the period's first batch with every core (the trainer idles), the next with a share
+    assert budgets == [3, 3, 1]
     alone = engine.generate(
         tokenizer.encode("10+11=", bos=True), [sample_seed(cfg.seed, 0, 10, i) for i in range(3)]
     )

@@ -124,7 +124,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     published: list[int] = []
 
-    async def publish(version: int, data: bytes) -> str:
+    async def publish(version: int, data: bytes | bytearray) -> str:
         published.append(version)
         return f"sha{version}"
 
