@@ -232,6 +232,7 @@ class Dispatcher:
         elif isinstance(msg, RunDone):
             log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
             self.run_done = msg
+            self.evals.close_before(msg.version)
         self._finish()
         self._assign()
 

@@ -164,6 +164,15 @@ class EvalRounds:
             self.open.append(EvalRound(version, deque(self.eval_set), now))
             log.info("eval_started", version=version, prompts=len(self.eval_set))
 
+    def close_before(self, version: int) -> None:
+        """Abandon the rounds of versions before `version` (the run has ended: only the final round,
+        of the weights saved, is waited for)."""
+        for r in [r for r in self.open if r.version < version]:
+            log.warning(
+                "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
+            )
+            self.open.remove(r)
+
     @property
     def pending(self) -> bool:
         return any(r.pending for r in self.open)

@@ -220,6 +220,10 @@ def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their
     assert [r.version for r in rounds.open] == [2, 3]
     rounds.announce(4, 5.0)  # round 2's weights may be gone (2 + 2 <= 4): abandoned unanswered
     assert [r.version for r in rounds.open] == [4]
+    rounds.give(b"a", 3, 4)
+    rounds.announce(5, 6.0)
+    rounds.close_before(5)  # the run is done: only the final round is waited for
+    assert [r.version for r in rounds.open] == [5]
 
 
 def test_a_char_tokenizer_also_spells_a_held_out_files_characters(tmp_path: Path) -> None:
