@@ -14,7 +14,15 @@
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  worker welcomed again ─────► the same (_requeue): what it held goes back to the front of pending
  trainer ─ VersionReady(k+1, metrics of k) ─► metrics.jsonl line ─► period k+1 (or wait for RunDone)
- trainer ─ RunDone ─────────► summary.json, Shutdown to everyone, stop
+ VersionReady(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
+ pending empty (the period's prompts all assigned) ─► eval prompts to workers with credits left (a
+                              credit: G / eval samples prompts), as batches of their own
+                              (Assignment eval=True, version v)
+ worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
+                              complete ─► eval.jsonl row, samples/eval-period-v.jsonl
+ round v with prompts not handed out at VersionReady(v+1), or unanswered at
+   VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
+ trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
@@ -23,19 +31,21 @@
 ```
 
 Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
-trainer reports it consumed; nothing of period k+1 is released before version k+1 is published.
+trainer reports it consumed; nothing of period k+1 is released before version k+1 is published; an
+eval prompt is handed out only while no training prompt is pending.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import structlog
 
+from cadence.monitor.evaluation import EvalRounds
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
@@ -43,10 +53,16 @@ from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import first_of
-from cadence.wire.meaning import run_done_problem, version_ready_problem, work_request_problem
+from cadence.wire.meaning import (
+    eval_result_problem,
+    run_done_problem,
+    version_ready_problem,
+    work_request_problem,
+)
 from cadence.wire.messages import (
     Assignment,
     Consumed,
+    EvalResult,
     Heartbeat,
     LogBatch,
     Message,
@@ -70,13 +86,18 @@ class DispatcherSettings:
 
     `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
     the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
-    how long prompts may wait with no rollout worker left before the run fails."""
+    how long prompts may wait with no rollout worker left before the run fails. `eval_every`: the
+    versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt;
+    `keep_versions`: the versions the publisher keeps (an eval round lasts that long)."""
 
     periods: int
     prompts_per_period: int
     group_size: int
     on_trainer_loss: Literal["fail", "wait"]
     wait_for_workers_s: float = 300.0
+    eval_every: int = 0
+    eval_samples: int = 1
+    keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later
 
 
 @dataclass
@@ -92,7 +113,8 @@ class Peer:
 
 
 class Dispatcher:
-    """`liveness`: how often to beat every peer and how long one may be silent before it is lost."""
+    """`liveness`: how often to beat every peer and how long one may be silent before it is lost;
+    `eval_set`: the held-out prompts (`cadence.tasks.heldout`), evaluated every `eval_every` versions."""
 
     def __init__(
         self,
@@ -103,8 +125,12 @@ class Dispatcher:
         liveness: Liveness,
         clock: Callable[[], float],
         hub: LogHub | None = None,
+        eval_set: Sequence[Prompt] = (),
     ) -> None:
         self.settings = settings
+        s = settings
+        self.evals = EvalRounds(eval_set, s.eval_every, s.periods, s.eval_samples, s.keep_versions)
+        self.run_done: RunDone | None = None
         self.hub = hub
         self.server = server
         self.task = task
@@ -201,11 +227,22 @@ class Dispatcher:
             self._consumed(msg)
         elif isinstance(msg, VersionReady):
             self._version_ready(msg)
+        elif isinstance(msg, EvalResult):
+            self._eval_result(msg)
         elif isinstance(msg, RunDone):
-            self.recorder.finish(self.clock(), msg.version, msg.sha256)
             log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
-            self.done.set()
+            self.run_done = msg
+            self.evals.close_before(msg.version)
+        self._finish()
         self._assign()
+
+    def _finish(self) -> None:
+        """End the run once the trainer is done and the final eval round (if any) is recorded."""
+        msg = self.run_done
+        if msg is None or self.done.is_set() or self.evals.open:
+            return
+        self.recorder.finish(self.clock(), msg.version, msg.sha256)
+        self.done.set()
 
     def _problem(self, peer: bytes, role: str, msg: Message) -> str | None:
         """Why a peer of `role` may not send `msg` now (`cadence.wire.roles`, `cadence.wire.meaning`),
@@ -220,7 +257,31 @@ class Dispatcher:
             return run_done_problem(msg, self.settings.periods, self.published)
         if isinstance(msg, WorkRequest):
             return work_request_problem(msg)
+        if isinstance(msg, EvalResult):
+            return self._eval_problem(peer, msg)
         return None
+
+    def _eval_problem(self, peer: bytes, msg: EvalResult) -> str | None:
+        """An eval answer makes sense, and answers a prompt of the open round given to its sender."""
+        problem = eval_result_problem(msg, self.settings.eval_samples)
+        return problem or self.evals.problem(peer, msg.version, msg.prompt_id)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_result(self, msg: EvalResult) -> None:
+        record = {"rewards": msg.rewards, "correct": msg.correct, "responses": msg.responses}
+        done = self.evals.answer(msg.version, msg.prompt_id, record, self.clock())
+        if done is None:
+            return
+        row, samples = done
+        self.recorder.evaluation(row, samples)
+        log.info(
+            "eval_done",
+            version=msg.version,
+            accuracy=round(row["eval_accuracy"], 4),
+            reward=round(row["eval_reward"], 4),
+            eval_s=round(row["eval_s"], 3),
+        )
 
     def _claim_problem(self, peer: bytes, msg: Register) -> str | None:
         """A peer registers as a worker, or as the trainer or publisher when no other peer is that (the
@@ -273,8 +334,10 @@ class Dispatcher:
         if row is not None:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
             self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
+        self.evals.announce(msg.version, self.clock())
         if msg.version >= self.settings.periods:
             log.info("periods_complete", version=msg.version)
+            self.pending.clear()
             return
         self.period = msg.version
         self.pending = deque(self.task.prompts(self.period, self.B))
@@ -299,6 +362,7 @@ class Dispatcher:
             self.done.set()
             return
         back = self._requeue(info)
+        self.evals.requeue(peer)
         self.reassigned += back
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
@@ -318,7 +382,7 @@ class Dispatcher:
         """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is
         back; fail the run when none has come for `wait_for_workers_s`."""
         workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-        if workers == 0 and self.pending:
+        if workers == 0 and (self.pending or self.evals.pending):
             now = self.clock()
             self._no_workers_since = self._no_workers_since or now
             waited = now - self._no_workers_since
@@ -356,6 +420,7 @@ class Dispatcher:
         every worker until both are there again (a fresh Welcome); a new trainer's first version
         names the period that starts over."""
         if info.role == "trainer":
+            self.evals.open.clear()
             self.pending.clear()
             self.outstanding.clear()
             for p in self.peers.values():
@@ -385,6 +450,7 @@ class Dispatcher:
                 info.welcomed = True
                 info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
                 self._requeue(info)
+                self.evals.requeue(peer)
                 self._outbox.append(
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
@@ -410,6 +476,30 @@ class Dispatcher:
                     self.settings.group_size,
                     assignment_ticket(key, self.period, prompt.prompt_id, self.peers[peer].name),
                     batch=len(prompts),
+                )
+                self._outbox.append((peer, assignment))
+        if not self.pending and self.evals.pending:
+            self._assign_eval(workers)
+
+    def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
+        """Eval prompts of the newest version's round to the workers' credits left once no training
+        prompt is pending, each worker's as one batch of its own (a training batch sent before it stays
+        whole). A credit stands for a group of `group_size` samples, so it buys group_size / eval
+        samples eval prompts: a batch costs what the training groups of those credits would."""
+        per_credit = max(1, self.settings.group_size // self.settings.eval_samples)  # as many samples
+        for peer, info in workers:
+            batch = self.evals.give(peer, max(info.credits, 0) * per_credit, self.published)
+            info.credits -= len(batch)  # below 0 until the worker's WorkRequest(len(batch)) after it
+            for r, prompt in batch:
+                assignment = Assignment(
+                    r.version,
+                    r.version,
+                    prompt.prompt_id,
+                    prompt.text,
+                    prompt.answer,
+                    self.settings.eval_samples,
+                    batch=len(batch),
+                    eval=True,
                 )
                 self._outbox.append((peer, assignment))
 

@@ -11,10 +11,12 @@ scores, and pushes every finished group to the trainer at once.
                             ─► G samples of each prompt seeded by (seed, k, prompt id, i), all m
                                prompts decoded together ─► score
                             ─► m GroupResults ─► trainer ; WorkRequest(m) ─► dispatcher
+ Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
 ```
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
-verified by checksum; an assignment of a period older than the newest one seen is skipped.
+verified by checksum; an assignment of a period older than the newest one seen is skipped (an eval
+assignment is not: its round may outlive its period); an eval answer never goes to the trainer.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from cadence.tasks.base import Score
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
 from cadence.transport.weights import WeightError, pull_weights
-from cadence.wire.messages import Assignment, GroupResult, Welcome, WorkRequest
+from cadence.wire.messages import Assignment, EvalResult, GroupResult, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -58,7 +60,7 @@ class WorkerSettings:
     """What a rollout worker reads of the run's configuration (built by `launch/settings.py`).
 
     `on_trainer_loss`: "wait" when a lost trainer may come back (so a failing publisher may be
-    replaced), "fail" when its loss ends the run."""
+    replaced), "fail" when its loss ends the run. `eval_temperature`: eval assignments' (0: greedy)."""
 
     seed: int
     inflight: int
@@ -68,6 +70,7 @@ class WorkerSettings:
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of a batch while the trainer trains (0: leave the process's count)
     threads_first: int = 0  # of the period's first batch and the load before it: the trainer idles
+    eval_temperature: float = 0.0
 
 
 class RolloutWorker:
@@ -117,7 +120,8 @@ class RolloutWorker:
         log.info("worker_stopped", groups_sent=self.groups_sent)
 
     def _assigned(self, msg: Assignment) -> None:
-        self.newest_period = max(self.newest_period, msg.period)
+        if not msg.eval:
+            self.newest_period = max(self.newest_period, msg.period)
         self.queue.put_nowait(msg)
 
     def _welcomed(self, msg: Welcome) -> None:
@@ -170,11 +174,13 @@ class RolloutWorker:
         await self.session.send(WorkRequest(self.settings.inflight))
         while True:
             batch = await self._next_batch()
-            jobs = [job for job in batch if job.period >= self.newest_period]
+            jobs = [job for job in batch if job.eval or job.period >= self.newest_period]
             for job in batch:
-                if job.period < self.newest_period:
+                if job not in jobs:
                     log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
-            if jobs:
+            if jobs and jobs[0].eval:
+                await self._evaluate(jobs, publisher)
+            elif jobs:
                 for result in await self._rollout(jobs, publisher):
                     await trainer.send(result)
                     self.groups_sent += 1
@@ -183,7 +189,8 @@ class RolloutWorker:
     async def _next_batch(self) -> list[Assignment]:
         """The next assignment and the others the dispatcher sent with it (`Assignment.batch`), of the
         same version and group size; the batch is what was sent together, whenever the frames came, so
-        it does not depend on timing. One that does not belong waits for the next batch."""
+        it does not depend on timing (eval and training assignments never share a batch). One that does
+        not belong waits for the next batch."""
         first = self._carried.pop(0) if self._carried else await self.queue.get()
         batch = [first]
         while len(batch) < first.batch:
@@ -195,7 +202,7 @@ class RolloutWorker:
                 except TimeoutError:
                     log.warning("batch_incomplete", expected=first.batch, got=len(batch), period=first.period)
                     break
-            if (job.version, job.group_size) != (first.version, first.group_size):
+            if (job.version, job.group_size, job.eval) != (first.version, first.group_size, first.eval):
                 self._carried.append(job)
                 break
             batch.append(job)
@@ -243,10 +250,40 @@ class RolloutWorker:
         await asyncio.to_thread(self._load, data)
         return "zmq", len(data)
 
-    def _generate(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
+    def _generate(
+        self, groups: list[tuple[list[int], list[int]]], evaluation: bool = False
+    ) -> list[list[Completion]]:
         with self._engine_lock:
             self._budget()
+            if evaluation:
+                return self.engine.generate_many(groups, temperature=self.settings.eval_temperature)
             return self.engine.generate_many(groups)
+
+    async def _evaluate(self, jobs: list[Assignment], publisher: Client) -> None:
+        """Answer eval assignments to the dispatcher. Weights that can no longer be had (the round
+        outlived the versions the publisher keeps) lose the round, not the worker; weights older than
+        the newest period's are not even fetched for an eval (they may be leaving the publisher, and
+        the next period's groups wait behind)."""
+        if jobs[0].version != self.loaded and jobs[0].version < self.newest_period:
+            log.info("eval_skipped", version=jobs[0].version, newest=self.newest_period, prompts=len(jobs))
+            return
+        try:
+            results = await self._rollout(jobs, publisher)
+        except WeightError as err:
+            log.warning("eval_weights_unavailable", version=jobs[0].version, error=str(err))
+            return
+        for job, result in zip(jobs, results, strict=True):
+            await self.session.send(
+                EvalResult(
+                    job.version,
+                    job.prompt_id,
+                    result.rewards,
+                    result.correct,
+                    result.responses,
+                    [len(c) for c in result.completions],
+                    result.gen_s,
+                )
+            )
 
     async def _rollout(self, jobs: list[Assignment], publisher: Client) -> list[GroupResult]:
         """Generate the groups of `jobs` (one version) together, score them, one result each; each
@@ -270,7 +307,8 @@ class RolloutWorker:
                 [sample_seed(seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
                 for job in jobs
             ]
-            groups = await asyncio.to_thread(self._generate, list(zip(prompts, seeds, strict=True)))
+            pairs = list(zip(prompts, seeds, strict=True))
+            groups = await asyncio.to_thread(self._generate, pairs, jobs[0].eval)
             texts = [[self.tokenizer.decode_response(c.tokens) for c in group] for group in groups]
             scores = [
                 [
@@ -307,7 +345,7 @@ class RolloutWorker:
         load_s: float,
         finished_at: float,
     ) -> GroupResult:
-        keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
+        keep = job.eval or is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
         return GroupResult(
             period=job.period,
             version=job.version,

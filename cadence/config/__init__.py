@@ -6,6 +6,7 @@ Everyone imports from here; this package imports nothing else of cadence.
 from cadence.config.run import RunConfig, from_dict, load_config, to_dict
 from cadence.config.sections import (
     ConfigError,
+    EvalConfig,
     GspoConfig,
     ModelConfigSection,
     MonitorConfig,
@@ -22,6 +23,7 @@ from cadence.config.sections import (
 
 __all__ = [
     "ConfigError",
+    "EvalConfig",
     "GspoConfig",
     "ModelConfigSection",
     "MonitorConfig",

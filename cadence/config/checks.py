@@ -26,6 +26,7 @@ def check_run(cfg: RunConfig) -> None:
     check_weights(cfg)
     check_rollout(cfg)
     check_rewards(cfg)
+    check_eval(cfg)
 
 
 def check_positive(cfg: RunConfig) -> None:
@@ -187,3 +188,33 @@ def check_rewards(cfg: RunConfig) -> None:
         raise ConfigError(f"rewards.timeout_s must be positive and finite, got {cfg.rewards.timeout_s}")
     if not math.isfinite(cfg.rewards.on_error):
         raise ConfigError(f"rewards.on_error must be finite, got {cfg.rewards.on_error}")
+
+
+def check_eval(cfg: RunConfig) -> None:
+    """Held-out evaluation: how often, how many prompts and how they are sampled."""
+    e = cfg.eval
+    if e.every < 0:
+        raise ConfigError(f"eval.every must be >= 0 (0: no evaluation), got {e.every}")
+    if e.prompts < 0:
+        raise ConfigError(f"eval.prompts must be >= 0, got {e.prompts}")
+    if e.every > 0 and e.prompts == 0 and not e.path:
+        raise ConfigError(
+            f"eval.every = {e.every} needs held-out prompts: set eval.prompts > 0 (a split of the task)"
+            " or eval.path (a file of problems)"
+        )
+    if e.k < 1:
+        raise ConfigError(f"eval.k must be >= 1, got {e.k}")
+    if e.greedy and e.k != 1:
+        raise ConfigError(
+            f"eval.k = {e.k} with eval.greedy = true: greedy decoding gives one completion a prompt;"
+            " set eval.greedy = false to sample eval.k at eval.temperature"
+        )
+    if not e.greedy and not (e.temperature > 0 and math.isfinite(e.temperature)):
+        raise ConfigError(
+            f"eval.temperature must be positive and finite when eval.greedy is false, got {e.temperature}"
+        )
+    if e.path and cfg.task.name not in ("file", "reasoning_gym"):
+        raise ConfigError(
+            f"eval.path needs task.name = 'file' or 'reasoning_gym' (got {cfg.task.name!r}): the digits"
+            " and arithmetic tasks draw their held-out prompts themselves (eval.prompts)"
+        )

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 from cadence.config.checks import check_run
 from cadence.config.sections import (
     ConfigError,
+    EvalConfig,
     ModelConfigSection,
     MonitorConfig,
     RewardsConfig,
@@ -41,6 +42,10 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig, metadata={"doc": "the prompt source and its reward"})
     rewards: RewardsConfig = field(
         default_factory=RewardsConfig, metadata={"doc": "reward functions by name, and their settings"}
+    )
+    eval: EvalConfig = field(
+        default_factory=EvalConfig,
+        metadata={"doc": "held-out evaluation during the run and by `cadence eval`"},
     )
     monitor: MonitorConfig = field(
         default_factory=MonitorConfig, metadata={"doc": "samples, log streaming and metric writers"}

@@ -35,7 +35,14 @@ def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
         from cadence.model.hf_tokenizer import open_tokenizer
 
         return open_tokenizer(Path(cfg.model.checkpoint).expanduser())
-    return CharTokenizer(make_task(cfg.task, cfg.seed).alphabet)
+    task = make_task(cfg.task, cfg.seed)
+    alphabet = task.alphabet
+    if cfg.eval.path:  # a held-out file's characters too, after the task's (whose ids stay the same)
+        from cadence.tasks.heldout import eval_prompts
+
+        extra = {c for p in eval_prompts(cfg.task, cfg.eval, task) for c in p.text + p.answer}
+        alphabet += "".join(sorted(extra - set(alphabet)))
+    return CharTokenizer(alphabet)
 
 
 def make_model(cfg: RunConfig, tokenizer: TextTokenizer) -> tuple[Transformer, ModelConfig]:

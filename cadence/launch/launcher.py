@@ -38,7 +38,7 @@ class LaunchError(RuntimeError):
 
 
 # what a run writes into its folder: a folder holding any of these holds a run
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "logs", "samples")
+RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "summary.json", "checkpoints", "logs", "samples")
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -59,7 +59,7 @@ def prepare(cfg: RunConfig, out: Path, overwrite: bool = False) -> tuple[RunConf
     check_out(out, overwrite)
     cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
+    for name in ("metrics.jsonl", "eval.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
         (out / name).unlink(missing_ok=True)
     for name in ("logs", "checkpoints", "samples", "tensorboard"):
         shutil.rmtree(out / name, ignore_errors=True)

@@ -92,6 +92,7 @@ async def dispatcher_main(
     from cadence.monitor.logstream import LogHub
     from cadence.monitor.run_dir import RunRecorder
     from cadence.monitor.writers import make_writers
+    from cadence.tasks.heldout import eval_prompts, held_out
     from cadence.tasks.registry import make_task
 
     net = _network(cfg)
@@ -101,9 +102,11 @@ async def dispatcher_main(
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
-        task = make_task(cfg.task, cfg.seed)
+        task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))  # training never draws those
+        evals = eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every > 0 else []
         settings = dispatcher_settings(cfg)
-        await Dispatcher(settings, server, task, recorder, liveness(cfg, time.time), time.time, hub).run()
+        beat = liveness(cfg, time.time)
+        await Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals).run()
     finally:
         hub.close()
         net.close()

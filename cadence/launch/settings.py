@@ -44,6 +44,9 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         group_size=cfg.rollout.group_size,
         on_trainer_loss=cfg.trainer.on_loss,
         wait_for_workers_s=cfg.rollout.wait_for_workers_s,
+        eval_every=cfg.eval.every,
+        eval_samples=1 if cfg.eval.greedy else cfg.eval.k,
+        keep_versions=cfg.weights.keep_versions,
     )
 
 
@@ -80,6 +83,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
         threads_first=rollout_threads_first(cfg),
+        eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
     )
 
 

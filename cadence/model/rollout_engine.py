@@ -7,6 +7,7 @@ the worker decides which version that is.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -27,8 +28,11 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
 
-    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
-        """`generate` of each (prompt, seeds), computed together where the engine can batch them."""
+    def generate_many(
+        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+    ) -> list[list[Completion]]:
+        """`generate` of each (prompt, seeds), computed together where the engine can batch them;
+        `temperature`: this call's instead of the engine's own (held-out evaluation; 0 is greedy)."""
         ...
 
 
@@ -48,5 +52,8 @@ class TorchRolloutEngine:
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         return self.engine.generate(prompt, seeds, self.params)
 
-    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
-        return self.engine.generate_many(groups, self.params)
+    def generate_many(
+        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+    ) -> list[list[Completion]]:
+        params = self.params if temperature is None else replace(self.params, temperature=temperature)
+        return self.engine.generate_many(groups, params)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +119,12 @@ class VllmEngine:
         """``len(seeds)`` samples of ``prompt``, each stopping after eos (kept) or ``max_new_tokens``."""
         return self.generate_many([(prompt, seeds)])[0]
 
-    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
-        """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch."""
-        p = self.params
+    def generate_many(
+        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+    ) -> list[list[Completion]]:
+        """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch;
+        `temperature`: this call's instead of the engine's own."""
+        p = self.params if temperature is None else replace(self.params, temperature=temperature)
         requests = [
             self._sampling(
                 n=1,

@@ -1,7 +1,10 @@
-"""The run directory: `config.json`, `metrics.jsonl` (a line a period), `summary.json`.
+"""The run directory: `config.json`, `metrics.jsonl` (a line a period), `eval.jsonl` (a line an eval
+round, with `samples/eval-period-K.jsonl`), `summary.json`.
 
 Invariant: `metrics.jsonl` gets one line per finished period, flushed at once, and `summary.json`
 is written atomically from those same lines, so the summary never disagrees with the metrics.
+`eval.jsonl` gets one line per completed eval round, keyed by the `period` (= `version`) evaluated,
+written when its last answer comes in (often after that period's metrics line).
 """
 
 from __future__ import annotations
@@ -88,10 +91,25 @@ class RunRecorder:
         for writer in self.writers:
             writer.write(metrics.period, metrics)
 
+    def evaluation(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        """Record a completed eval round: its `eval.jsonl` line, its samples (every prompt, each
+        response) in `samples/eval-period-K.jsonl`, and its figures to the writers."""
+        with (self.out / "eval.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        folder = self.out / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in samples)
+        (folder / f"eval-period-{row['period']}.jsonl").write_text(text, encoding="utf-8")
+        figures = {k: float(v) for k, v in row.items() if k.startswith("eval_")}
+        for writer in self.writers:
+            writer.scalars(int(row["period"]), figures)
+
     def rewind(self, version: int) -> int:
         """Forget the periods >= `version` (a trainer continues from it): the lines are dropped from
         `metrics.jsonl` too, so no period appears twice; how many went."""
         keep = [r for r in self.rows if r.period < version]
+        if (self.out / "eval.jsonl").exists():  # the eval rounds of the versions after `version` run again
+            truncate_metrics(self.out / "eval.jsonl", version + 1)
         if len(keep) == len(self.rows):
             return 0
         dropped, self.rows = len(self.rows) - len(keep), keep
@@ -103,6 +121,9 @@ class RunRecorder:
 
     def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
         summary = summarize(self.rows, self.mode, now - self.started, version, sha256)
+        evals = read_jsonl(self.out / "eval.jsonl")
+        if evals:  # the held-out figures before training (or the first round) and of the last round
+            summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
         write_json(self.out / "summary.json", summary)
         self._metrics.close()
         for writer in self.writers:

@@ -2,8 +2,8 @@
 files under `<run>/tensorboard/`, and Weights & Biases in offline mode under `<run>/wandb/`
 (`wandb sync` uploads them later). Both are off by default and come with their extras.
 
-Invariant: a writer gets every numeric field of every `metrics.jsonl` line, keyed by period, and
-nothing else; a writer asked for but not installed stops the run at start, naming the extra.
+Invariant: a writer gets every numeric field of every `metrics.jsonl` line, keyed by period, and the
+`eval_*` figures of every `eval.jsonl` line, keyed by the period evaluated, and nothing else; a writer asked for but not installed stops the run at start, naming the extra.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from cadence.monitor.period_metrics import PeriodMetrics
 
 class MetricWriter(Protocol):
     def write(self, step: int, metrics: PeriodMetrics) -> None: ...
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Figures beside a period's row (an eval round's)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -38,7 +42,10 @@ class TensorBoardWriter:
         self.writer = SummaryWriter(log_dir=str(directory))
 
     def write(self, step: int, metrics: PeriodMetrics) -> None:
-        for key, value in scalars(metrics.to_row()).items():
+        self.scalars(step, scalars(metrics.to_row()))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
             self.writer.add_scalar(f"cadence/{key}", value, step)
         self.writer.flush()
 
@@ -64,6 +71,9 @@ class WandbWriter:
 
     def write(self, step: int, metrics: PeriodMetrics) -> None:
         self.run.log(scalars(metrics.to_row()), step=step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -42,6 +42,16 @@ def walk(size: int, seed: int, period: int, count: int) -> list[int]:
     return out
 
 
+def check_held_out(held_out: int, size: int) -> int:
+    """`held_out` records of `size` kept from training, leaving at least one to train on."""
+    if not 0 <= held_out < size:
+        raise ValueError(
+            f"eval.prompts = {held_out} holds out the last records from training, and the task has"
+            f" {size}: at least one must be left to train on"
+        )
+    return held_out
+
+
 def alphabet_of(texts: list[str]) -> str:
     """Every character of `texts`, digits, letters and math punctuation, once each, in a fixed order."""
     return "".join(sorted(set(MATH_CHARACTERS).union(*texts)))
@@ -54,7 +64,10 @@ def stated_reward(format_weight: float, finished: bool, response: str, correct: 
 
 
 class FileTask:
-    def __init__(self, cfg: TaskConfig, seed: int) -> None:
+    """`held_out`: the last that many records are the eval set's (`cadence.tasks.heldout`); training
+    walks the others only."""
+
+    def __init__(self, cfg: TaskConfig, seed: int, held_out: int = 0) -> None:
         if not 0.0 <= cfg.format_weight <= 1.0:
             raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
         self.cfg = cfg
@@ -64,9 +77,10 @@ class FileTask:
             for question, answer in read_records(cfg.path, cfg.prompt_field, cfg.answer_field)
         ]
         self.alphabet = alphabet_of([text + answer for text, answer in self.records])
+        self.held_out = check_held_out(held_out, len(self.records))
 
     def prompts(self, period: int, count: int) -> list[Prompt]:
-        indices = walk(len(self.records), self.seed, period, count)
+        indices = walk(len(self.records) - self.held_out, self.seed, period, count)
         return [Prompt(period * count + i, *self.records[r]) for i, r in enumerate(indices)]
 
     def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:

@@ -14,7 +14,7 @@ from typing import Any
 from cadence.config import TaskConfig
 from cadence.tasks.answers import extract_answer, is_correct
 from cadence.tasks.base import Prompt, Score
-from cadence.tasks.dataset import alphabet_of, stated_reward, walk
+from cadence.tasks.dataset import alphabet_of, check_held_out, stated_reward, walk
 
 
 def generate(name: str, size: int, seed: int, options: dict[str, Any] | None = None) -> Any:
@@ -33,7 +33,9 @@ def generate(name: str, size: int, seed: int, options: dict[str, Any] | None = N
 
 
 class ReasoningGymTask:
-    def __init__(self, cfg: TaskConfig, seed: int) -> None:
+    """`held_out`: the last that many problems are the eval set's; training walks the others only."""
+
+    def __init__(self, cfg: TaskConfig, seed: int, held_out: int = 0) -> None:
         if not 0.0 <= cfg.format_weight <= 1.0:
             raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
         if cfg.gym_size < 1:
@@ -52,9 +54,10 @@ class ReasoningGymTask:
         # score() receives the prompt text and the answer: they find the entry the generator scores against
         self.by_prompt = {record: entry for record, entry in zip(self.records, self.entries, strict=True)}
         self.alphabet = alphabet_of([text + answer for text, answer in self.records])
+        self.held_out = check_held_out(held_out, len(self.records))
 
     def prompts(self, period: int, count: int) -> list[Prompt]:
-        indices = walk(len(self.records), self.seed, period, count)
+        indices = walk(len(self.records) - self.held_out, self.seed, period, count)
         return [Prompt(period * count + i, *self.records[r]) for i, r in enumerate(indices)]
 
     def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:

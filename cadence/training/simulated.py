@@ -43,8 +43,11 @@ class SimulatedEngine:
         n = int(self.cfg.length_median * math.exp(self.cfg.length_sigma * rng.gauss(0.0, 1.0)))
         return max(1, min(self.cfg.length_max, n))
 
-    def generate_many(self, groups: list[tuple[list[int], list[int]]]) -> list[list[Completion]]:
-        """One group after another: the simulated costs are those of one group at a time."""
+    def generate_many(
+        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+    ) -> list[list[Completion]]:
+        """One group after another: the simulated costs are those of one group at a time (whatever the
+        temperature)."""
         return [self.generate(prompt, seeds) for prompt, seeds in groups]
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cadence.wire.messages import GroupResult, RunDone, VersionReady, WeightUpload, WorkRequest
+from cadence.wire.messages import EvalResult, GroupResult, RunDone, VersionReady, WeightUpload, WorkRequest
 
 MAX_CREDITS = 1 << 16
 """The most prompt groups one `WorkRequest` may grant: far above any worker's `rollout.inflight`."""
@@ -96,6 +96,27 @@ def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
     numbers = [*msg.rewards, *msg.correct, msg.gen_s, msg.load_s, msg.finished_at]
     if not _finite(numbers) or not all(_finite(v) for v in msg.reward_parts.values()):
         return "a reward, correctness value or time that is not finite"
+    return None
+
+
+def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
+    """An eval answer: an eval prompt id (negative), `samples` samples each with a reward, a correctness
+    value, a text and a length, every number finite."""
+    if msg.prompt_id >= 0:
+        return f"prompt id {msg.prompt_id} is no eval prompt (eval ids are negative)"
+    counts = {
+        "rewards": len(msg.rewards),
+        "correct": len(msg.correct),
+        "responses": len(msg.responses),
+        "tokens": len(msg.tokens),
+    }
+    wrong = {name: count for name, count in counts.items() if count != samples}
+    if wrong:
+        return f"{samples} samples expected but {wrong}"
+    if not _finite([*msg.rewards, *msg.correct, msg.gen_s]):
+        return "a reward, correctness value or time that is not finite"
+    if any(t < 0 for t in msg.tokens):
+        return "a negative completion length"
     return None
 
 

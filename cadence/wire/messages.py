@@ -136,7 +136,9 @@ class Assignment(Message):
     """Generate `group_size` completions of one prompt with weights `version`. `ticket`: the
     dispatcher's proof of this assignment to this worker, which its `GroupResult` shows the trainer.
     `batch`: how many assignments the dispatcher sent this worker together, this one among them
-    (generated together)."""
+    (generated together). `eval`: a held-out prompt (negative id) of the eval round of `version`
+    (`period` = `version`): generated with the eval sampling settings and answered to the dispatcher
+    with an `EvalResult`, never to the trainer; a batch is all eval or all training."""
 
     period: int
     version: int
@@ -146,6 +148,22 @@ class Assignment(Message):
     group_size: int
     ticket: str = ""
     batch: int = 1
+    eval: bool = False
+
+
+@message("eval_result")
+@dataclass(frozen=True)
+class EvalResult(Message):
+    """A worker's answer to an eval assignment, sent to the dispatcher (never trained): the prompt's
+    samples with their rewards and correctness from the run's reward functions, and their texts."""
+
+    version: int
+    prompt_id: int
+    rewards: list[float]
+    correct: list[float]
+    responses: list[str]
+    tokens: list[int]  # each sample's completion length in tokens
+    gen_s: float = 0.0
 
 
 @message("group_result")

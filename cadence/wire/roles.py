@@ -44,6 +44,7 @@ AUTHORISED: dict[str, dict[str, frozenset[str]]] = {
         "register": _ANYONE,  # a claim to the trainer's or publisher's role is checked beside this
         "heartbeat": _MEMBERS,
         "work_request": frozenset({"rollout"}),
+        "eval_result": frozenset({"rollout"}),  # and only for an eval prompt the dispatcher gave that worker
         "consumed": frozenset({"trainer"}),
         "version_ready": frozenset({"trainer"}),
         "run_done": frozenset({"trainer"}),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -14,12 +16,14 @@ import structlog
 from cadence.actors.dispatcher import Dispatcher
 from cadence.launch.settings import dispatcher_settings, liveness
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
+from cadence.tasks.heldout import eval_prompts
 from cadence.tasks.registry import make_task
 from cadence.transport.endpoint import RefusalLog
 from cadence.transport.inproc import InprocClient, InprocNetwork
 from cadence.wire.messages import (
     Assignment,
     Consumed,
+    EvalResult,
     Heartbeat,
     Register,
     RunDone,
@@ -41,13 +45,15 @@ async def start(
     cfg = tiny_config("transport.liveness=200", *overrides)
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)
+    task = make_task(cfg.task, cfg.seed)
     dispatcher = Dispatcher(
         dispatcher_settings(cfg),
         server,
-        make_task(cfg.task, cfg.seed),
+        task,
         recorder,
         liveness(cfg, time.time),
         time.time,
+        eval_set=eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every else [],
     )
     return dispatcher, asyncio.create_task(dispatcher.run())
 
@@ -316,3 +322,84 @@ async def test_a_dead_trainer_process_is_named_trainer_not_its_publisher(
         await asyncio.wait_for(task, 20)
     beating.cancel()
     assert str(failed.value).startswith("trainer lost (silent for ")
+
+
+def answer(a: Assignment, correct: float) -> EvalResult:
+    """A worker's answer to eval assignment `a`: its samples all `correct` or not."""
+    n = a.group_size
+    return EvalResult(a.version, a.prompt_id, [correct] * n, [correct] * n, ["7"] * n, [2] * n, 0.01)
+
+
+async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigned(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "periods=2", "eval.every=2", "eval.prompts=5")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "w0", "rollout")
+    other = await join(network, "w1", "rollout")
+    beating = keep_beating([trainer, publisher, worker, other])
+    await expect(worker, Welcome)
+    await expect(other, Welcome)
+    await trainer.send(VersionReady(0, "digest", 10, {}))
+    await worker.send(WorkRequest(3))
+    training = [await expect(worker, Assignment) for _ in range(3)]
+    assert not any(a.eval for a in training) and [a.batch for a in training] == [3, 3, 3]
+    await other.send(WorkRequest(2))  # the period's last prompt, then eval prompts with the credit left
+    last = await expect(other, Assignment)
+    assert (last.prompt_id, last.eval, last.batch) == (3, False, 1)
+    # a credit stands for a group of G = 4 samples: 4 greedy eval prompts of one sample, one batch
+    evals = [await expect(other, Assignment) for _ in range(4)]
+    assert [(a.prompt_id, a.version, a.period, a.eval, a.batch) for a in evals] == [
+        (-i, 0, 0, True, 4) for i in range(1, 5)
+    ]
+    assert all(a.ticket == "" and a.group_size == 1 for a in evals)  # no ticket: no trainer takes one
+    with structlog.testing.capture_logs() as logs:
+        await worker.send(answer(evals[0], 1.0))  # not given to this worker: refused, nothing changes
+        await worker.send(WorkRequest(1))
+        fifth = await expect(worker, Assignment)
+    assert (fifth.prompt_id, fifth.eval, fifth.batch) == (-5, True, 1)
+    assert any(e["event"] == "message_refused" and e.get("type") == "eval_result" for e in logs)
+    for a, correct in zip(evals, (1.0, 0.0, 0.0, 0.0), strict=True):
+        await other.send(answer(a, correct))
+    await worker.send(answer(fifth, 0.0))
+    rows = await _rows(tmp_path / "eval.jsonl", 1)
+    assert rows[0]["period"] == 0 and rows[0]["eval_prompts"] == 5
+    assert abs(rows[0]["eval_accuracy"] - 1 / 5) < 1e-9 and abs(rows[0]["eval_pass_at_k"] - 1 / 5) < 1e-9
+    samples = read_jsonl(tmp_path / "samples" / "eval-period-0.jsonl")
+    assert [s["prompt_id"] for s in samples] == [-1, -2, -3, -4, -5]
+    await other.send(WorkRequest(4))  # the worker gives back what its eval batch took
+    await _until(lambda: [p.credits for p in dispatcher.peers.values() if p.name == "w1"] == [1])
+    # version 1 is not due; the final version 2 is, and the run ends only once it is answered
+    await trainer.send(VersionReady(1, "digest", 10, {"period": 0}))
+    await trainer.send(VersionReady(2, "digest", 10, {"period": 1}))
+    await trainer.send(RunDone(2, "sha", "/x"))
+    await worker.send(WorkRequest(2))
+    final = [await expect(worker, Assignment, skip=(Welcome,)) for _ in range(5)]
+    assert [(a.version, a.eval) for a in final] == [(2, True)] * 5
+    assert not task.done()
+    for a in final:
+        await worker.send(answer(a, 1.0))
+    assert (await expect(trainer, Shutdown)).reason == "run complete"
+    await asyncio.wait_for(task, 5)
+    beating.cancel()
+    rows = read_jsonl(tmp_path / "eval.jsonl")
+    assert [r["period"] for r in rows] == [0, 2] and rows[1]["eval_accuracy"] == 1.0
+    assert dispatcher.evals.open == []
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition did not come true")
+
+
+async def _rows(path: Path, count: int) -> list[dict[str, Any]]:
+    for _ in range(200):
+        rows = read_jsonl(path)
+        if len(rows) >= count:
+            return rows
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} has fewer than {count} rows")

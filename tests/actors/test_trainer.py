@@ -23,7 +23,15 @@ from cadence.ops.schedule import lr_at
 from cadence.training.learner import TrainGroup
 from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
-from cadence.wire.messages import Consumed, GroupResult, Register, RunDone, Shutdown, VersionReady
+from cadence.wire.messages import (
+    Consumed,
+    EvalResult,
+    GroupResult,
+    Register,
+    RunDone,
+    Shutdown,
+    VersionReady,
+)
 from cadence.wire.roles import assignment_ticket
 from tests.conftest import expect, tiny_config
 
@@ -361,5 +369,27 @@ async def test_groups_without_their_assignment_or_without_meaning_are_refused(
     assert trainer.server.refused == 6
     assert ready.version == 1 and ready.metrics["groups"] == 4  # the sound copies, every one trained
     assert ready.metrics["stale_dropped"] == 0 and ready.metrics["duplicates_dropped"] == 0
+    assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4
+    task.cancel()
+
+
+async def test_eval_work_never_reaches_the_gradient(network: InprocNetwork, tmp_path: Path) -> None:
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
+    trainer.server.refusals = RefusalLog("trainer", per_second=100)
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    eval_answer = EvalResult(0, -1, [1.0, 1.0], [1.0, 1.0], ["7", "7"], [2, 2])
+    with structlog.testing.capture_logs() as logs:
+        # an eval assignment carries no ticket: a group of it is no assignment the trainer knows
+        await worker.client.send(dataclasses.replace(group(0, 0), prompt_id=-1, ticket=""))
+        await worker.client.send(eval_answer)  # an eval answer sent to the trainer instead of the dispatcher
+        for pid in (0, 1, 2, 3):
+            await worker.send(group(0, pid))
+        ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    refused = [e["reason"] for e in logs if e["event"] == "message_refused"]
+    assert refused == [
+        "no assignment of prompt -1 of period 0 to w0",
+        "a stranger may not send eval_result to the trainer",
+    ]
+    assert ready.metrics["groups"] == 4 and ready.metrics["stale_dropped"] == 0
     assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4
     task.cancel()

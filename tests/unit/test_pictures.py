@@ -233,6 +233,19 @@ def test_plot_without_a_panel_key_still_draws(tmp_path: Path) -> None:
     )
     svg = draw_plot(run, tmp_path / "plot.svg").read_text()
     assert "no accuracy in metrics.jsonl" in svg
+    assert "held out" not in svg  # no eval.jsonl: no eval curve
+
+
+def test_plot_draws_the_eval_rounds_of_a_run_with_eval(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, periods=10)
+    rows = [
+        {"period": k, "eval_accuracy": k / 10, "eval_pass_at_k": k / 8, "eval_reward": k / 9}
+        for k in (0, 5, 10)
+    ]
+    (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    svg = draw_plot(run, tmp_path / "plot.svg").read_text()
+    for label in ("eval accuracy (held out)", "eval pass@k (held out)", "eval reward (held out)"):
+        assert label in svg
 
 
 # ---------------------------------------------------------------- the command

@@ -26,6 +26,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("dispatcher", "register"): ANYONE,
     ("dispatcher", "heartbeat"): MEMBERS,
     ("dispatcher", "work_request"): {"rollout"},
+    ("dispatcher", "eval_result"): {"rollout"},
     ("dispatcher", "consumed"): {"trainer"},
     ("dispatcher", "version_ready"): {"trainer"},
     ("dispatcher", "run_done"): {"trainer"},
@@ -71,6 +72,8 @@ def test_every_message_type_is_taken_by_some_actor_and_the_forged_ones_only_from
     ):
         assert [r for r in ROLES if may_send(actor, r, tag)] == ["trainer"]
     assert [r for r in ROLES if may_send("trainer", r, "group_result")] == ["rollout"]
+    # an eval answer goes to the dispatcher only: no role may bring one to the trainer, so none is trained
+    assert [a for a in ACTORS if any(may_send(a, r, "eval_result") for r in ROLES)] == ["dispatcher"]
     assert not may_send("nobody", "trainer", "run_done") and not may_send("dispatcher", "trainer", "nonsense")
 
 

@@ -1,4 +1,6 @@
-"""`cadence plot`: reward, accuracy, response length and throughput against the period, 2x2.
+"""`cadence plot`: reward, accuracy, response length and throughput against the period, 2x2; a run
+with held-out evaluation (`eval.jsonl`) adds its eval accuracy, pass@k and reward as marked lines to the
+accuracy and reward panels.
 
 Invariant: a key missing from some rows leaves those periods out of its curve, a key missing from
 every row leaves its curve (or panel) out; neither stops the picture. From `_SMOOTH_FROM` periods
@@ -11,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from cadence.monitor.pictures import PictureError, check_run_dir, picture_format, read_metrics
+from cadence.monitor.run_dir import read_new_lines
 
 _SMOOTH_FROM = 40
 _BLUE = "#4C72B0"
 _ORANGE = "#DD8452"
 _GREEN = "#2CA02C"
 _PURPLE = "#8172B3"
+_RED = "#C44E52"
 
 
 def draw_plot(run_dir: Path, out: Path) -> Path:
@@ -43,12 +47,16 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
             hi = [m + d for m, d in both]
             reward.fill_between(xb, lo, hi, color=_BLUE, alpha=0.15, linewidth=0, label="mean ± std")
         _curve(reward, x, mean, _BLUE, "mean", smooth, window)
+    evals = read_new_lines(run_dir / "eval.jsonl", 0)[0]
+    _eval_curve(reward, evals, "eval_reward", "eval reward (held out)", _RED, "o")
     _finish(reward, "reward", "reward_mean", bool(x))
 
     x, acc = _series(rows, "accuracy")
     if x:
         _curve(accuracy, x, acc, _GREEN, "accuracy", smooth, window)
         accuracy.set_ylim(-0.03, 1.03)
+    _eval_curve(accuracy, evals, "eval_accuracy", "eval accuracy (held out)", _RED, "o")
+    _eval_curve(accuracy, evals, "eval_pass_at_k", "eval pass@k (held out)", _RED, "^", dashed=True)
     _finish(accuracy, "accuracy", "accuracy", bool(x))
 
     x, resp = _series(rows, "response_len_mean")
@@ -124,6 +132,16 @@ def _curve(
         ax.plot(x, moving_average(y, window), color=colour, linewidth=1.8, label=label)
     else:
         ax.plot(x, y, color=colour, linewidth=1.4, marker="o", markersize=2.5, label=label)
+
+
+def _eval_curve(
+    ax: Any, evals: list[dict[str, Any]], key: str, label: str, colour: str, marker: str, dashed: bool = False
+) -> None:
+    """The eval rounds' `key` against the period evaluated, unsmoothed (rounds are few)."""
+    x, y = _series(evals, key)
+    if x:
+        style = "--" if dashed else "-"
+        ax.plot(x, y, color=colour, linestyle=style, linewidth=1.4, marker=marker, markersize=4, label=label)
 
 
 def _finish(ax: Any, title: str, key: str, drawn: bool, legend: bool = True) -> None:

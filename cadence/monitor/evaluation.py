@@ -1,0 +1,206 @@
+"""Held-out evaluation: the figures of an eval round, and the rounds' bookkeeping at the dispatcher.
+
+An eval round evaluates one version on the whole eval set (`cadence.tasks.heldout`): every prompt is
+pending, then outstanding at one worker, then answered; the round's row is written to `eval.jsonl`
+once every prompt is answered. `cadence eval` computes the same figures with `eval_figures`.
+
+Invariant: the figures depend only on each prompt's rewards and correctness values, not on the order
+they came in; `eval_pass_at_k` is the unbiased estimator 1 - C(n - c, k) / C(n, k) averaged over the
+prompts (n samples, c of them correct); with n = k it is the share of prompts with a correct sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from cadence.tasks.base import Prompt
+
+log = structlog.get_logger()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that k of n samples, c of them correct, drawn without replacement hold a correct one."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_figures(groups: Sequence[tuple[Sequence[float], Sequence[float]]], k: int) -> dict[str, Any]:
+    """`eval_reward` and `eval_accuracy` (means over every sample), `eval_pass_at_k` (mean over the
+    prompts) of (rewards, correct) a prompt, with the counts they come from."""
+    if not groups:
+        raise ValueError("an eval round needs at least one prompt")
+    rewards = [r for group, _ in groups for r in group]
+    correct = [c for _, group in groups for c in group]
+    passes = [pass_at_k(len(c), sum(1 for v in c if v >= 1.0), k) for _, c in groups]
+    return {
+        "eval_reward": sum(rewards) / len(rewards),
+        "eval_accuracy": sum(correct) / len(correct),
+        "eval_pass_at_k": sum(passes) / len(passes),
+        "eval_k": k,
+        "eval_prompts": len(groups),
+        "eval_samples": len(rewards),
+    }
+
+
+@dataclass
+class EvalRound:
+    """The eval set for weights `version`: pending, outstanding at a peer, or answered."""
+
+    version: int
+    pending: deque[Prompt]
+    started: float
+    outstanding: dict[int, tuple[bytes, Prompt]] = field(default_factory=dict)
+    answers: dict[int, tuple[Prompt, dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending and not self.outstanding
+
+    def give(self, peer: bytes, count: int) -> list[Prompt]:
+        """Up to `count` pending prompts, now outstanding at `peer`."""
+        given = [self.pending.popleft() for _ in range(min(count, len(self.pending)))]
+        for prompt in given:
+            self.outstanding[prompt.prompt_id] = (peer, prompt)
+        return given
+
+    def held_by(self, peer: bytes, prompt_id: int) -> bool:
+        owner = self.outstanding.get(prompt_id)
+        return owner is not None and owner[0] == peer
+
+    def answer(self, prompt_id: int, record: dict[str, Any]) -> None:
+        """Take the answer to an outstanding prompt: `record` has its `rewards` and `correct`."""
+        _, prompt = self.outstanding.pop(prompt_id)
+        self.answers[prompt_id] = (prompt, record)
+
+    def requeue(self, peer: bytes) -> int:
+        """What `peer` held goes back to the front of pending, in id order; how many."""
+        back = sorted(
+            (p for owner, p in self.outstanding.values() if owner == peer), key=lambda p: -p.prompt_id
+        )
+        for prompt in back:
+            del self.outstanding[prompt.prompt_id]
+        self.pending.extendleft(reversed(back))
+        return len(back)
+
+    def row(self, k: int, now: float) -> dict[str, Any]:
+        """The `eval.jsonl` row of a complete round (`period` = `version`: the period that generates with
+        these weights, or the run's end for the final version)."""
+        groups = [
+            (rec["rewards"], rec["correct"]) for _, (_, rec) in sorted(self.answers.items(), reverse=True)
+        ]
+        figures = eval_figures(groups, k)
+        return {"period": self.version, "version": self.version, **figures, "eval_s": now - self.started}
+
+    def samples(self) -> list[dict[str, Any]]:
+        """Every answered prompt with its responses, in eval-set order (ids -1, -2, ...)."""
+        out = []
+        for pid, (prompt, rec) in sorted(self.answers.items(), reverse=True):
+            responses = [
+                {"text": t, "reward": r, "correct": c}
+                for t, r, c in zip(rec["responses"], rec["rewards"], rec["correct"], strict=True)
+            ]
+            out.append(
+                {
+                    "version": self.version,
+                    "prompt_id": pid,
+                    "prompt": prompt.text,
+                    "answer": prompt.answer,
+                    "reward_mean": sum(rec["rewards"]) / len(rec["rewards"]),
+                    "responses": responses,
+                }
+            )
+        return out
+
+
+class EvalRounds:
+    """The dispatcher's open eval rounds, oldest first: which are due, which prompt goes to which
+    worker, which answers to take, and when a round is complete or must be abandoned.
+
+    A round's prompts are handed out only while its version is the newest announced (the weights the
+    workers generate with then, still held by the publisher), so no worker pulls older weights for an
+    eval. A round with prompts never handed out when the next version is announced cannot complete and
+    is abandoned; one whose prompts are all out is waited for until version v + `keep_versions` (the
+    versions the publisher holds) is announced, then abandoned too.
+
+    `every`: the versions evaluated (multiples of it, and `periods`; 0: none); `samples`: samples an eval
+    prompt."""
+
+    def __init__(
+        self, eval_set: Sequence[Prompt], every: int, periods: int, samples: int, keep_versions: int
+    ) -> None:
+        self.eval_set = list(eval_set)
+        self.every = every
+        self.periods = periods
+        self.samples = samples
+        self.keep_versions = keep_versions
+        self.open: list[EvalRound] = []
+
+    def due(self, version: int) -> bool:
+        every = self.every
+        return bool(self.eval_set) and every > 0 and (version % every == 0 or version == self.periods)
+
+    def announce(self, version: int, now: float) -> None:
+        """Version `version` is published: abandon the rounds too old to finish, open its own if due."""
+        late = [
+            r
+            for r in self.open
+            if r.version + self.keep_versions <= version or (r.pending and r.version < version)
+        ]
+        for r in late:
+            log.warning(
+                "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
+            )
+            self.open.remove(r)
+        if self.due(version) and all(r.version != version for r in self.open):
+            self.open.append(EvalRound(version, deque(self.eval_set), now))
+            log.info("eval_started", version=version, prompts=len(self.eval_set))
+
+    def close_before(self, version: int) -> None:
+        """Abandon the rounds of versions before `version` (the run has ended: only the final round,
+        of the weights saved, is waited for)."""
+        for r in [r for r in self.open if r.version < version]:
+            log.warning(
+                "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
+            )
+            self.open.remove(r)
+
+    @property
+    def pending(self) -> bool:
+        return any(r.pending for r in self.open)
+
+    def give(self, peer: bytes, credits: int, newest: int) -> list[tuple[EvalRound, Prompt]]:
+        """Up to `credits` pending prompts of the round of version `newest` (the newest announced) for
+        `peer`: one batch."""
+        r = next((r for r in self.open if r.version == newest), None)
+        return [] if r is None else [(r, p) for p in r.give(peer, credits)]
+
+    def problem(self, peer: bytes, version: int, prompt_id: int) -> str | None:
+        """Why an answer to eval prompt `prompt_id` of `version` from `peer` may not be taken, or None."""
+        if not any(r.version == version and r.held_by(peer, prompt_id) for r in self.open):
+            return f"no eval prompt {prompt_id} of version {version} was given to this worker"
+        return None
+
+    def answer(
+        self, version: int, prompt_id: int, record: dict[str, Any], now: float
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """Take an answer `problem` found nothing wrong with; the row and samples of the round it
+        completes, or None."""
+        r = next(r for r in self.open if r.version == version)
+        r.answer(prompt_id, record)
+        if not r.complete:
+            return None
+        self.open.remove(r)
+        return r.row(self.samples, now), r.samples()
+
+    def requeue(self, peer: bytes) -> None:
+        for r in self.open:
+            r.requeue(peer)
