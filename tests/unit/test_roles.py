@@ -64,7 +64,7 @@ def test_every_message_type_from_every_role_to_every_actor(tag: str) -> None:
 def test_every_message_type_is_taken_by_some_actor_and_the_forged_ones_only_from_their_owner() -> None:
     assert unknown_tags() == set()
     assert {tag for _, tag in EXPECTED} == set(REGISTRY)
-    # the rows of the issue: only the trainer ends the run, announces versions, uploads weights
+    # the rules a run depends on: only the trainer ends the run, announces versions, uploads weights
     for tag, actor in (
         ("run_done", "dispatcher"),
         ("version_ready", "dispatcher"),
