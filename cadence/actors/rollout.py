@@ -68,8 +68,7 @@ class WorkerSettings:
     weights_transport: Literal["zmq", "gloo", "nccl", "hccl"]
     broadcast_timeout_s: float
     on_trainer_loss: Literal["fail", "wait"]
-    threads: int = 0  # torch threads of a batch while the trainer trains (0: leave the process's count)
-    threads_first: int = 0  # of the period's first batch and the load before it: the trainer idles
+    threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
     eval_temperature: float = 0.0
 
 
@@ -91,7 +90,6 @@ class RolloutWorker:
     ) -> None:
         self.settings = settings
         self.use_threads = use_threads
-        self._threads = settings.threads_first  # the budget of the next computation
         self.name = name
         self.session = session
         self.liveness = session.liveness
@@ -108,7 +106,6 @@ class RolloutWorker:
         )  # set by every Welcome: (re)connect to the trainer and publisher it names
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
-        self._period = -1  # the period of the last batch generated
         self.loaded: int | None = None
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
@@ -139,7 +136,6 @@ class RolloutWorker:
             )
         self.welcome = msg
         self.newest_period = -1
-        self._period = -1
         self.rejoin.set()
 
     async def _work(self) -> None:
@@ -224,8 +220,8 @@ class RolloutWorker:
 
     def _budget(self) -> None:
         """Compute in the calling (worker) thread with the budget of the moment."""
-        if self.use_threads is not None and self._threads > 0:
-            self.use_threads(self._threads)
+        if self.use_threads is not None and self.settings.threads > 0:
+            self.use_threads(self.settings.threads)
 
     def _load(self, data: bytearray) -> None:
         with self._engine_lock:
@@ -289,9 +285,6 @@ class RolloutWorker:
         """Generate the groups of `jobs` (one version) together, score them, one result each; each
         result's `gen_s` is its share of the batch's generation time."""
         version = jobs[0].version
-        first = jobs[0].period > self._period  # the trainer idles until this batch's groups arrive
-        self._period = max(self._period, jobs[0].period)
-        self._threads = self.settings.threads_first if first else self.settings.threads
         load_s = 0.0
         if version != self.loaded:
             with span(self.clock, "load", period=jobs[0].period, version=version) as loading:

@@ -16,7 +16,6 @@ from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
 from cadence.launch.threads import (
     rollout_threads,
-    rollout_threads_first,
     trainer_threads,
     trainer_threads_alone,
 )
@@ -82,7 +81,6 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
-        threads_first=rollout_threads_first(cfg),
         eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
     )
 

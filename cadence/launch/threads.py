@@ -2,9 +2,9 @@
 
 ```
  cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
- worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes;
-                max(1, C // W) for its first batch of a      the trainer idles until a group arrives
-                period and the version's load before it
+ worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes
+                                                              (a decode step's many small ops run slower
+                                                              on two threads than on one here)
  trainer rank:  trainer.threads, or
    sync         max(1, C // R)                                workers idle while it trains
    periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
@@ -21,8 +21,7 @@ other busy process: 1.9 s on one thread; on two, 18 s with OpenMP's default spin
 
 Invariant: a budget is at least one thread and depends only on the config and the host's core count,
 so every process of a run on one host computes the same figures; a worker's does not depend on the
-mode (only on whether a batch is its first of the period), so both modes generate with the same
-arithmetic.
+mode, so both modes generate with the same arithmetic.
 """
 
 from __future__ import annotations
@@ -44,15 +43,6 @@ def rollout_threads(cfg: RunConfig, cores: int | None = None) -> int:
         return cfg.rollout.threads
     cores = host_cores() if cores is None else cores
     return max(1, cores // (cfg.rollout.workers + cfg.trainer.ranks))
-
-
-def rollout_threads_first(cfg: RunConfig, cores: int | None = None) -> int:
-    """A worker's threads for its first batch of a period (and the version's load before it): the
-    trainer has nothing to train until a group arrives, so the workers share every core."""
-    if cfg.rollout.threads > 0:
-        return cfg.rollout.threads
-    cores = host_cores() if cores is None else cores
-    return max(1, cores // cfg.rollout.workers)
 
 
 def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:

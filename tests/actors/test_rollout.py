@@ -52,7 +52,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     engine = make_engine(cfg, tokenizer)
     budgets: list[int] = []  # the threads each load and generation computed with, in order
     worker = RolloutWorker(
-        dataclasses.replace(worker_settings(cfg), threads=1, threads_first=3),
+        dataclasses.replace(worker_settings(cfg), threads=3),
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
@@ -95,8 +95,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     pair = [await expect(trainer, GroupResult) for _ in range(2)]
     assert [r.prompt_id for r in pair] == [9, 10] and [len(r.completions) for r in pair] == [3, 3]
     assert (await expect(dispatcher, WorkRequest)).credits == 2
-    # the load and the period's first batch with every core (the trainer idles), the next with a share
-    assert budgets == [3, 3, 1]
+    assert budgets == [3, 3, 3]  # the load and each batch computed with the worker's own budget
     alone = engine.generate(
         tokenizer.encode("10+11=", bos=True), [sample_seed(cfg.seed, 0, 10, i) for i in range(3)]
     )
