@@ -20,8 +20,9 @@
                               (Assignment eval=True, version v)
  worker  ─ EvalResult ──────► an eval prompt of the round given to that worker? else refused; round
                               complete ─► eval.jsonl row, samples/eval-period-v.jsonl
- round v with prompts not handed out at VersionReady(v+1), or unanswered at
-   VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
+ round v with prompts not handed out at VersionReady(v+1) ─► that rest goes out first, before
+                              period v+1's prompts, to workers still holding v (eval_rest_first)
+ round v unanswered at VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
@@ -32,7 +33,8 @@
 
 Invariant: a prompt of period k is outstanding at exactly one live worker or pending, until the
 trainer reports it consumed; nothing of period k+1 is released before version k+1 is published; an
-eval prompt is handed out only while no training prompt is pending.
+eval prompt is handed out only while no training prompt is pending, except the rest of an older round,
+which goes before the new period's prompts.
 """
 
 from __future__ import annotations
@@ -455,8 +457,10 @@ class Dispatcher:
                     (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
                 )
         workers = [(k, p) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
+        if self.evals.behind(self.published):  # the rest of an older round first
+            self._assign_eval(workers)
         given: dict[bytes, list[Prompt]] = {}
-        while self.pending and workers:
+        while self.pending and workers and not self.evals.behind(self.published):
             peer, info = max(workers, key=lambda kp: kp[1].credits)
             if info.credits <= 0:
                 break
@@ -482,8 +486,8 @@ class Dispatcher:
             self._assign_eval(workers)
 
     def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
-        """Eval prompts of the newest version's round to the workers' credits left once no training
-        prompt is pending, each worker's as one batch of its own (a training batch sent before it stays
+        """Eval prompts to the workers' credits left, once no training prompt is pending (or before
+        them, the rest of an older round): each worker's as one batch of its own (a training batch sent before it stays
         whole). A credit stands for a group of `group_size` samples, so it buys group_size / eval
         samples eval prompts: a batch costs what the training groups of those credits would."""
         per_credit = max(1, self.settings.group_size // self.settings.eval_samples)  # as many samples

@@ -45,6 +45,9 @@ def _add_data(sub: Subparsers) -> None:
         metavar="KEY=VALUE",
         help="a generator setting, e.g. max_terms=2 (value a TOML literal)",
     )
+    gym.add_argument(
+        "--unique", action="store_true", help="skip a question already written (a clean held-out split)"
+    )
     gym.set_defaults(handler=reasoning_gym_handler)
 
 
@@ -61,7 +64,7 @@ def reasoning_gym_handler(args: argparse.Namespace) -> int:
 
     try:
         options = parse_options(args.option)
-        count = export_reasoning_gym(args.name, args.size, args.seed, args.out, options)
+        count = export_reasoning_gym(args.name, args.size, args.seed, args.out, options, unique=args.unique)
     except ValueError as err:
         return refuse(str(err))
     print(f"cadence: wrote {count} problems to {args.out}")

@@ -125,11 +125,12 @@ class EvalRounds:
     """The dispatcher's open eval rounds, oldest first: which are due, which prompt goes to which
     worker, which answers to take, and when a round is complete or must be abandoned.
 
-    A round's prompts are handed out only while its version is the newest announced (the weights the
-    workers generate with then, still held by the publisher), so no worker pulls older weights for an
-    eval. A round with prompts never handed out when the next version is announced cannot complete and
-    is abandoned; one whose prompts are all out is waited for until version v + `keep_versions` (the
-    versions the publisher holds) is announced, then abandoned too.
+    A round of version v is handed out at the tail of period v, once its training prompts are all
+    assigned, to the workers then holding v. What the tail could not hold when version v + 1 is
+    announced is the round's rest: it goes out before period v + 1's prompts (`behind`), to workers
+    still holding v, so a round always completes and the next period waits only for that rest. A round
+    not answered by version v + `keep_versions` (the versions the publisher holds; a worker lost with
+    its prompts) is abandoned.
 
     `every`: the versions evaluated (multiples of it, and `periods`; 0: none); `samples`: samples an eval
     prompt."""
@@ -150,11 +151,10 @@ class EvalRounds:
 
     def announce(self, version: int, now: float) -> None:
         """Version `version` is published: abandon the rounds too old to finish, open its own if due."""
-        late = [
-            r
-            for r in self.open
-            if r.version + self.keep_versions <= version or (r.pending and r.version < version)
-        ]
+        late = [r for r in self.open if r.version + self.keep_versions <= version]
+        for r in self.open:
+            if r not in late and r.pending and r.version < version:
+                log.info("eval_rest_first", version=r.version, prompts=len(r.pending), next_version=version)
         for r in late:
             log.warning(
                 "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
@@ -177,10 +177,15 @@ class EvalRounds:
     def pending(self) -> bool:
         return any(r.pending for r in self.open)
 
+    def behind(self, newest: int) -> bool:
+        """A round older than version `newest` (the newest announced) still has prompts to hand out:
+        they go before that period's prompts."""
+        return any(r.pending and r.version < newest for r in self.open)
+
     def give(self, peer: bytes, credits: int, newest: int) -> list[tuple[EvalRound, Prompt]]:
-        """Up to `credits` pending prompts of the round of version `newest` (the newest announced) for
-        `peer`: one batch."""
-        r = next((r for r in self.open if r.version == newest), None)
+        """Up to `credits` pending prompts for `peer`, one batch of one version: the oldest round's
+        with prompts left, of version `newest` or before."""
+        r = next((r for r in self.open if r.pending and r.version <= newest), None)
         return [] if r is None else [(r, p) for p in r.give(peer, credits)]
 
     def problem(self, peer: bytes, version: int, prompt_id: int) -> str | None:

@@ -388,6 +388,37 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     assert dispatcher.evals.open == []
 
 
+async def test_the_rest_of_an_eval_round_goes_out_before_the_next_periods_prompts(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path, "periods=2", "eval.every=1", "eval.prompts=6")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "w0", "rollout")
+    beating = keep_beating([trainer, publisher, worker])
+    await expect(worker, Welcome)
+    await trainer.send(VersionReady(0, "digest", 10, {}))
+    await worker.send(WorkRequest(5))  # the period's 4 prompts, then 4 eval prompts for the last credit
+    got = [await expect(worker, Assignment) for _ in range(8)]
+    assert [(a.eval, a.version) for a in got] == [(False, 0)] * 4 + [(True, 0)] * 4
+    with structlog.testing.capture_logs() as logs:
+        await trainer.send(VersionReady(1, "digest", 10, {"period": 0}))  # the tail ended, 2 left
+        await worker.send(WorkRequest(6))  # 4 given back for the eval batch (credits -3 to 3)
+        rest = [await expect(worker, Assignment) for _ in range(3)]
+    assert any(e["event"] == "eval_rest_first" and e["prompts"] == 2 for e in logs)
+    assert [(a.eval, a.version, a.prompt_id, a.batch) for a in rest[:2]] == [
+        (True, 0, -5, 2),
+        (True, 0, -6, 2),
+    ]
+    assert [(a.eval, a.period) for a in rest[2:]] == [(False, 1)]  # then period 1, for the credit left
+    for a in got[4:] + rest[:2]:
+        await worker.send(answer(a, 1.0))
+    rows = await _rows(tmp_path / "eval.jsonl", 1)
+    assert rows[0]["version"] == 0 and rows[0]["eval_prompts"] == 6 and rows[0]["eval_accuracy"] == 1.0
+    beating.cancel()
+    task.cancel()
+
+
 async def _until(check: Callable[[], bool]) -> None:
     for _ in range(200):
         if check():

@@ -196,3 +196,34 @@ def test_export_command_writes_a_file_the_file_task_reads(
     assert task.score(prompt.text, f"\\boxed{{{prompt.answer}}}", prompt.answer, True).correct == 1.0
     assert main(["data", "reasoning-gym", "no_such_generator", "-o", str(out)]) == 2
     assert "no_such_generator" in capsys.readouterr().err
+
+
+def test_export_unique_skips_repeated_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("reasoning_gym")
+    out = tmp_path / "one_digit.jsonl"
+    # one-digit sums of two terms: 100 distinct questions, so 400 draws repeat many
+    options = ["--option", "min_terms=2", "--option", "max_terms=2", "--option", "min_digits=1"]
+    options += ["--option", "max_digits=1", "--option", "operators=['+']"]
+    assert main(["data", "reasoning-gym", "basic_arithmetic", "--size", "400", "-o", str(out), *options]) == 0
+    repeated = [json.loads(line)["question"] for line in out.read_text().splitlines()]
+    assert len(repeated) == 400 and len(set(repeated)) < 400
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "data",
+                "reasoning-gym",
+                "basic_arithmetic",
+                "--size",
+                "400",
+                "-o",
+                str(out),
+                "--unique",
+                *options,
+            ]
+        )
+        == 0
+    )
+    questions = [json.loads(line)["question"] for line in out.read_text().splitlines()]
+    assert len(questions) == len(set(questions)) == len(set(repeated))
+    assert capsys.readouterr().out.strip() == f"cadence: wrote {len(questions)} problems to {out}"

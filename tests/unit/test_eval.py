@@ -192,7 +192,7 @@ def test_the_recorder_writes_eval_rows_samples_and_writers_and_a_resume_rewinds_
     assert [r["period"] for r in read_jsonl(tmp_path / "eval.jsonl")] == [0, 2]
 
 
-def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their_version_is_newest() -> None:
+def test_rounds_are_due_at_multiples_and_the_end_and_a_rounds_rest_goes_out_before_the_next() -> None:
     prompts = [Prompt(-(i + 1), f"q{i}", str(i)) for i in range(3)]
     rounds = EvalRounds(prompts, every=1, periods=5, samples=1, keep_versions=2)
     assert [v for v in range(6) if EvalRounds(prompts, 2, 5, 1, 2).due(v)] == [0, 2, 4, 5]
@@ -202,8 +202,7 @@ def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their
     last = rounds.give(b"b", 3, 0)
     assert [p.prompt_id for _, p in first + last] == [-1, -2, -3]
     rounds.announce(1, 1.0)  # round 0, all handed out, waits for its answers beside round 1
-    assert [r.version for r in rounds.open] == [0, 1]
-    assert rounds.give(b"b", 3, 0) == []  # nothing of an older version goes out any more
+    assert [r.version for r in rounds.open] == [0, 1] and not rounds.behind(1)
     assert [(r.version, p.prompt_id) for r, p in rounds.give(b"b", 1, 1)] == [(1, -1)]
     assert rounds.problem(b"b", 0, -1) is not None and rounds.problem(b"a", 0, -1) is None
     for _, p in first:
@@ -213,13 +212,16 @@ def test_rounds_are_due_at_multiples_and_the_end_and_handed_out_only_while_their
         )
     done = rounds.answer(0, -3, {"rewards": [0.0], "correct": [0.0], "responses": ["y"]}, 2.0)
     assert done is not None and done[0]["version"] == 0 and abs(done[0]["eval_accuracy"] - 2 / 3) < 1e-9
-    rounds.announce(2, 3.0)  # round 1 still has prompts never handed out: it cannot complete
-    assert [r.version for r in rounds.open] == [2]
+    rounds.announce(2, 3.0)  # round 1 still has prompts never handed out: its rest goes first
+    assert [r.version for r in rounds.open] == [1, 2] and rounds.behind(2)
+    rest = rounds.give(b"a", 5, 2)  # one batch of one version: round 1's rest, not round 2's
+    assert [(r.version, p.prompt_id) for r, p in rest] == [(1, -2), (1, -3)] and not rounds.behind(2)
+    assert [(r.version, p.prompt_id) for r, p in rounds.give(b"a", 1, 2)] == [(2, -1)]
     rounds.give(b"a", 3, 2)
-    rounds.announce(3, 4.0)
+    rounds.announce(3, 4.0)  # round 1's weights may be gone (1 + 2 <= 3): abandoned unanswered
     assert [r.version for r in rounds.open] == [2, 3]
-    rounds.announce(4, 5.0)  # round 2's weights may be gone (2 + 2 <= 4): abandoned unanswered
-    assert [r.version for r in rounds.open] == [4]
+    rounds.announce(4, 5.0)
+    assert [r.version for r in rounds.open] == [3, 4]
     rounds.give(b"a", 3, 4)
     rounds.announce(5, 6.0)
     rounds.close_before(5)  # the run is done: only the final round is waited for
