@@ -42,11 +42,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import structlog
 
+from cadence.actors.roster import Peer, WorkerWait, claim_problem
 from cadence.monitor.evaluation import EvalRounds
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.period_metrics import PeriodMetrics
@@ -77,7 +78,7 @@ from cadence.wire.messages import (
     Welcome,
     WorkRequest,
 )
-from cadence.wire.roles import REGISTERED, assignment_ticket, may_send
+from cadence.wire.roles import assignment_ticket, may_send
 
 log = structlog.get_logger()
 
@@ -100,18 +101,6 @@ class DispatcherSettings:
     eval_every: int = 0
     eval_samples: int = 1
     keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later
-
-
-@dataclass
-class Peer:
-    name: str
-    role: str
-    address: str
-    key: str = ""  # a trainer's: assignment tickets are made with it
-    credits: int = 0
-    welcomed: bool = False
-    told: str = ""  # a publisher's: the trainer key it was told
-    outstanding: set[int] = field(default_factory=set)
 
 
 class Dispatcher:
@@ -150,8 +139,7 @@ class Dispatcher:
         self.done = asyncio.Event()
         self.failure: str | None = None
         self._outbox: list[tuple[bytes, Message]] = []
-        self._no_workers_since: float | None = None
-        self._no_workers_said = 0.0
+        self.worker_wait = WorkerWait(settings.wait_for_workers_s)
 
     # ------------------------------------------------------------------ life
 
@@ -252,7 +240,7 @@ class Dispatcher:
         if not may_send("dispatcher", role, msg.TAG):
             return f"a {role} may not send {msg.TAG} to the dispatcher"
         if isinstance(msg, Register):
-            return self._claim_problem(peer, msg)
+            return claim_problem(self.peers, peer, msg, self.settings.on_trainer_loss == "wait")
         if isinstance(msg, VersionReady):
             return version_ready_problem(msg, self.settings.periods)
         if isinstance(msg, RunDone):
@@ -284,22 +272,6 @@ class Dispatcher:
             reward=round(row["eval_reward"], 4),
             eval_s=round(row["eval_s"], 3),
         )
-
-    def _claim_problem(self, peer: bytes, msg: Register) -> str | None:
-        """A peer registers as a worker, or as the trainer or publisher when no other peer is that (the
-        same peer again: a restarted actor); with `trainer.on_loss = "wait"`, while the run waits for a
-        lost trainer, a new trainer's publisher also takes the place of the old one."""
-        if msg.role not in REGISTERED:
-            return f"role {msg.role!r} is none of {list(REGISTERED)}"
-        if msg.role == "trainer" and not msg.key:
-            return "a trainer registers with its key"
-        if msg.role == "rollout":
-            return None
-        holder = next((p.name for k, p in self.peers.items() if p.role == msg.role and k != peer), None)
-        trainer = any(p.role == "trainer" for p in self.peers.values())
-        if holder is None or (self.settings.on_trainer_loss == "wait" and not trainer):
-            return None
-        return f"the run has its {msg.role} already ({holder})"
 
     def _register(self, peer: bytes, sender: str, msg: Register) -> None:
         if peer in self.peers:
@@ -381,41 +353,16 @@ class Dispatcher:
         return len(back)
 
     def _check_workers(self) -> None:
-        """Say so when prompts wait and no rollout worker is left (again every 10 s), and when one is
-        back; fail the run when none has come for `wait_for_workers_s`."""
+        """Say so when prompts wait and no rollout worker is left, and when one is back; fail the run
+        when none has come for `wait_for_workers_s`."""
         workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-        if workers == 0 and (self.pending or self.evals.pending):
-            now = self.clock()
-            self._no_workers_since = self._no_workers_since or now
-            waited = now - self._no_workers_since
-            if waited >= self.settings.wait_for_workers_s:
-                self._fail_without_workers(waited)
-            elif now - self._no_workers_said >= 10.0:
-                self._no_workers_said = now
-                log.warning(
-                    "waiting_for_workers",
-                    period=self.period,
-                    pending=len(self.pending),
-                    waited_s=round(waited, 1),
-                    lost=list(self.lost),
-                    fails_in_s=round(self.settings.wait_for_workers_s - waited, 1),
-                )
-        elif self._no_workers_since is not None and workers:
-            log.info(
-                "workers_back", workers=workers, waited_s=round(self.clock() - self._no_workers_since, 1)
-            )
-            self._no_workers_since = None
-            self._no_workers_said = 0.0
-
-    def _fail_without_workers(self, waited: float) -> None:
-        lost = ", ".join(self.lost) or "none had joined"
-        self.failure = self.failure or (
-            f"no rollout worker left for {waited:.0f}s (rollout.wait_for_workers_s ="
-            f" {self.settings.wait_for_workers_s:g}) with {len(self.pending)} prompts of period"
-            f" {self.period} pending; lost workers: {lost}"
+        waiting = bool(self.pending or self.evals.pending)
+        failure = self.worker_wait.check(
+            workers, waiting, self.clock(), self.period, len(self.pending), self.lost
         )
-        log.error("no_workers_left", period=self.period, waited_s=round(waited, 1), lost=list(self.lost))
-        self.done.set()
+        if failure is not None:
+            self.failure = self.failure or failure
+            self.done.set()
 
     def _await_trainer(self, info: Peer, silent_s: float, reason: str) -> None:
         """A trainer (or its publisher) is gone but can come back from its resume checkpoint: hold

@@ -1,0 +1,90 @@
+"""The dispatcher's roster: who is registered as what, who may claim a role, and how long the run
+has gone without a rollout worker.
+
+Invariant: at most one trainer and one publisher are registered, except while a run that waits for a
+lost trainer (`trainer.on_loss = "wait"`) takes its successor; a worker may always register.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from cadence.wire.messages import Register
+from cadence.wire.roles import REGISTERED
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Peer:
+    name: str
+    role: str
+    address: str
+    key: str = ""  # a trainer's: assignment tickets are made with it
+    credits: int = 0
+    welcomed: bool = False
+    told: str = ""  # a publisher's: the trainer key it was told
+    outstanding: set[int] = field(default_factory=set)
+
+
+def claim_problem(
+    peers: Mapping[bytes, Peer], peer: bytes, msg: Register, waits_for_trainer: bool
+) -> str | None:
+    """Why `peer` may not register as `msg.role`, or None: a peer registers as a worker, or as the
+    trainer or publisher when no other peer is that (the same peer again: a restarted actor); with
+    `waits_for_trainer` (`trainer.on_loss = "wait"`), while no trainer is registered, a new trainer's
+    publisher also takes the place of the old one."""
+    if msg.role not in REGISTERED:
+        return f"role {msg.role!r} is none of {list(REGISTERED)}"
+    if msg.role == "trainer" and not msg.key:
+        return "a trainer registers with its key"
+    if msg.role == "rollout":
+        return None
+    holder = next((p.name for k, p in peers.items() if p.role == msg.role and k != peer), None)
+    trainer = any(p.role == "trainer" for p in peers.values())
+    if holder is None or (waits_for_trainer and not trainer):
+        return None
+    return f"the run has its {msg.role} already ({holder})"
+
+
+class WorkerWait:
+    """How long work has waited with no rollout worker registered: said every 10 s, and a failure
+    once `limit_s` has passed (`rollout.wait_for_workers_s`)."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.since: float | None = None
+        self.said = 0.0
+
+    def check(
+        self, workers: int, waiting: bool, now: float, period: int, pending: int, lost: Sequence[str]
+    ) -> str | None:
+        """`waiting`: prompts (training or eval) wait to be handed out; the failure message, or None."""
+        if workers == 0 and waiting:
+            self.since = self.since or now
+            waited = now - self.since
+            if waited >= self.limit_s:
+                log.error("no_workers_left", period=period, waited_s=round(waited, 1), lost=list(lost))
+                return (
+                    f"no rollout worker left for {waited:.0f}s (rollout.wait_for_workers_s ="
+                    f" {self.limit_s:g}) with {pending} prompts of period {period} pending;"
+                    f" lost workers: {', '.join(lost) or 'none had joined'}"
+                )
+            if now - self.said >= 10.0:
+                self.said = now
+                log.warning(
+                    "waiting_for_workers",
+                    period=period,
+                    pending=pending,
+                    waited_s=round(waited, 1),
+                    lost=list(lost),
+                    fails_in_s=round(self.limit_s - waited, 1),
+                )
+        elif self.since is not None and workers:
+            log.info("workers_back", workers=workers, waited_s=round(now - self.since, 1))
+            self.since = None
+            self.said = 0.0
+        return None
