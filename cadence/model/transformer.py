@@ -164,11 +164,16 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        if self.kv_heads != self.heads:
+        grouped = self.kv_heads != self.heads
+        if grouped and t > 1:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         causal = mask is None and t > 1  # None with t > 1 only happens without cached tokens
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        # a decode step reads the cached keys and values of every query head's group in place: no
+        # copy of the whole cache a step (a whole forward is faster with the repeated copies)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=grouped and t == 1
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
