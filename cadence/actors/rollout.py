@@ -36,6 +36,7 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import span
 from cadence.tasks.base import Score
+from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
 from cadence.transport.weights import WeightError, pull_weights
@@ -74,7 +75,8 @@ class WorkerSettings:
 
 class RolloutWorker:
     """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
-    channel to the trainer or publisher a Welcome names."""
+    channel to the trainer or publisher a Welcome names; `buffers`: where pulled versions are
+    assembled, each in the buffer of one loaded before."""
 
     def __init__(
         self,
@@ -87,9 +89,11 @@ class RolloutWorker:
         tokenizer: TextTokenizer,
         clock: Callable[[], float],
         use_threads: Callable[[int], None] | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         self.settings = settings
         self.use_threads = use_threads
+        self.buffers = buffers or BufferPool(keep=1)
         self.name = name
         self.session = session
         self.liveness = session.liveness
@@ -210,7 +214,7 @@ class RolloutWorker:
         Welcome naming the new one, which ends this job; otherwise, or past that wait, the failure
         ends the worker."""
         try:
-            return await pull_weights(publisher, version, self.liveness.timeout_s)
+            return await pull_weights(publisher, version, self.liveness.timeout_s, alloc=self.buffers.take)
         except WeightError as err:
             if self.settings.on_trainer_loss != "wait":
                 raise
@@ -244,6 +248,7 @@ class RolloutWorker:
                 return self.settings.weights_transport, state_nbytes(state)
         data = await self._pull(publisher, version)
         await asyncio.to_thread(self._load, data)
+        self.buffers.give(data)  # loaded: its pages hold the next version
         return "zmq", len(data)
 
     def _generate(

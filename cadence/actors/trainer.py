@@ -94,7 +94,8 @@ class Trainer:
     """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `saved_config`:
     the run's configuration, recorded in each resume checkpoint and compared with it on resume;
     `use_threads(n)`: make the calling thread compute with n threads (settings' `threads` and
-    `threads_alone`), called in the worker thread before each computation."""
+    `threads_alone`), called in the worker thread before each computation; `alloc(nbytes)`: the
+    buffer a version's weights are serialised into (a `BufferPool`'s `take`)."""
 
     def __init__(
         self,
@@ -109,8 +110,10 @@ class Trainer:
         samples: SampleWriter | None = None,
         resume: bool = False,
         use_threads: Callable[[int], None] | None = None,
+        alloc: Callable[[int], bytearray] = bytearray,
     ) -> None:
         self.settings = settings
+        self.alloc = alloc
         self.use_threads = use_threads
         self.alone = True  # no worker generates while this one computes (between periods, in sync)
         self._trained = 0  # groups of the current period trained so far
@@ -357,7 +360,7 @@ class Trainer:
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
-            data = await self._compute(self.learner.weights)
+            data = await self._compute(self.learner.weights, self.alloc)
             version_digest = await self.publish(version, data)
         log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
         return publishing.end, version_digest, len(data)

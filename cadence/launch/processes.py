@@ -19,6 +19,7 @@ import uvloop
 
 from cadence.config import ConfigError, RunConfig
 from cadence.training.ranks import Ranks
+from cadence.transport.buffers import BufferPool
 from cadence.transport.zmq_socket import ZmqNetwork
 
 if TYPE_CHECKING:
@@ -138,7 +139,8 @@ async def trainer_main(
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
         own = session(cfg, net.connect("trainer", connect), "trainer", time.time, server.address)
-        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner, own.key)
+        buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
+        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner, own.key, buffers)
         trainer = Trainer(
             trainer_settings(cfg, vocab_limit(cfg, tokenizer)),
             server,
@@ -151,6 +153,7 @@ async def trainer_main(
             samples=SampleWriter(out / "samples"),
             resume=resume,
             use_threads=use_threads,
+            alloc=buffers.take,
         )
         await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
     finally:
@@ -161,15 +164,22 @@ async def trainer_main(
 
 
 def _publish_function(
-    cfg: RunConfig, net: ZmqNetwork, connect: str, publisher_address: str | None, learner: Learner, key: str
+    cfg: RunConfig,
+    net: ZmqNetwork,
+    connect: str,
+    publisher_address: str | None,
+    learner: Learner,
+    key: str,
+    buffers: BufferPool,
 ) -> tuple[Publish, list[Coroutine[Any, Any, None]]]:
     """How the trainer publishes a version: to a publisher it hosts (whose loop is returned to run
     beside it), broadcasting the learner's tensors when it has a broadcaster; or uploaded in chunks
-    to the publisher at `publisher_address`, with tickets made with the trainer's `key`."""
+    to the publisher at `publisher_address`, with tickets made with the trainer's `key`. The bytes
+    of a version go back to `buffers` once the hosted publisher lets the version go, or uploaded."""
     from cadence.transport.weights import upload_weights
 
     if publisher_address is None:
-        publisher = _publisher(cfg, net, connect)
+        publisher = _publisher(cfg, net, connect, evicted=buffers.give)
         if publisher.broadcaster is None:
             return publisher.publish, [publisher.run()]
 
@@ -186,7 +196,9 @@ def _publish_function(
     timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
 
     async def upload(version: int, data: bytes | bytearray) -> str:
-        return await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
+        uploaded = await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
+        buffers.give(data)
+        return uploaded
 
     return upload, []
 
@@ -222,7 +234,13 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
         net.close()
 
 
-def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bool = True) -> Publisher:
+def _publisher(
+    cfg: RunConfig,
+    net: ZmqNetwork,
+    connect: str,
+    with_broadcast: bool = True,
+    evicted: Callable[[bytes | bytearray], None] | None = None,
+) -> Publisher:
     from cadence.actors.publisher import Publisher
     from cadence.launch.settings import publisher_settings, session
     from cadence.transport.weights import WeightStore
@@ -232,7 +250,7 @@ def _publisher(cfg: RunConfig, net: ZmqNetwork, connect: str, with_broadcast: bo
     return Publisher(
         server,
         session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address),
-        WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions),
+        WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,7 +59,9 @@ class Learner(Protocol):
         """Divide the summed gradients by `normaliser`, clip, step at `lr` (None: the rate as it is)."""
         ...
 
-    def weights(self) -> bytes | bytearray: ...
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
+        """The weights as safetensors bytes, serialised into `alloc(nbytes)` where they are built."""
+        ...
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The weights `weights()` serialises, as HF-named tensors (live: read before the next step)."""
@@ -264,8 +266,8 @@ class TorchLearner:
         self._sums = {}
         return info
 
-    def weights(self) -> bytes | bytearray:
-        return tensors_to_bytes(self.tensors())
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
+        return tensors_to_bytes(self.tensors(), alloc)
 
     def tensors(self) -> dict[str, Tensor]:
         return hf_state_dict(self.model)

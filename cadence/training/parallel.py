@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +90,10 @@ class DistributedLearner:
         self._sums = {}
         return info
 
-    def weights(self) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
         if not self.local.sharded:
-            return self.local.weights()
-        return tensors_to_bytes(self.tensors())
+            return self.local.weights(alloc)
+        return tensors_to_bytes(self.tensors(), alloc)
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The policy's weights; sharded, gathered from every rank once a version."""

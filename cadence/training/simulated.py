@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -76,7 +76,7 @@ class SimulatedLearner:
         self.steps += 1
         return {}
 
-    def weights(self) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
         seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
         return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -42,11 +43,15 @@ class StoredVersion:
 
 
 class WeightStore:
-    """The last `keep` published versions, each split into chunks of `chunk_bytes`."""
+    """The last `keep` published versions, each split into chunks of `chunk_bytes`; `evicted(data)`
+    is told the bytes of a version it lets go (a `BufferPool`'s `give`)."""
 
-    def __init__(self, chunk_bytes: int, keep: int) -> None:
+    def __init__(
+        self, chunk_bytes: int, keep: int, evicted: Callable[[bytes | bytearray], None] | None = None
+    ) -> None:
         self.chunk_bytes = chunk_bytes
         self.keep = keep
+        self.evicted = evicted
         self._versions: OrderedDict[int, StoredVersion] = OrderedDict()
 
     def put(self, version: int, data: bytes | bytearray, announced: str | None = None) -> StoredVersion:
@@ -57,7 +62,9 @@ class WeightStore:
         stored = StoredVersion(version, data, xxh)
         self._versions[version] = stored
         while len(self._versions) > self.keep:
-            self._versions.popitem(last=False)
+            _, old = self._versions.popitem(last=False)
+            if self.evicted is not None and old.data is not data:
+                self.evicted(old.data)
         return stored
 
     def get(self, version: int) -> StoredVersion | None:
@@ -82,8 +89,15 @@ class WeightStore:
         return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
-async def pull_weights(client: Client, version: int, timeout_s: float, window: int = 4) -> bytearray:
-    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it.
+async def pull_weights(
+    client: Client,
+    version: int,
+    timeout_s: float,
+    window: int = 4,
+    alloc: Callable[[int], bytearray] | None = None,
+) -> bytearray:
+    """Fetch `version` from the publisher behind `client`, `window` chunks in flight, and verify it;
+    with `alloc`, into the buffer `alloc(nbytes)` gives (a pool's), else into one that grows.
 
     Each chunk is copied once, from the received frame to the end of one buffer as soon as every chunk
     before it is in, and hashed in a worker thread, so the digest is done about when the last chunk
@@ -98,7 +112,7 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
             f"version {version} from {client.address}: {meta.chunks} chunks of {meta.chunk_bytes} bytes "
             f"cannot hold {meta.nbytes} bytes"
         )
-    assembly = _Assembly(meta.nbytes, meta.chunk_bytes)
+    assembly = _Assembly(meta.nbytes, meta.chunk_bytes, None if alloc is None else alloc(meta.nbytes))
     next_index = 0
     while next_index < min(window, meta.chunks):
         await client.send(WeightChunkRequest(version, next_index))
@@ -128,14 +142,18 @@ async def pull_weights(client: Client, version: int, timeout_s: float, window: i
 class _Assembly:
     """Chunks that arrive in any order, appended to one buffer in order, and their xxh3-128.
 
-    The buffer grows as chunks are appended, so its pages are first touched while later chunks are
-    still on the wire rather than all before the first request. Each appended chunk (the received
+    A new buffer grows as chunks are appended, so its pages are first touched while later chunks are
+    still on the wire rather than all before the first request; a given `buffer` (of exactly the
+    size, its pages touched by an earlier version) is written in place. Each appended chunk (the received
     frame, kept until then) is hashed in a worker thread, one update at a time and in order; hashlib
     releases the GIL, so the loop goes on receiving meanwhile.
     """
 
-    def __init__(self, nbytes: int, chunk_bytes: int) -> None:
-        self.data = bytearray()
+    def __init__(self, nbytes: int, chunk_bytes: int, buffer: bytearray | None = None) -> None:
+        if buffer is not None and len(buffer) != nbytes:
+            raise ValueError(f"a buffer of {len(buffer)} bytes for {nbytes}")
+        self.data = bytearray() if buffer is None else buffer
+        self._in_place = buffer is not None
         self._nbytes = nbytes
         self._chunk_bytes = chunk_bytes
         self._early: dict[int, Payload] = {}  # chunks that came before one they follow
@@ -156,7 +174,11 @@ class _Assembly:
         self.received += 1
         while self._appended in self._early:
             part = self._early.pop(self._appended)
-            self.data += part
+            if self._in_place:
+                start = self._appended * self._chunk_bytes
+                self.data[start : start + len(part)] = part
+            else:
+                self.data += part
             self._unhashed.append(part)
             self._appended += 1
         self._hash_next()

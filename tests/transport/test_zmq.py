@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgpack
@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from cadence.actors.publisher import Publisher
+from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import RefusalLog, Server
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
@@ -308,14 +309,20 @@ async def serve_weights(
                 held.clear()
 
 
-async def pull_against(store: WeightStore, version: int, timeout_s: float = WAIT, **serve: Any) -> bytearray:
+async def pull_against(
+    store: WeightStore,
+    version: int,
+    timeout_s: float = WAIT,
+    alloc: Callable[[int], bytearray] | None = None,
+    **serve: Any,
+) -> bytearray:
     network = ZmqNetwork(run=RUN)
     task: asyncio.Future[None] | None = None
     try:
         server = network.bind("publisher", ADDRESS)
         task = asyncio.ensure_future(serve_weights(server, store, **serve))
         client = network.connect("worker-1", server.address)
-        return await pull_weights(client, version, timeout_s=timeout_s, window=3)
+        return await pull_weights(client, version, timeout_s=timeout_s, window=3, alloc=alloc)
     finally:
         if task is not None:
             task.cancel()
@@ -329,6 +336,16 @@ async def test_pull_weights_returns_the_published_bytes() -> None:
     store.put(4, data)
     assert store.meta(4).chunks == 10
     assert await pull_against(store, 4) == data
+
+
+async def test_a_pull_into_a_reused_buffer_gives_the_published_bytes_in_it() -> None:
+    store = WeightStore(chunk_bytes=512, keep=2)
+    data = payload()
+    store.put(4, data)
+    pool = BufferPool()
+    pool.give(bytearray(b"\xee" * len(data)))  # a version loaded before: its pages are reused
+    pulled = await pull_against(store, 4, alloc=pool.take, reverse=3, repeat=2)
+    assert pool.reused == 1 and pulled == data
 
 
 async def test_pull_of_a_version_not_held_raises() -> None:
