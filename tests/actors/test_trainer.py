@@ -73,7 +73,7 @@ class RecordingLearner:
         self.rates.append(lr)
         return {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
 
-    def weights(self) -> bytes:
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes:
         self.budgets.append(("weights", self.threads[-1]))
         return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
 
