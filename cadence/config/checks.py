@@ -105,11 +105,13 @@ def check_objective(cfg: RunConfig) -> None:
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"trainer.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
     tempered = cfg.rollout.temperature not in (0.0, 1.0)
-    if cfg.rollout.engine == "vllm" and tempered and t.steps_per_period > 1:
+    nucleus = cfg.rollout.top_p < 1.0
+    if cfg.rollout.engine == "vllm" and tempered and nucleus and t.steps_per_period > 1:
         raise ConfigError(
             f"trainer.steps_per_period = {t.steps_per_period} takes the old log-probs from the engine,"
-            f" and rollout.engine = 'vllm' returns them at temperature 1, not at rollout.temperature ="
-            f" {cfg.rollout.temperature}: use rollout.engine = 'torch', temperature 1, or one step a period"
+            f" and rollout.engine = 'vllm' with rollout.top_p = {cfg.rollout.top_p} returns them at"
+            f" temperature 1, not at rollout.temperature = {cfg.rollout.temperature}: use"
+            " rollout.engine = 'torch', top_p 1, temperature 1, or one step a period"
         )
 
 

@@ -99,7 +99,9 @@ class VllmEngine:
             max_model_len=cfg.max_model_len or None,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
-            logprobs_mode="raw_logprobs",  # log_softmax of the logits before temperature and top-p
+            # without a nucleus, vLLM's processed log-probs are log softmax(z / T) (z at a greedy
+            # step), cadence's own; with one they are renormalised over it, so the raw ones (T = 1)
+            logprobs_mode="processed_logprobs" if params.top_p >= 1.0 else "raw_logprobs",
             seed=seed,
             **kv_cache,
         )

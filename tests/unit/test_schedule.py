@@ -81,12 +81,17 @@ def test_the_samples_normaliser_is_dapo_s_alone() -> None:
         load_config(None, ["trainer.normaliser='samples'", "trainer.objective='grpo'"])
 
 
-def test_vllm_at_a_temperature_cannot_give_the_old_log_probs() -> None:
-    """vLLM's sampling log-probs are at temperature 1: refused where steps_per_period > 1 reads them."""
-    tempered = ["rollout.engine='vllm'", "rollout.temperature=0.7"]
+def test_vllm_at_a_temperature_with_a_nucleus_cannot_give_the_old_log_probs() -> None:
+    """vLLM's sampling log-probs are tempered only without a nucleus (processed ones are renormalised
+    over it, so the raw ones at temperature 1 are asked for): refused where steps_per_period > 1
+    reads them."""
+    tempered = ["rollout.engine='vllm'", "rollout.temperature=0.7", "rollout.top_p=0.9"]
     load_config(None, tempered)  # one step a period: the engine's log-probs are not read
-    load_config(None, ["rollout.engine='vllm'", "trainer.steps_per_period=2"])  # temperature 1
-    with pytest.raises(ConfigError, match=r"trainer\.steps_per_period = 2 .* rollout\.temperature = 0\.7"):
+    load_config(None, ["rollout.engine='vllm'", "rollout.top_p=0.9", "trainer.steps_per_period=2"])  # T = 1
+    load_config(None, [*tempered[:2], "trainer.steps_per_period=2"])  # no nucleus: tempered log-probs
+    with pytest.raises(
+        ConfigError, match=r"steps_per_period = 2 .*top_p = 0\.9 .* rollout\.temperature = 0\.7"
+    ):
         load_config(None, [*tempered, "trainer.steps_per_period=2"])
 
 
