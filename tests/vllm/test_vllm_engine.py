@@ -1,6 +1,6 @@
-"""The vLLM engine on a tiny random Llama: seeding, eos, log-probs (raw with a nucleus, tempered
-without) against cadence's own transformer, and versions loaded in place whose weights are exactly
-the published ones."""
+"""The vLLM engine on a tiny random Llama: seeding, eos, raw log-probs (with a nucleus) against
+cadence's own transformer, and versions loaded in place whose weights are exactly the published ones.
+Without a nucleus the log-probs are tempered: `test_vllm_tempered.py`, with an engine of its own."""
 
 from __future__ import annotations
 
@@ -148,24 +148,6 @@ def test_with_a_nucleus_logprobs_are_the_models_untempered_ones(
     ids = prompt(cfg)
     for c in engine.generate(ids, SEEDS):
         assert c.logprobs == pytest.approx(teacher_forced(model, ids, c.tokens), abs=2e-4)
-
-
-def test_without_a_nucleus_logprobs_are_of_the_tempered_distribution_sampled(model_cfg: ModelConfig) -> None:
-    """At T = 0.7 and top-p 1, the log-probs of the distribution sampled, the learner's (at a greedy
-    step, of the logits as they are)."""
-    cfg = load_config(None, ["rollout.engine='vllm'", "vllm.kv_cache_mib=64", *SHAPE, *SAMPLING[:2]])
-    built = make_engine(cfg, make_tokenizer(cfg))
-    assert isinstance(built, VllmEngine)
-    model = random_model(model_cfg, seed=1)
-    built.load_state(hf_state_dict(model))
-    ids = prompt(cfg)
-    for c in built.generate(ids, SEEDS):
-        assert c.logprobs == pytest.approx(teacher_forced(model, ids, c.tokens, 0.7), abs=2e-4)
-        assert c.logprobs != pytest.approx(teacher_forced(model, ids, c.tokens), abs=1e-2)
-    greedy = built.generate_many([(ids, SEEDS[:2])], temperature=0.0)[0]
-    for c in greedy:
-        assert c.logprobs == pytest.approx(teacher_forced(model, ids, c.tokens), abs=2e-4)
-    del built
 
 
 def test_a_new_version_is_exactly_the_published_weights(
