@@ -61,7 +61,7 @@ data/basic_arithmetic.jsonl: $(STAMP)
 smollm2-math: smollm2 data/basic_arithmetic.jsonl
 	$(BIN)/cadence run configs/smollm2-math.toml --out runs/smollm2-math --overwrite
 
-# SmolLM2 getting better at one-digit sums and differences, measured on held-out problems (~35 min on
+# SmolLM2 getting better at one-digit sums and differences, measured on held-out problems (~11 min on
 # 2 cores): each question once, so the last 64 (the eval set) never appear in training.
 data/one_digit.jsonl: $(STAMP)
 	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 2000 --seed 0 --unique -o $@ \
