@@ -406,8 +406,9 @@ class Dispatcher:
         workers = [(k, p) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
         if self.evals.behind(self.published):  # the rest of an older round first
             self._assign_eval(workers)
+        held = self.evals.behind(self.published)  # some of that rest waits for credits
         given: dict[bytes, list[Prompt]] = {}
-        while self.pending and workers and not self.evals.behind(self.published):
+        while self.pending and workers and not held:
             peer, info = max(workers, key=lambda kp: kp[1].credits)
             if info.credits <= 0:
                 break
@@ -434,8 +435,8 @@ class Dispatcher:
 
     def _assign_eval(self, workers: list[tuple[bytes, Peer]]) -> None:
         """Eval prompts to the workers' credits left, once no training prompt is pending (or before
-        them, the rest of an older round): each worker's as one batch of its own (a training batch sent before it stays
-        whole). A credit stands for a group of `group_size` samples, so it buys group_size / eval
+        them, the rest of an older round): each worker's as one batch of its own (a training batch
+        sent before it stays whole). A credit stands for a group of `group_size` samples, so it buys group_size / eval
         samples eval prompts: a batch costs what the training groups of those credits would."""
         per_credit = max(1, self.settings.group_size // self.settings.eval_samples)  # as many samples
         for peer, info in workers:

@@ -151,15 +151,10 @@ class EvalRounds:
 
     def announce(self, version: int, now: float) -> None:
         """Version `version` is published: abandon the rounds too old to finish, open its own if due."""
-        late = [r for r in self.open if r.version + self.keep_versions <= version]
+        self._abandon([r for r in self.open if r.version + self.keep_versions <= version])
         for r in self.open:
-            if r not in late and r.pending and r.version < version:
+            if r.pending and r.version < version:
                 log.info("eval_rest_first", version=r.version, prompts=len(r.pending), next_version=version)
-        for r in late:
-            log.warning(
-                "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
-            )
-            self.open.remove(r)
         if self.due(version) and all(r.version != version for r in self.open):
             self.open.append(EvalRound(version, deque(self.eval_set), now))
             log.info("eval_started", version=version, prompts=len(self.eval_set))
@@ -167,7 +162,10 @@ class EvalRounds:
     def close_before(self, version: int) -> None:
         """Abandon the rounds of versions before `version` (the run has ended: only the final round,
         of the weights saved, is waited for)."""
-        for r in [r for r in self.open if r.version < version]:
+        self._abandon([r for r in self.open if r.version < version])
+
+    def _abandon(self, rounds: list[EvalRound]) -> None:
+        for r in rounds:
             log.warning(
                 "eval_abandoned", version=r.version, answered=len(r.answers), prompts=len(self.eval_set)
             )

@@ -1,11 +1,15 @@
-"""What every vLLM test module shares: its marks (skipped, with the reason, where vLLM does not import)."""
+"""What every vLLM test module shares: its marks (skipped, with the reason, where vLLM does not
+import), and its one engine."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from cadence.config import ConfigError
-from cadence.model.vllm_engine import import_vllm
+from cadence.config import ConfigError, RunConfig
+from cadence.launch.build import make_engine, make_tokenizer
+from cadence.model.vllm_engine import VllmEngine, import_vllm
 
 try:
     import_vllm()
@@ -17,3 +21,12 @@ VLLM_MARKS = [
     pytest.mark.vllm,
     pytest.mark.skipif(bool(VLLM_MISSING), reason=f"vLLM tests run in .venv-vllm: {VLLM_MISSING}"),
 ]
+
+
+def module_engine(cfg: RunConfig) -> Iterator[VllmEngine]:
+    """The body of a module-scoped engine fixture: one vLLM engine a module, deleted at its end
+    (deleting one while another lives in the process tears down the parallel groups it uses)."""
+    built = make_engine(cfg, make_tokenizer(cfg))
+    assert isinstance(built, VllmEngine)
+    yield built
+    del built

@@ -14,13 +14,13 @@ import torch
 from torch import Tensor
 
 from cadence.config import RunConfig, load_config
-from cadence.launch.build import make_engine, make_model, make_tokenizer
+from cadence.launch.build import make_model, make_tokenizer
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams
 from cadence.model.transformer import Transformer, hf_state_dict
 from cadence.model.vllm_engine import VllmEngine
-from tests.vllm.helpers import VLLM_MARKS
+from tests.vllm.helpers import VLLM_MARKS, module_engine
 
 pytestmark = [*VLLM_MARKS, pytest.mark.timeout(600)]
 
@@ -38,10 +38,7 @@ def cfg() -> RunConfig:
 
 @pytest.fixture(scope="module")
 def engine(cfg: RunConfig) -> Iterator[VllmEngine]:
-    built = make_engine(cfg, make_tokenizer(cfg))
-    assert isinstance(built, VllmEngine)
-    yield built
-    del built
+    yield from module_engine(cfg)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from cadence.config import RunConfig, load_config
-from cadence.launch.build import make_engine, make_model, make_tokenizer
+from cadence.launch.build import make_model, make_tokenizer
 from cadence.model.transformer import hf_state_dict
 from cadence.model.vllm_engine import VllmEngine
-from tests.vllm.helpers import VLLM_MARKS
+from tests.vllm.helpers import VLLM_MARKS, module_engine
 from tests.vllm.test_vllm_engine import SEEDS, SHAPE, prompt, random_model, teacher_forced
 
 pytestmark = [*VLLM_MARKS, pytest.mark.timeout(600)]
@@ -27,10 +27,7 @@ def cfg() -> RunConfig:
 
 @pytest.fixture(scope="module")
 def engine(cfg: RunConfig) -> Iterator[VllmEngine]:
-    built = make_engine(cfg, make_tokenizer(cfg))
-    assert isinstance(built, VllmEngine)
-    yield built
-    del built
+    yield from module_engine(cfg)
 
 
 def test_logprobs_are_of_the_tempered_distribution_and_of_the_logits_at_a_greedy_step(
