@@ -43,6 +43,7 @@ def period_figures(row: dict[str, Any]) -> dict[str, float]:
         "gen_s": row["gen_s"],
         "micro_batches": row["micro_batches"],
         "tokens_trained": row["tokens_trained"],
+        "tokens_computed": row.get("tokens_computed", 0),
     }
 
 

@@ -32,7 +32,8 @@ def prefix_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """Log-probs [G, R_max] of each response's tokens (right-padded with 0) at ``temperature`` and the
     bool mask [G, R_max]; with ``entropy``, the tempered distribution's entropy at every response
-    token is appended to it (one value a token, detached).
+    token is appended to it as one [G, R_max] tensor aligned with the log-probs (detached, 0 off the
+    mask).
 
     Differentiable w.r.t. the model's parameters unless called under ``torch.no_grad``.
     """
@@ -50,12 +51,12 @@ def prefix_logprobs(
     last_only = torch.arange(len(prompt), device=device).unsqueeze(0) == len(prompt) - 1  # [1, |P|]
     last = model(prompt_ids, cache=cache, logits_at=last_only)  # [1, V]: no head over the prompt body
     if width == 0:
+        if entropy is not None:
+            entropy.append(last.new_zeros((g, 0)))
         return last.new_zeros((g, 0)), mask
     firsts = torch.tensor([c[0] if c else pad_id for c in completions], device=device)  # [G]
-    firsts_entropy: list[Tensor] | None = [] if entropy is not None else None
-    logp = token_logprobs(last.expand(g, -1), firsts, temperature, firsts_entropy).unsqueeze(1)  # [G, 1]
-    if entropy is not None and firsts_entropy:
-        entropy.append(firsts_entropy[0][mask[:, 0]])
+    spread: list[Tensor] | None = [] if entropy is not None else None
+    logp = token_logprobs(last.expand(g, -1), firsts, temperature, spread).unsqueeze(1)  # [G, 1]
     if width > 1:
         cache.repeat_batch(g)  # Tensor.repeat: differentiable, gradients of all rows sum into P's k/v
         inputs = _right_pad([c[:-1] for c in completions], width - 1, pad_id, device)  # [G, R_max - 1]
@@ -63,9 +64,16 @@ def prefix_logprobs(
         read = mask[:, 1:]  # the head only where a response token is read, never on a pad
         logits = model(inputs, cache=cache, logits_at=read)  # positions continue from |P|
         rest = logp.new_zeros((g, width - 1)).masked_scatter(
-            read, token_logprobs(logits, targets[read], temperature, entropy)
+            read, token_logprobs(logits, targets[read], temperature, spread)
         )
         logp = torch.cat([logp, rest], dim=1)
+    if entropy is not None and spread is not None:
+        aligned = spread[0].unsqueeze(1)  # [G, 1]: every response's first token
+        if width > 1:
+            aligned = torch.cat(
+                [aligned, aligned.new_zeros((g, width - 1)).masked_scatter(read, spread[1])], dim=1
+            )
+        entropy.append(torch.where(mask, aligned, torch.zeros_like(aligned)))
     return torch.where(mask, logp, torch.zeros_like(logp)), mask
 
 

@@ -102,6 +102,7 @@ class PeriodStats:
             response_len_max=max(self.lengths, default=0),
             tokens_generated=tokens,
             tokens_trained=tokens,
+            tokens_computed=int(sum(info.get("computed_tokens", 0) for info in self.steps)),
             period_s=period_s,
             gen_s=last_arrival - self.start,
             train_s=train_s,

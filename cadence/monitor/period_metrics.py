@@ -39,6 +39,9 @@ class PeriodMetrics:
     response_len_max: int = 0  # longest completion in tokens
     tokens_generated: int = 0  # completion tokens of the period
     tokens_trained: int = 0  # response tokens in the period's loss (every accepted group's)
+    tokens_computed: int = (
+        0  # packed tokens the forwards and backwards took (distinct samples of advantage ≠ 0)
+    )
     period_s: float = 0.0  # from this version's publication to the next one's
     gen_s: float = 0.0  # from the period's start to the last group's arrival
     train_s: float = 0.0  # training micro-batches and optimizer steps, summed

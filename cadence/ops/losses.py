@@ -2,8 +2,9 @@
 per token (dapo, dr_grpo) or per sample (grpo, gspo), and a k3 KL penalty to a reference.
 
 Invariant: losses here are *sums* over samples (of a per-sample quantity), never means over the
-batch. The trainer divides the step's summed gradient by `step_normaliser` once, before clipping and
-the step, so neither the order in which groups arrive nor the micro-batch split can change the
+batch; `weights` [N], where given, multiply each sample's term and statistics (a sample computed once
+for `weights[i]` identical ones, ops/distinct.py). The trainer divides the step's summed gradient by
+`step_normaliser` once, before clipping and the step, so neither the order in which groups arrive nor the micro-batch split can change the
 result beyond floating-point summation order. The formulas are in docs/objectives.md.
 """
 
@@ -51,20 +52,30 @@ def _token_terms(
     clip_high: float,
     ref_logp: Tensor | None,
     kl_beta: float,
+    weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Per-token terms [N, T] (surrogate, plus kl_beta x k3 with a reference) and summed statistics."""
+    """Per-token terms [N, T] (surrogate, plus kl_beta x k3 with a reference) and summed statistics,
+    both weighted by `weights` [N] where given."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)
     per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    w = _sample_weights(weights, logp)
     stats: dict[str, float] = {}
     with torch.no_grad():
         active = clip_active(torch.exp(logp - old_logp), advantages, clip_low, clip_high)
-        stats["clipped_tokens"] = float((active & mask.bool()).sum())
+        stats["clipped_tokens"] = float(_masked(active * w, mask).sum())
     if ref_logp is not None and kl_beta > 0:
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + kl_beta * kl
-        stats["kl_sum"] = float(_masked(kl.detach(), mask).sum())
-    return per_token, stats
+        stats["kl_sum"] = float(_masked(kl.detach() * w, mask).sum())
+    return per_token * w, stats
+
+
+def _sample_weights(weights: Tensor | None, like: Tensor) -> Tensor:
+    """`weights` [N] as a [N, 1] column of `like`'s dtype, or 1."""
+    if weights is None:
+        return torch.ones((), dtype=like.dtype, device=like.device)
+    return weights.to(dtype=like.dtype, device=like.device).unsqueeze(-1)
 
 
 def grpo_loss_sum(
@@ -76,13 +87,16 @@ def grpo_loss_sum(
     clip_high: float,
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """dapo and dr_grpo: the token-level summed loss over tokens where `mask` is set, and summed
     statistics for logging.
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample) or [N, T].
     """
-    per_token, stats = _token_terms(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+    per_token, stats = _token_terms(
+        logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights
+    )
     return _masked(per_token, mask).sum(), stats
 
 
@@ -95,9 +109,12 @@ def sequence_mean_loss_sum(
     clip_high: float,
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """grpo: the sum over samples of each sample's token-mean of the token-level terms."""
-    per_token, stats = _token_terms(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+    per_token, stats = _token_terms(
+        logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights
+    )
     lengths = mask.sum(dim=-1).clamp_min(1).to(per_token.dtype)
     return (_masked(per_token, mask).sum(dim=-1) / lengths).sum(), stats
 
@@ -111,6 +128,7 @@ def gspo_loss_sum(
     clip_high: float,
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """gspo: the sum over samples of -min(s A, clip(s, 1 - clip_low, 1 + clip_high) A) with the
     sequence ratio s = exp(token-mean of logp - old_logp); the KL term as a token-mean per sample.
@@ -123,16 +141,17 @@ def gspo_loss_sum(
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_sample = -torch.minimum(ratio * advantages, clipped * advantages)
+    w = _sample_weights(weights, logp).squeeze(-1)
     stats: dict[str, float] = {}
     with torch.no_grad():
         active = clip_active(ratio, advantages, clip_low, clip_high)
-        stats["clipped_tokens"] = float((mask.sum(dim=-1) * active).sum())  # a clipped sample's tokens
+        stats["clipped_tokens"] = float((mask.sum(dim=-1) * active * w).sum())  # a clipped sample's tokens
     if ref_logp is not None and kl_beta > 0:
         kl = _masked(k3_kl(logp, ref_logp), mask)
         per_sample = per_sample + kl_beta * kl.sum(dim=-1) / lengths
-        stats["kl_sum"] = float(kl.detach().sum())
+        stats["kl_sum"] = float((kl.detach().sum(dim=-1) * w).sum())
     has_tokens = mask.any(dim=-1)
-    return torch.where(has_tokens, per_sample, torch.zeros_like(per_sample)).sum(), stats
+    return torch.where(has_tokens, per_sample * w, torch.zeros_like(per_sample)).sum(), stats
 
 
 def objective_loss_sum(
@@ -145,8 +164,10 @@ def objective_loss_sum(
     clip_high: float,
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics."""
+    """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics, each sample
+    weighted by `weights` [N] where given."""
     if objective in ("dapo", "dr_grpo"):
         loss = grpo_loss_sum
     elif objective == "grpo":
@@ -155,7 +176,7 @@ def objective_loss_sum(
         loss = gspo_loss_sum
     else:
         raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
-    return loss(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta)
+    return loss(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights)
 
 
 def step_normaliser(objective: str, normaliser: str, lengths: Sequence[int], max_new_tokens: int) -> float:

@@ -1,4 +1,5 @@
-"""Shared-prompt packing: several GRPO groups in one row, each prompt computed once.
+"""Shared-prompt packing: several GRPO groups in one row, each prompt computed once, and the beginning
+the prompts share (a chat template's system prompt, a common instruction) once for them all.
 
 A group (P, [R1 .. RG]) packs as ``[P[:-1] | p R1[:-1] | p R2[:-1] | ... | p RG[:-1]]`` with
 ``p = P[-1]``: the prompt body once, then one segment per response that starts with its own copy of
@@ -7,10 +8,17 @@ state is the unpacked last prompt token's, and it predicts R_i[0] from its own p
 tokens continue at positions |P|, |P| + 1, ... as if alone. A segment attends the prompt body of its
 group and its own earlier tokens, never another segment or another group.
 
+Several groups whose prompts begin with the same L tokens (L at most the shortest prompt less one:
+every group keeps a body's last token) share them: the row starts with that trunk, at positions
+0 .. L-1, and each group's body is P[L:-1] from position L on. Every position of the row attends the
+trunk before it; the trunk attends only itself. Causal attention makes the trunk's hidden states
+those each group would compute alone.
+
 Invariant: every packed position's next-token target lies in its own sequence, so
 ``token_logprobs(logits, targets)[loss_mask]`` is, in order (groups, then samples, then tokens), the
 log-probs that ``pad_group`` selects with its mask, equal to the unpacked computation up to float
-summation order. A group costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an empty response none).
+summation order. A group alone costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an empty response
+none); groups together cost that sum less L for every group but one.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ class PackedBatch:
     targets: Tensor  # [1, T] long, the next token of a loss position; pad_id elsewhere
     loss_mask: Tensor  # [1, T] bool, True where a response token's log-prob is read
     sample_index: Tensor  # [1, T] long, the sample read at a loss position; -1 elsewhere
-    group_index: Tensor  # [1, T] long, the group each position belongs to
+    group_index: Tensor  # [1, T] long, the group each position belongs to; -1 on the shared trunk
     lengths: list[int]  # response length of each sample
     group_sizes: list[int]  # samples in each group
 
@@ -61,26 +69,47 @@ def packed_length(prompt: Sequence[int], completions: Sequence[Sequence[int]]) -
     return len(prompt) - 1 + sum(len(c) for c in completions)
 
 
+def packed_row_length(groups: Sequence[Group]) -> int:
+    """Tokens of `pack_groups`' row: every group's `packed_length`, the shared trunk counted once."""
+    trunk = shared_trunk([prompt for prompt, _ in groups])
+    return sum(packed_length(p, c) for p, c in groups) - trunk * max(len(groups) - 1, 0)
+
+
+def shared_trunk(prompts: Sequence[Sequence[int]]) -> int:
+    """L: the tokens every prompt begins with, at most the shortest prompt less one; 0 for one prompt."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return max(length, 0)
+
+
 def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
-    """Pack whole groups into one row; each group attends only within itself."""
-    ids: list[int] = []
-    pos: list[int] = []
-    tgt: list[int] = []
-    sample: list[int] = []
-    group: list[int] = []
-    segment: list[int] = []  # -1 on a prompt body, else the sample of the segment
+    """Pack whole groups into one row after the trunk their prompts share; each group attends only
+    the trunk and itself."""
+    for g, (prompt, _) in enumerate(groups):
+        if not prompt:
+            raise ValueError(f"group {g} has an empty prompt; a response needs a token to be read from")
+    trunk = shared_trunk([prompt for prompt, _ in groups])
+    ids: list[int] = list(groups[0][0][:trunk]) if groups else []
+    pos: list[int] = list(range(trunk))
+    tgt: list[int] = [pad_id] * trunk
+    sample: list[int] = [-1] * trunk
+    group: list[int] = [-1] * trunk  # -1 on the trunk, which every group attends
+    segment: list[int] = [-1] * trunk  # -1 on the trunk and a prompt body, else the sample of the segment
     lengths: list[int] = []
     s = 0
     for g, (prompt, completions) in enumerate(groups):
-        if not prompt:
-            raise ValueError(f"group {g} has an empty prompt; a response needs a token to be read from")
         body = len(prompt) - 1
-        ids += prompt[:-1]
-        pos += range(body)
-        tgt += [pad_id] * body
-        sample += [-1] * body
-        group += [g] * body
-        segment += [-1] * body
+        ids += prompt[trunk:-1]
+        pos += range(trunk, body)
+        tgt += [pad_id] * (body - trunk)
+        sample += [-1] * (body - trunk)
+        group += [g] * (body - trunk)
+        segment += [-1] * (body - trunk)
         for completion in completions:
             n = len(completion)
             ids += [prompt[-1], *completion[:-1]][:n]
@@ -96,7 +125,7 @@ def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
     seg, grp = torch.tensor(segment), torch.tensor(group)
     idx = torch.arange(len(ids))
     mask = (
-        (grp[:, None] == grp[None, :])
+        ((grp[:, None] == grp[None, :]) | (grp[None, :] == -1))
         & (idx[None, :] <= idx[:, None])
         & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
     )

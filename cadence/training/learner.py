@@ -33,9 +33,10 @@ from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
+from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
-from cadence.ops.packing import PackedBatch, pack_groups, to_padded
+from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, to_padded
 from cadence.wire.digest import checksum
 
 
@@ -170,20 +171,58 @@ class TorchLearner:
 
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
         """Add the micro-batch's summed loss to the gradients. Old-policy log-probs: the detached
-        policy's (ratio exactly 1) unless a group carries the sampler's."""
+        policy's (ratio exactly 1) unless a group carries the sampler's. Only the distinct samples that
+        carry gradient are computed, each weighted by its count (ops/distinct.py): a micro-batch of
+        groups whose rewards are all equal computes nothing."""
         if not groups:
             raise ValueError("an empty micro-batch")
+        kept, weights = self._distinct(groups)
+        stats: dict[str, float] = {"loss_sum": 0.0, "clipped_tokens": 0.0, "entropy_sum": 0.0}
+        stats |= {"entropy_tokens": 0.0, "computed_tokens": 0.0}
+        if kept:
+            stats |= self._train(kept, torch.tensor(weights, dtype=torch.float32, device=self.device))
+        else:
+            self._train_nothing()
+        stats["tokens"] = float(sum(len(c) for g in groups for c in g.completions))
+        for key, value in stats.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        return stats
+
+    def _distinct(self, groups: Sequence[TrainGroup]) -> tuple[list[TrainGroup], list[int]]:
+        """The groups reduced to their distinct samples that carry gradient (advantages made explicit),
+        groups left with none dropped; the count of each kept sample, in order."""
         scale = self.objective != "dr_grpo"  # Dr. GRPO: advantages without the std scaling
-        advantages = torch.cat(
-            [
-                torch.tensor(g.advantages, dtype=torch.float32)
+        kept: list[TrainGroup] = []
+        weights: list[int] = []
+        for g in groups:
+            advantages = (
+                list(g.advantages)
                 if g.advantages is not None
-                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale)
-                for g in groups
-            ]
-        ).to(self.device)
-        entropy: list[Tensor] = []
-        logp, mask, ref_logp = self._logprobs(groups, entropy)
+                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale).tolist()
+            )
+            picks = distinct_samples(g.completions, advantages, g.old_logprobs, self.reference is None)
+            if not picks:
+                continue
+            index = [i for i, _ in picks]
+            old = g.old_logprobs
+            kept.append(
+                TrainGroup(
+                    g.prompt,
+                    [g.completions[i] for i in index],
+                    [g.rewards[i] for i in index],
+                    [old[i] for i in index] if old is not None else None,
+                    [advantages[i] for i in index],
+                )
+            )
+            weights += [count for _, count in picks]
+        return kept, weights
+
+    def _train(self, groups: Sequence[TrainGroup], weights: Tensor) -> dict[str, float]:
+        """Forward and backward of `groups` (advantages given), each sample's term times its weight."""
+        advantages = torch.tensor(
+            [a for g in groups for a in g.advantages or ()], dtype=torch.float32, device=self.device
+        )
+        logp, mask, ref_logp, entropy = self._logprobs(groups)
         old = logp.detach().clone()
         row = 0
         for g in groups:
@@ -192,58 +231,93 @@ class TorchLearner:
                 row += 1
             row += 0 if g.old_logprobs else len(g.completions)
         loss, stats = objective_loss_sum(
-            self.objective, logp, old, advantages, mask, self.clip_low, self.clip_high, ref_logp, self.kl_beta
+            self.objective,
+            logp,
+            old,
+            advantages,
+            mask,
+            self.clip_low,
+            self.clip_high,
+            ref_logp,
+            self.kl_beta,
+            weights,
         )
         loss.backward()
+        counted = mask * weights.unsqueeze(1)
         stats["loss_sum"] = float(loss.detach())
-        stats["tokens"] = float(mask.sum())
-        stats["entropy_sum"] = float(sum(float(e.sum()) for e in entropy))
-        for key, value in stats.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
+        stats["entropy_sum"] = float((entropy * counted).sum())
+        stats["entropy_tokens"] = float(counted.sum())
+        stats["computed_tokens"] = float(self._computed_tokens(groups))
         return stats
 
-    def _logprobs(
-        self, groups: Sequence[TrainGroup], entropy: list[Tensor] | None = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _computed_tokens(self, groups: Sequence[TrainGroup]) -> int:
+        """Token positions the policy's forward (and backward) over `groups` takes in this packing."""
+        if self.packing == "shared_prompt":
+            return packed_row_length([(g.prompt, g.completions) for g in groups])
+        widths = [max((len(c) for c in g.completions), default=0) for g in groups]
+        if self.packing == "prefix_cache":
+            return sum(
+                len(g.prompt) + len(g.completions) * max(w - 1, 0)
+                for g, w in zip(groups, widths, strict=True)
+            )
+        return sum(len(g.completions) * (len(g.prompt) + w - 1) for g, w in zip(groups, widths, strict=True))
+
+    def _train_nothing(self) -> None:
+        """A micro-batch with nothing to compute: no forward, but every gradient exists (zero where
+        none was yet), so that the step is the one a computed zero gradient gives (AdamW's moments
+        and weight decay still move the weights); a step without any micro-batch still leaves every
+        weight alone. A sharded learner overrides this: every rank takes part in each forward."""
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def _logprobs(self, groups: Sequence[TrainGroup]) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """Policy log-probs [S, R_max] over every sample of the micro-batch (groups in order) with
-        gradient, their mask, and the reference's (or None); the policy's entropy at every trained
-        token is appended to `entropy` when given."""
+        gradient, their mask, the reference's (or None), and the policy's entropy [S, R_max] at every
+        trained token (detached, 0 off the mask)."""
         t = self.temperature
         if self.packing == "shared_prompt":
             batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
             batch = batch.to(self.device)
+            entropy: list[Tensor] = []
             logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
+            spread, _ = to_padded(entropy[0], batch)
             if self.reference is None:
-                return logp, mask, None
+                return logp, mask, None, spread
             with torch.no_grad():
                 ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
-            return logp, mask, ref_logp
-        parts = [self._group_logprobs(g.prompt, g.completions, entropy) for g in groups]
+            return logp, mask, ref_logp, spread
+        parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
         width = max(p[0].shape[1] for p in parts)
         logp = torch.cat([_widen(p[0], width) for p in parts])
         mask = torch.cat([_widen(p[1], width) for p in parts])
+        spread = torch.cat([_widen(p[3], width) for p in parts])
         refs = [_widen(p[2], width) for p in parts if p[2] is not None]
-        return logp, mask, torch.cat(refs) if refs else None
+        return logp, mask, torch.cat(refs) if refs else None, spread
 
     def _group_logprobs(
-        self, prompt: list[int], completions: list[list[int]], entropy: list[Tensor] | None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """One group's policy log-probs [G, R] aligned to the responses, mask, reference (or None)."""
+        self, prompt: list[int], completions: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """One group's policy log-probs [G, R] aligned to the responses, mask, reference (or None),
+        entropy [G, R]."""
         t, pad = self.temperature, self.tokenizer.pad_id
+        entropy: list[Tensor] = []
         if self.packing == "prefix_cache":
             logp, mask = prefix_logprobs(self.model, prompt, completions, pad, t, entropy)
             if self.reference is None:
-                return logp, mask, None
+                return logp, mask, None, entropy[0]
             with torch.no_grad():
                 ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
-            return logp, mask, ref_logp
+            return logp, mask, ref_logp, entropy[0]
         inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad))
         start = len(prompt) - 1
         logp = masked_logprobs(self.model, inputs, targets, mask, t, entropy)[:, start:]
+        spread = torch.zeros(mask.shape, device=logp.device).masked_scatter(mask, entropy[0])[:, start:]
         if self.reference is None:
-            return logp, mask[:, start:], None
+            return logp, mask[:, start:], None, spread
         with torch.no_grad():
-            return logp, mask[:, start:], masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
+            ref_logp = masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
+        return logp, mask[:, start:], ref_logp, spread
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the
@@ -298,13 +372,18 @@ class TorchLearner:
 
 def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
     """A step's statistics from its micro-batches' sums: the loss and the other sums divided by the
-    normaliser (as the gradient was), and means over the trained tokens: `entropy` (of the tempered
-    policy), `clip_fraction` (tokens whose clip is active) and, with a reference, `kl` (k3)."""
-    per_token = ("tokens", "entropy_sum")
+    normaliser (as the gradient was), and means over the trained tokens: `clip_fraction` (tokens whose
+    clip is active) and, with a reference, `kl` (k3); `entropy` (of the tempered policy) over the
+    tokens computed (a sample with advantage 0 is not, ops/distinct.py); `computed_tokens`: the packed
+    tokens the step's forwards and backwards took."""
+    per_token = ("tokens", "entropy_sum", "entropy_tokens", "computed_tokens")
     info = {k: round(v / normaliser, 6) for k, v in sums.items() if k not in per_token}
+    if "computed_tokens" in sums:
+        info["computed_tokens"] = sums["computed_tokens"]
     tokens = sums.get("tokens", 0.0)
+    if sums.get("entropy_tokens", 0.0) > 0:
+        info["entropy"] = round(sums.get("entropy_sum", 0.0) / sums["entropy_tokens"], 6)
     if tokens > 0 and "clipped_tokens" in sums:
-        info["entropy"] = round(sums.get("entropy_sum", 0.0) / tokens, 6)
         info["clip_fraction"] = round(sums["clipped_tokens"] / tokens, 6)
         if "kl_sum" in sums:
             info["kl"] = round(sums["kl_sum"] / tokens, 6)

@@ -82,9 +82,14 @@ class ShardedLearner(TorchLearner):
         (the all-gathers and reduce-scatters of every rank), adding zero to the gradients."""
         if groups:
             return super().train_groups(groups)
+        self._train_nothing()
+        return {}
+
+    def _train_nothing(self) -> None:
+        """A share with nothing to compute (none given, or every sample of advantage 0) still takes part
+        in the ranks' collectives: a forward and backward that add zero to the gradients."""
         logits = self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         (logits.sum() * 0.0).backward()
-        return {}
 
     def tensors(self) -> dict[str, Tensor]:
         """The full HF-named weights on rank 0 (CPU copies), {} on the others."""

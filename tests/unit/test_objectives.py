@@ -173,7 +173,7 @@ def learner(objective: str, packing: str = "shared_prompt", kl_beta: float = 0.1
 def groups_with_old_logprobs() -> list[TrainGroup]:
     """Groups whose old log-probs are the policy's shifted, so ratios differ from 1 and some clip."""
     plain = [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(4), REWARDS, strict=True)]
-    logp, mask, _ = learner("dapo")._logprobs(plain)
+    logp, mask, _, _ = learner("dapo")._logprobs(plain)
     g = torch.Generator().manual_seed(3)
     shifted = (logp.detach() + 0.4 * torch.randn(logp.shape, generator=g)).tolist()
     out, row = [], 0
@@ -220,15 +220,19 @@ def test_dr_grpo_does_not_scale_advantages_and_the_others_do() -> None:
 
 
 def test_a_step_reports_means_over_the_trained_tokens_and_sums_over_the_normaliser() -> None:
+    """The entropy is a mean over the tokens computed (`entropy_tokens`: samples of advantage 0 are
+    not), the clip fraction and the KL over every trained token; the computed tokens as counted."""
     sums = {"loss_sum": -3.0, "clipped_tokens": 5.0, "kl_sum": 2.0, "entropy_sum": 60.0, "tokens": 40.0}
+    sums |= {"entropy_tokens": 30.0, "computed_tokens": 77.0}
     info = summarise(sums, 8.0)
     assert info == {
         "loss_sum": -0.375,
         "clipped_tokens": 0.625,
         "kl_sum": 0.25,
-        "entropy": 1.5,
+        "entropy": 2.0,
         "clip_fraction": 0.125,
         "kl": 0.05,
+        "computed_tokens": 77.0,
     }
     assert "kl" not in summarise({k: v for k, v in sums.items() if k != "kl_sum"}, 8.0)  # no reference
     assert summarise({}, 1.0) == {}  # a rank without a share
@@ -241,7 +245,7 @@ def test_the_kl_of_a_moved_policy_is_its_k3_mean() -> None:
     own.train_groups(groups)
     own.step(100.0)
     stats = own.train_groups(groups)
-    logp, mask, ref = own._logprobs(groups)
+    logp, mask, ref, _ = own._logprobs(groups)
     assert ref is not None
     delta = (ref - logp.detach()).double()[mask]
     want = float((delta.exp() - delta - 1).mean())

@@ -52,6 +52,15 @@ def test_equal_rewards_give_zero_advantages() -> None:
     torch.testing.assert_close(adv[2], t(1.0, -1.0, 1.0, -1.0))
 
 
+@pytest.mark.parametrize("scale", [True, False])
+def test_equal_rewards_give_exact_zeros_whatever_the_rounding_of_their_mean(scale: bool) -> None:
+    """Seven rewards of 0.2 have a float32 mean that is not 0.2: r - mean would be -1.5e-8, a gradient
+    from a group that carries no signal (and a group the learner could not skip)."""
+    rewards = torch.full((7,), 0.2)
+    assert not torch.equal(rewards - rewards.mean(), torch.zeros(7))  # the rounding this guards against
+    assert torch.equal(group_advantages(rewards, scale=scale), torch.zeros(7))
+
+
 def test_single_sample_group_gets_zero() -> None:
     adv = group_advantages(t(0.3))
     assert torch.equal(adv, t(0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,7 +19,9 @@ from cadence.ops.packing import (
     pack_groups,
     packed_length,
     packed_logprobs,
+    packed_row_length,
     per_sample,
+    shared_trunk,
     to_padded,
 )
 from cadence.training.learner import pad_group
@@ -48,6 +51,18 @@ def make_groups(seed: int = 0) -> list[Group]:
     return groups
 
 
+def groups_with_a_trunk(seed: int = 0) -> list[Group]:
+    """3 groups whose prompts begin with the same 6 tokens (as a chat template's system prompt does),
+    one of them only one token longer than that."""
+    rng = random.Random(seed)
+    common = [rng.randrange(1, 20) for _ in range(6)]
+    tails = [[3, 9, 4], [5], [7, 7, 2, 11]]
+    return [
+        (common + tail, [[rng.randrange(1, 20) for _ in range(rng.randint(1, 6))] for _ in range(3)])
+        for tail in tails
+    ]
+
+
 def unpacked_logprobs(model: Transformer, groups: list[Group]) -> Tensor:
     flat = []
     for prompt, completions in groups:
@@ -61,8 +76,9 @@ def packed_flat(model: Transformer, groups: list[Group]) -> Tensor:
     return packed_logprobs(model(batch.input_ids, batch.position_ids, batch.attn_mask), batch)
 
 
-def test_packed_logprobs_and_gradients_equal_unpacked() -> None:
-    groups = make_groups()
+@pytest.mark.parametrize("make", [make_groups, groups_with_a_trunk])
+def test_packed_logprobs_and_gradients_equal_unpacked(make: Callable[[], list[Group]]) -> None:
+    groups = make()
     model = init_model(CFG, seed=3)
     num_samples = sum(len(c) for _, c in groups)
     advantages = torch.randn(num_samples, generator=torch.Generator().manual_seed(1))
@@ -130,6 +146,47 @@ def test_mask_isolates_responses_and_groups_and_positions_continue() -> None:
         assert at == start + size and bool((group[start:at] == g).all())
         start = at
     assert start == batch.num_tokens
+
+
+def test_the_shared_trunk_is_computed_once_and_seen_by_every_group() -> None:
+    groups = groups_with_a_trunk(seed=3)
+    batch = pack_groups(groups, PAD)
+    trunk = 6
+    assert shared_trunk([p for p, _ in groups]) == trunk
+    assert (
+        batch.num_tokens
+        == packed_row_length(groups)
+        == sum(packed_length(p, c) for p, c in groups) - 2 * trunk
+    )
+    mask, group = batch.attn_mask[0, 0], batch.group_index[0]
+    assert batch.input_ids[0, :trunk].tolist() == groups[0][0][:trunk]
+    assert batch.position_ids[0, :trunk].tolist() == list(range(trunk))
+    for q in range(trunk):  # the trunk attends only itself, causally
+        assert mask[q].nonzero().flatten().tolist() == list(range(q + 1))
+    query, key = torch.nonzero(mask, as_tuple=True)
+    assert torch.all((group[query] == group[key]) | (group[key] == -1))  # another group never
+    for q in range(trunk, batch.num_tokens):  # every other position attends the whole trunk
+        assert bool(mask[q, :trunk].all())
+    start = trunk
+    for g, (prompt, completions) in enumerate(groups):  # each body goes on from the trunk's positions
+        body = len(prompt) - 1 - trunk
+        assert batch.position_ids[0, start : start + body].tolist() == list(range(trunk, len(prompt) - 1))
+        assert batch.input_ids[0, start : start + body].tolist() == prompt[trunk:-1]
+        start += body + sum(len(c) for c in completions)
+        assert bool((group[start - 1] == g).all())
+    assert start == batch.num_tokens
+
+
+def test_the_trunk_leaves_every_group_its_last_prompt_token() -> None:
+    assert shared_trunk([[1, 2, 3]]) == 0  # one group: its body is its trunk
+    assert shared_trunk([[1, 2, 3], [1, 2, 3, 4, 5]]) == 2  # the shorter prompt keeps its last token
+    assert shared_trunk([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_trunk([[4, 2, 3], [1, 2, 3]]) == 0
+    assert shared_trunk([[1], [1, 2]]) == 0
+    groups = [([1, 2, 3], [[4], [5, 6]]), ([1, 2, 3], [[7]])]
+    batch = pack_groups(groups, PAD)
+    assert batch.num_tokens == packed_row_length(groups) == 2 + 3 + 1
+    assert batch.input_ids[0].tolist() == [1, 2, 3, 3, 5, 3]  # trunk 1 2; each segment starts with its 3
 
 
 def test_token_count_of_a_packed_group() -> None:

@@ -1,0 +1,43 @@
+"""The samples of a group the loss needs computed: each distinct sample that carries gradient, once,
+with its count.
+
+Every objective's loss is a sum over samples of a term that depends only on the sample's tokens, its
+advantage and its old log-probs (ops/losses.py). So
+
+- a sample whose advantage is exactly 0 adds exactly 0 to the loss and to its gradient, unless a KL
+  term to a reference is added (`drop_zero` False then): a group whose rewards are all equal, the
+  common case once a prompt is mastered or hopeless, needs no forward and no backward at all;
+- samples of one group with the same tokens, advantage and old log-probs add the same term: it is
+  computed once and weighted by their count (short answers repeat often).
+
+Invariant: with `weights` the counts, Σ over `distinct_samples`' picks of weight × term equals the
+sum over every sample of its term, up to float summation order (k × x for x + … + x); every sample
+either is a pick or equals one, or (with `drop_zero`) has advantage 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+
+def distinct_samples(
+    completions: Sequence[Sequence[int]],
+    advantages: Sequence[float],
+    old_logprobs: Sequence[Sequence[float]] | None,
+    drop_zero: bool,
+) -> list[tuple[int, int]]:
+    """(index, count) of each distinct sample of one group, in the order of first appearance: the index
+    of its first occurrence and how many samples it stands for."""
+    if len(advantages) != len(completions):
+        raise ValueError(f"{len(advantages)} advantages for {len(completions)} completions")
+    if old_logprobs is not None and len(old_logprobs) != len(completions):
+        raise ValueError(f"{len(old_logprobs)} old log-prob lists for {len(completions)} completions")
+    first: dict[Hashable, int] = {}
+    counts: dict[int, int] = {}
+    for i, (tokens, advantage) in enumerate(zip(completions, advantages, strict=True)):
+        if drop_zero and advantage == 0.0:
+            continue
+        key = (tuple(tokens), advantage, tuple(old_logprobs[i]) if old_logprobs is not None else None)
+        index = first.setdefault(key, i)
+        counts[index] = counts.get(index, 0) + 1
+    return list(counts.items())
