@@ -9,10 +9,14 @@ reference. With
 `"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
 (model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
-Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
-them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between
-two steps the weights do not change, so the old-policy log-probs are the detached policy log-probs
-(ratio 1).
+Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
+`"shared_prompt"` the beginning the prompts of a step share is computed once for all its micro-batches
+(training/trunk.py), its gradient sent back by `complete_gradients`.
+
+Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` completes
+them, divides them by the step's normaliser once, clips, steps (at the schedule's rate) and clears
+them. Between two steps the weights do not change, so the old-policy log-probs are the detached
+policy log-probs (ratio 1), and the trunk's keys and values are those every micro-batch would compute.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -31,12 +35,13 @@ from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, ten
 from cadence.model.config import ModelConfig
 from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
+from cadence.model.transformer import KVCache, Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
-from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, to_padded
+from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, shared_trunk, to_padded
+from cadence.training.trunk import StepTrunk
 from cadence.wire.digest import checksum
 
 
@@ -51,6 +56,18 @@ class TrainGroup:
     rewards: list[float]
     old_logprobs: list[list[float]] | None = None
     advantages: list[float] | None = None
+
+
+class PolicyPass(NamedTuple):
+    """The policy's forward over a micro-batch's samples: log-probs [S, R_max] with gradient, their
+    bool mask, the reference's log-probs (or None), the policy's entropy [S, R_max] at every trained
+    token (detached, 0 off the mask), and the token positions the forward took (`computed`)."""
+
+    logp: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None
+    entropy: Tensor
+    computed: int
 
 
 class Learner(Protocol):
@@ -97,12 +114,17 @@ def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> t
 
 
 def loss_logprobs(
-    model: Transformer, batch: PackedBatch, temperature: float = 1.0, entropy: list[Tensor] | None = None
+    model: Transformer,
+    batch: PackedBatch,
+    temperature: float = 1.0,
+    entropy: list[Tensor] | None = None,
+    cache: KVCache | None = None,
 ) -> Tensor:
     """`packed_logprobs` of the model's forward at `temperature`, with the head applied only at the
-    loss positions (their entropies appended to `entropy` when given)."""
+    loss positions (their entropies appended to `entropy` when given); on top of `cache` when the
+    batch was packed after cached tokens."""
     args = (batch.input_ids, batch.position_ids, batch.attn_mask)
-    logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
+    logits = model(*args, cache=cache, logits_at=batch.loss_mask)  # [N, V]
     return token_logprobs(logits, batch.targets[batch.loss_mask], temperature, entropy)
 
 
@@ -158,6 +180,7 @@ class TorchLearner:
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
         self._sums: dict[str, float] = {}
+        self._trunk: StepTrunk | None = None  # the step's shared prompt beginning (shared_prompt packing)
 
     def train_group(
         self,
@@ -222,7 +245,7 @@ class TorchLearner:
         advantages = torch.tensor(
             [a for g in groups for a in g.advantages or ()], dtype=torch.float32, device=self.device
         )
-        logp, mask, ref_logp, entropy = self._logprobs(groups)
+        logp, mask, ref_logp, entropy, computed = self._logprobs(groups)
         old = logp.detach().clone()
         row = 0
         for g in groups:
@@ -247,8 +270,31 @@ class TorchLearner:
         stats["loss_sum"] = float(loss.detach())
         stats["entropy_sum"] = float((entropy * counted).sum())
         stats["entropy_tokens"] = float(counted.sum())
-        stats["computed_tokens"] = float(self._computed_tokens(groups))
+        stats["computed_tokens"] = float(computed)
         return stats
+
+    def _on_trunk(self, prompts: list[list[int]]) -> tuple[int, KVCache | None, int]:
+        """How many tokens of `prompts` the step's trunk holds, a cache of them (0, None: none), and
+        the tokens computed to make the trunk now. The step's first micro-batch makes it: its prompts'
+        shared beginning, or, for one prompt, its body (later groups attend what they share of it). A
+        sharded learner keeps none: its every forward is a collective of all ranks."""
+        made = 0
+        if self.sharded:
+            return 0, None, made
+        if self._trunk is None:
+            made = shared_trunk(prompts) if len(prompts) > 1 else len(prompts[0]) - 1
+            if made < 1:
+                return 0, None, 0
+            self._trunk = StepTrunk.compute(self.model, prompts[0][:made])
+        cached = self._trunk.shared(prompts)
+        return cached, self._trunk.cache(cached) if cached else None, made
+
+    def complete_gradients(self) -> None:
+        """Add the step's trunk gradient to the parameters' (before they are read: summed over ranks,
+        clipped, stepped)."""
+        if self._trunk is not None:
+            self._trunk.backward()
+            self._trunk = None
 
     def _computed_tokens(self, groups: Sequence[TrainGroup]) -> int:
         """Token positions the policy's forward (and backward) over `groups` takes in this packing."""
@@ -271,29 +317,32 @@ class TorchLearner:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
-    def _logprobs(self, groups: Sequence[TrainGroup]) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """Policy log-probs [S, R_max] over every sample of the micro-batch (groups in order) with
-        gradient, their mask, the reference's (or None), and the policy's entropy [S, R_max] at every
-        trained token (detached, 0 off the mask)."""
+    def _logprobs(self, groups: Sequence[TrainGroup]) -> PolicyPass:
+        """The policy's pass over the micro-batch's samples (groups in order)."""
         t = self.temperature
         if self.packing == "shared_prompt":
-            batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
-            batch = batch.to(self.device)
+            packed = [(g.prompt, g.completions) for g in groups]
+            cached, cache, made = self._on_trunk([g.prompt for g in groups])
+            batch = pack_groups(packed, self.tokenizer.pad_id, cached).to(self.device)
             entropy: list[Tensor] = []
-            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
+            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy, cache), batch)
             spread, _ = to_padded(entropy[0], batch)
+            computed = made + batch.num_tokens
             if self.reference is None:
-                return logp, mask, None, spread
+                return PolicyPass(logp, mask, None, spread, computed)
+            whole = pack_groups(packed, self.tokenizer.pad_id).to(self.device) if cached else batch
             with torch.no_grad():
-                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
-            return logp, mask, ref_logp, spread
+                ref_logp, _ = to_padded(loss_logprobs(self.reference, whole, t), whole)
+            return PolicyPass(logp, mask, ref_logp, spread, computed)
         parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
         width = max(p[0].shape[1] for p in parts)
         logp = torch.cat([_widen(p[0], width) for p in parts])
         mask = torch.cat([_widen(p[1], width) for p in parts])
         spread = torch.cat([_widen(p[3], width) for p in parts])
         refs = [_widen(p[2], width) for p in parts if p[2] is not None]
-        return logp, mask, torch.cat(refs) if refs else None, spread
+        return PolicyPass(
+            logp, mask, torch.cat(refs) if refs else None, spread, self._computed_tokens(groups)
+        )
 
     def _group_logprobs(
         self, prompt: list[int], completions: list[list[int]]
@@ -322,6 +371,7 @@ class TorchLearner:
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the
         schedule's, ops/schedule.py) and clear them; the step's statistics (`summarise`)."""
+        self.complete_gradients()
         if lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -359,6 +409,7 @@ class TorchLearner:
         self.optimizer.load_state_dict(optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self._sums = {}
+        self._trunk = None
 
     def save(self, directory: Path) -> str:
         return write_checkpoint(self.tensors(), self.model_cfg, self.tokenizer, directory)

@@ -60,7 +60,7 @@ def test_every_packing_reads_the_log_probs_of_the_full_logits(packing: str) -> N
     """The learner's log-probs (head applied only where a target is read) against `pad_group`'s
     log-softmax over every position's logits, policy and reference alike."""
     own = learner(packing)
-    logp, mask, ref, _ = own._logprobs(micro_batch())
+    logp, mask, ref, _, _ = own._logprobs(micro_batch())
     assert ref is not None
     with torch.no_grad():
         full = [unpacked(own.model, g.prompt, g.completions) for g in micro_batch()]
@@ -77,7 +77,7 @@ def test_sampler_log_probs_on_some_groups_only_line_up_with_their_samples() -> N
     base = plain.train_groups(batch)["loss_sum"]
     # the policy's own log-probs of group 1 as its sampler's: nothing changes
     own = learner("shared_prompt", kl_beta=0.0)
-    logp, mask, _, _ = own._logprobs(batch)
+    logp, mask, _, _, _ = own._logprobs(batch)
     start = len(batch[0].completions)
     rows = [logp[start + i, : len(c)].tolist() for i, c in enumerate(batch[1].completions)]
     given = [batch[0], TrainGroup(batch[1].prompt, batch[1].completions, batch[1].rewards, rows), *batch[2:]]
@@ -126,7 +126,7 @@ def test_at_a_temperature_the_engine_samples_the_log_probs_the_learner_reads(pac
         packing,
         temperature=0.7,
     )
-    logp, mask, _, _ = tempered._logprobs(groups)
+    logp, mask, _, _, _ = tempered._logprobs(groups)
     want = torch.cat(sampled)
     assert int(mask.sum()) == want.numel()
     assert (logp[mask].detach() - want).abs().max() <= 1e-5

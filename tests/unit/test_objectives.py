@@ -173,7 +173,7 @@ def learner(objective: str, packing: str = "shared_prompt", kl_beta: float = 0.1
 def groups_with_old_logprobs() -> list[TrainGroup]:
     """Groups whose old log-probs are the policy's shifted, so ratios differ from 1 and some clip."""
     plain = [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(4), REWARDS, strict=True)]
-    logp, mask, _, _ = learner("dapo")._logprobs(plain)
+    logp, mask, _, _, _ = learner("dapo")._logprobs(plain)
     g = torch.Generator().manual_seed(3)
     shifted = (logp.detach() + 0.4 * torch.randn(logp.shape, generator=g)).tolist()
     out, row = [], 0
@@ -194,6 +194,8 @@ def test_no_objective_depends_on_the_micro_batch_split(objective: str) -> None:
     whole, split = learner(objective), learner(objective)
     whole_stats = whole.train_groups(groups)
     parts = [split.train_groups(groups[:1]), split.train_groups(groups[1:3]), split.train_groups(groups[3:])]
+    whole.complete_gradients()
+    split.complete_gradients()  # the shared prompt beginning's part, sent back at the step
     expected = grads(whole.model)
     assert expected.abs().max() > 0
     assert (grads(split.model) - expected).abs().max() <= 1e-5 * expected.abs().max()
@@ -245,7 +247,7 @@ def test_the_kl_of_a_moved_policy_is_its_k3_mean() -> None:
     own.train_groups(groups)
     own.step(100.0)
     stats = own.train_groups(groups)
-    logp, mask, ref, _ = own._logprobs(groups)
+    logp, mask, ref, _, _ = own._logprobs(groups)
     assert ref is not None
     delta = (ref - logp.detach()).double()[mask]
     want = float((delta.exp() - delta - 1).mean())
