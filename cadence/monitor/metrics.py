@@ -125,7 +125,7 @@ class PeriodStats:
             step_s=self.step_s,
             samples_sha256=samples_digest(self.completions),
             reward_functions={name: sum(v) / len(v) for name, v in sorted(self.parts.items()) if v},
-            entropy=self._mean_of_steps("entropy"),
+            entropy=self._mean_of_steps("entropy") if any("entropy" in info for info in self.steps) else None,
             clip_fraction=self._mean_of_steps("clip_fraction"),
             kl=self._mean_of_steps("kl"),
             lr=self.steps[-1].get("lr", 0.0) if self.steps else 0.0,

@@ -62,7 +62,9 @@ class PeriodMetrics:
     micro_batch_train_s: tuple[float, ...] = ()  # each micro-batch's training time
     forward_backward_s: float = 0.0  # the micro-batches' forward and backward: train_s without the steps
     step_s: float = 0.0  # optimizer steps, summed
-    entropy: float = 0.0  # mean entropy of the tempered policy over the trained tokens (steps' mean)
+    entropy: float | None = (
+        0.0  # mean entropy of the tempered policy over the computed tokens (steps' mean); None: none computed
+    )
     clip_fraction: float = 0.0  # share of trained tokens whose clip is active for their advantage's sign
     kl: float = 0.0  # mean k3 KL to the reference a trained token (0 without a reference)
     lr: float = 0.0  # learning rate of the period's last optimizer step

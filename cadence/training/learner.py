@@ -181,6 +181,7 @@ class TorchLearner:
         self.max_grad_norm = max_grad_norm
         self._sums: dict[str, float] = {}
         self._trunk: StepTrunk | None = None  # the step's shared prompt beginning (shared_prompt packing)
+        self._reference_trunk: StepTrunk | None = None  # the same tokens under the reference
 
     def train_group(
         self,
@@ -286,6 +287,9 @@ class TorchLearner:
             if made < 1:
                 return 0, None, 0
             self._trunk = StepTrunk.compute(self.model, prompts[0][:made])
+            if self.reference is not None:
+                with torch.no_grad():
+                    self._reference_trunk = StepTrunk.compute(self.reference, self._trunk.tokens)
         cached = self._trunk.shared(prompts)
         return cached, self._trunk.cache(cached) if cached else None, made
 
@@ -294,7 +298,7 @@ class TorchLearner:
         clipped, stepped)."""
         if self._trunk is not None:
             self._trunk.backward()
-            self._trunk = None
+        self._trunk = self._reference_trunk = None
 
     def _computed_tokens(self, groups: Sequence[TrainGroup]) -> int:
         """Token positions the policy's forward (and backward) over `groups` takes in this packing."""
@@ -330,9 +334,10 @@ class TorchLearner:
             computed = made + batch.num_tokens
             if self.reference is None:
                 return PolicyPass(logp, mask, None, spread, computed)
-            whole = pack_groups(packed, self.tokenizer.pad_id).to(self.device) if cached else batch
+            # on the reference's trunk of the same tokens: the same computation as the policy's
+            ref_cache = self._reference_trunk.cache(cached) if cached and self._reference_trunk else None
             with torch.no_grad():
-                ref_logp, _ = to_padded(loss_logprobs(self.reference, whole, t), whole)
+                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t, cache=ref_cache), batch)
             return PolicyPass(logp, mask, ref_logp, spread, computed)
         parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
         width = max(p[0].shape[1] for p in parts)
@@ -409,7 +414,7 @@ class TorchLearner:
         self.optimizer.load_state_dict(optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self._sums = {}
-        self._trunk = None
+        self._trunk = self._reference_trunk = None
 
     def save(self, directory: Path) -> str:
         return write_checkpoint(self.tensors(), self.model_cfg, self.tokenizer, directory)

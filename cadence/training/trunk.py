@@ -7,6 +7,11 @@ for every one of them: `StepTrunk` computes them once with their graph, gives ea
 copies to attend (`cache`), lets the micro-batches' backwards sum their gradients into those leaves,
 and at the step sends the sum back through the one forward that made them (`backward`).
 
+The frozen reference gets a trunk of the same tokens (without a graph), so that the policy's and the
+reference's log-probs come from the same computation: at the start, when the policy is the reference,
+their KL and its gradient are exactly 0, not a float-rounding residue that AdamW would magnify into a
+step of up to half the learning rate.
+
 Invariant: after `backward` the parameters' gradients are those of computing the trunk inside every
 micro-batch (the chain rule, summed), up to float summation order; a step that never calls `cache`
 gets nothing from the trunk but its forward's cost.
@@ -27,12 +32,13 @@ class StepTrunk:
 
     def __init__(self, tokens: Sequence[int], keys: list[Tensor], values: list[Tensor]) -> None:
         self.tokens = list(tokens)
-        self._made = [*keys, *values]  # with their graph to the parameters
-        self._leaves = [t.detach().requires_grad_() for t in self._made]
+        self._made = [*keys, *values]  # with their graph to the parameters (a frozen model's: none)
+        self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._made]
 
     @classmethod
     def compute(cls, model: Transformer, tokens: Sequence[int]) -> StepTrunk:
-        """One forward of `tokens` that keeps every layer's keys and values (no head)."""
+        """One forward of `tokens` that keeps every layer's keys and values (no head); under
+        `torch.no_grad` (a frozen reference) the same keys and values without a graph."""
         device = model.inv_freq.device
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
         cache = KVCache()

@@ -106,6 +106,23 @@ def test_period_finish_keys_and_values() -> None:
     assert row["tokens_trained"] == 9
 
 
+def test_the_computed_tokens_are_summed_and_no_entropy_is_made_up_when_none_was_computed() -> None:
+    """A period whose every group had rewards all equal computes nothing: its row says so (null),
+    not an entropy of 0, which would read as a collapsed policy; the scalar writers leave it out."""
+    from cadence.monitor.writers import scalars
+
+    stats = _stats()
+    stats.stepped({"computed_tokens": 0.0, "clip_fraction": 0.0, "lr": 1e-5})
+    row = stats.finish(end=108.0, publish_s=1.0).to_row()
+    assert row["entropy"] is None and row["tokens_computed"] == 0 and row["tokens_trained"] == 9
+    assert "entropy" not in scalars(row) and PeriodMetrics.from_row(row).entropy is None
+    computed = _stats()
+    computed.stepped({"computed_tokens": 30.0, "entropy": 1.0})
+    computed.stepped({"computed_tokens": 12.0, "entropy": 2.0})
+    row = computed.finish(end=108.0, publish_s=1.0).to_row()
+    assert row["entropy"] == pytest.approx(1.5) and row["tokens_computed"] == 42
+
+
 def test_period_time_adds_up() -> None:
     row = _stats().finish(end=108.0, publish_s=1.0).to_row()
     assert row["period_s"] == pytest.approx(row["train_s"] + row["trainer_idle_s"] + row["publish_s"])

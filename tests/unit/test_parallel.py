@@ -33,12 +33,14 @@ TIMEOUT_S = 4.0  # the collectives' limit; rank 0 idles longer than it once (the
 
 
 def groups() -> list[TrainGroup]:
-    """Unequal groups (4, 4, 3 and 4 completions), a 1-completion one, one with the sampler's log-probs."""
-    base = [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
-    single = TrainGroup([4, 5, 6], [[7, 8]], [1.0])
+    """Unequal groups (4, 4, 3 and 4 completions), a 1-completion one, one with the sampler's log-probs;
+    every prompt begins with the same tokens (the trunk a step's micro-batches share)."""
+    system = [3, 1, 4, 1, 5]
+    base = [TrainGroup(system + p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
+    single = TrainGroup([*system, 4, 5, 6], [[7, 8]], [1.0])
     prompt, completions = make_groups(8)[0]
     sampled = TrainGroup(
-        prompt,
+        system + prompt,
         completions,
         [0.0, 1.0, 1.0, 0.5],
         [[-1.5 - 0.1 * i] * len(c) for i, c in enumerate(completions)],

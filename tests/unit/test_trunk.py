@@ -88,3 +88,14 @@ def test_loading_a_state_drops_the_trunk_of_the_weights_it_replaces() -> None:
     plain.train_groups(groups[2:])
     expected = grads(plain)
     assert (grads(own) - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_while_the_policy_is_the_reference_their_kl_and_its_gradient_are_exactly_zero() -> None:
+    """The reference reads the same trunk tokens through its own trunk: the same computation as the
+    policy's, so no rounding residue for AdamW to magnify (it would move weights by up to lr / 2)."""
+    groups = [TrainGroup(g.prompt, g.completions, [0.5] * len(g.completions)) for g in chat_groups(seed=2)]
+    own = learner("shared_prompt", kl_beta=0.1)
+    stats = [own.train_groups(groups[:2]), own.train_groups(groups[2:])]
+    assert stats[1]["computed_tokens"] < sum(packed_length(g.prompt, g.completions) for g in groups[2:])
+    assert all(s["kl_sum"] == 0.0 for s in stats)
+    assert grads(own).abs().max() == 0.0
