@@ -41,22 +41,6 @@ class KVCache:
     def length(self) -> int:
         return self._length
 
-    @classmethod
-    def of(cls, keys: Sequence[Tensor], values: Sequence[Tensor]) -> KVCache:
-        """A cache (grown by concat) that starts with these per-layer keys and values [B, KV, S, D]:
-        a forward on top of it is differentiable with respect to them."""
-        if len(keys) != len(values) or len({k.shape[2] for k in (*keys, *values)}) > 1:
-            raise ValueError("KVCache.of needs as many keys as values, all of one length")
-        cache = cls()
-        cache._keys, cache._values = list(keys), list(values)
-        cache._length = keys[0].shape[2] if keys else 0
-        return cache
-
-    def layers(self) -> tuple[list[Tensor], list[Tensor]]:
-        """Every layer's cached keys and values [B, KV, length, D]."""
-        end = self._length
-        return [k[:, :, :end] for k in self._keys], [v[:, :, :end] for v in self._values]
-
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store ``k``/``v`` [B, KV, T, D] of ``layer`` after the cached ones; return all of them."""
         end = self._length + k.shape[2]

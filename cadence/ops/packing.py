@@ -69,12 +69,10 @@ def packed_length(prompt: Sequence[int], completions: Sequence[Sequence[int]]) -
     return len(prompt) - 1 + sum(len(c) for c in completions)
 
 
-def packed_row_length(groups: Sequence[Group], cached: int = 0) -> int:
-    """Tokens of `pack_groups`' row: every group's `packed_length`, the shared trunk counted once, the
-    `cached` tokens not at all."""
-    trunk = shared_trunk([prompt[cached:] for prompt, _ in groups])
-    whole = sum(packed_length(p, c) for p, c in groups)
-    return whole - cached * len(groups) - trunk * max(len(groups) - 1, 0)
+def packed_row_length(groups: Sequence[Group]) -> int:
+    """Tokens of `pack_groups`' row: every group's `packed_length`, the shared trunk counted once."""
+    trunk = shared_trunk([prompt for prompt, _ in groups])
+    return sum(packed_length(p, c) for p, c in groups) - trunk * max(len(groups) - 1, 0)
 
 
 def shared_trunk(prompts: Sequence[Sequence[int]]) -> int:
@@ -89,23 +87,19 @@ def shared_trunk(prompts: Sequence[Sequence[int]]) -> int:
     return max(length, 0)
 
 
-def pack_groups(groups: Sequence[Group], pad_id: int, cached: int = 0) -> PackedBatch:
+def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
     """Pack whole groups into one row after the trunk their prompts share; each group attends only
-    the trunk and itself. With `cached` = C, the first C tokens of every prompt (the same in all) are
-    already in a KV cache: the row leaves them out and starts at position C, and its mask
-    [1, 1, T, C + T] lets every position attend them."""
+    the trunk and itself."""
     for g, (prompt, _) in enumerate(groups):
         if not prompt:
             raise ValueError(f"group {g} has an empty prompt; a response needs a token to be read from")
-        if len(prompt) <= cached or (cached and list(prompt[:cached]) != list(groups[0][0][:cached])):
-            raise ValueError(f"group {g}'s prompt does not go on from the {cached} cached tokens")
-    trunk = cached + shared_trunk([prompt[cached:] for prompt, _ in groups])
-    ids: list[int] = list(groups[0][0][cached:trunk]) if groups else []
-    pos: list[int] = list(range(cached, trunk))
-    tgt: list[int] = [pad_id] * len(ids)
-    sample: list[int] = [-1] * len(ids)
-    group: list[int] = [-1] * len(ids)  # -1 on the trunk, which every group attends
-    segment: list[int] = [-1] * len(ids)  # -1 on the trunk and a prompt body, else the sample of the segment
+    trunk = shared_trunk([prompt for prompt, _ in groups])
+    ids: list[int] = list(groups[0][0][:trunk]) if groups else []
+    pos: list[int] = list(range(trunk))
+    tgt: list[int] = [pad_id] * trunk
+    sample: list[int] = [-1] * trunk
+    group: list[int] = [-1] * trunk  # -1 on the trunk, which every group attends
+    segment: list[int] = [-1] * trunk  # -1 on the trunk and a prompt body, else the sample of the segment
     lengths: list[int] = []
     s = 0
     for g, (prompt, completions) in enumerate(groups):
@@ -135,13 +129,11 @@ def pack_groups(groups: Sequence[Group], pad_id: int, cached: int = 0) -> Packed
         & (idx[None, :] <= idx[:, None])
         & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
     )
-    if cached:
-        mask = torch.cat([mask.new_ones((len(ids), cached)), mask], dim=1)
     sample_index = torch.tensor(sample).unsqueeze(0)
     return PackedBatch(
         input_ids=torch.tensor(ids).unsqueeze(0),
         position_ids=torch.tensor(pos).unsqueeze(0),
-        attn_mask=mask.view(1, 1, len(ids), cached + len(ids)),
+        attn_mask=mask.view(1, 1, len(ids), len(ids)),
         targets=torch.tensor(tgt).unsqueeze(0),
         loss_mask=sample_index >= 0,
         sample_index=sample_index,

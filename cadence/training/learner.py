@@ -10,13 +10,12 @@ reference. With
 (model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
-`"shared_prompt"` the beginning the prompts of a step share is computed once for all its micro-batches
-(training/trunk.py), its gradient sent back by `complete_gradients`.
+`"shared_prompt"` the beginning the prompts of a micro-batch share is computed once in its row.
 
-Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` completes
-them, divides them by the step's normaliser once, clips, steps (at the schedule's rate) and clears
-them. Between two steps the weights do not change, so the old-policy log-probs are the detached
-policy log-probs (ratio 1), and the trunk's keys and values are those every micro-batch would compute.
+Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
+them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between
+two steps the weights do not change, so the old-policy log-probs are the detached policy log-probs
+(ratio 1).
 """
 
 from __future__ import annotations
@@ -35,13 +34,12 @@ from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, ten
 from cadence.model.config import ModelConfig
 from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import KVCache, Transformer, hf_state_dict, load_hf_state_dict
+from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
-from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, shared_trunk, to_padded
-from cadence.training.trunk import StepTrunk
+from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, to_padded
 from cadence.wire.digest import checksum
 
 
@@ -114,17 +112,12 @@ def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> t
 
 
 def loss_logprobs(
-    model: Transformer,
-    batch: PackedBatch,
-    temperature: float = 1.0,
-    entropy: list[Tensor] | None = None,
-    cache: KVCache | None = None,
+    model: Transformer, batch: PackedBatch, temperature: float = 1.0, entropy: list[Tensor] | None = None
 ) -> Tensor:
     """`packed_logprobs` of the model's forward at `temperature`, with the head applied only at the
-    loss positions (their entropies appended to `entropy` when given); on top of `cache` when the
-    batch was packed after cached tokens."""
+    loss positions (their entropies appended to `entropy` when given)."""
     args = (batch.input_ids, batch.position_ids, batch.attn_mask)
-    logits = model(*args, cache=cache, logits_at=batch.loss_mask)  # [N, V]
+    logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
     return token_logprobs(logits, batch.targets[batch.loss_mask], temperature, entropy)
 
 
@@ -180,8 +173,6 @@ class TorchLearner:
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
         self._sums: dict[str, float] = {}
-        self._trunk: StepTrunk | None = None  # the step's shared prompt beginning (shared_prompt packing)
-        self._reference_trunk: StepTrunk | None = None  # the same tokens under the reference
 
     def train_group(
         self,
@@ -274,32 +265,6 @@ class TorchLearner:
         stats["computed_tokens"] = float(computed)
         return stats
 
-    def _on_trunk(self, prompts: list[list[int]]) -> tuple[int, KVCache | None, int]:
-        """How many tokens of `prompts` the step's trunk holds, a cache of them (0, None: none), and
-        the tokens computed to make the trunk now. The step's first micro-batch makes it: its prompts'
-        shared beginning, or, for one prompt, its body (later groups attend what they share of it). A
-        sharded learner keeps none: its every forward is a collective of all ranks."""
-        made = 0
-        if self.sharded:
-            return 0, None, made
-        if self._trunk is None:
-            made = shared_trunk(prompts) if len(prompts) > 1 else len(prompts[0]) - 1
-            if made < 1:
-                return 0, None, 0
-            self._trunk = StepTrunk.compute(self.model, prompts[0][:made])
-            if self.reference is not None:
-                with torch.no_grad():
-                    self._reference_trunk = StepTrunk.compute(self.reference, self._trunk.tokens)
-        cached = self._trunk.shared(prompts)
-        return cached, self._trunk.cache(cached) if cached else None, made
-
-    def complete_gradients(self) -> None:
-        """Add the step's trunk gradient to the parameters' (before they are read: summed over ranks,
-        clipped, stepped)."""
-        if self._trunk is not None:
-            self._trunk.backward()
-        self._trunk = self._reference_trunk = None
-
     def _computed_tokens(self, groups: Sequence[TrainGroup]) -> int:
         """Token positions the policy's forward (and backward) over `groups` takes in this packing."""
         if self.packing == "shared_prompt":
@@ -325,20 +290,16 @@ class TorchLearner:
         """The policy's pass over the micro-batch's samples (groups in order)."""
         t = self.temperature
         if self.packing == "shared_prompt":
-            packed = [(g.prompt, g.completions) for g in groups]
-            cached, cache, made = self._on_trunk([g.prompt for g in groups])
-            batch = pack_groups(packed, self.tokenizer.pad_id, cached).to(self.device)
+            batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
+            batch = batch.to(self.device)
             entropy: list[Tensor] = []
-            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy, cache), batch)
+            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
             spread, _ = to_padded(entropy[0], batch)
-            computed = made + batch.num_tokens
             if self.reference is None:
-                return PolicyPass(logp, mask, None, spread, computed)
-            # on the reference's trunk of the same tokens: the same computation as the policy's
-            ref_cache = self._reference_trunk.cache(cached) if cached and self._reference_trunk else None
+                return PolicyPass(logp, mask, None, spread, batch.num_tokens)
             with torch.no_grad():
-                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t, cache=ref_cache), batch)
-            return PolicyPass(logp, mask, ref_logp, spread, computed)
+                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
+            return PolicyPass(logp, mask, ref_logp, spread, batch.num_tokens)
         parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
         width = max(p[0].shape[1] for p in parts)
         logp = torch.cat([_widen(p[0], width) for p in parts])
@@ -376,7 +337,6 @@ class TorchLearner:
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the
         schedule's, ops/schedule.py) and clear them; the step's statistics (`summarise`)."""
-        self.complete_gradients()
         if lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -414,7 +374,6 @@ class TorchLearner:
         self.optimizer.load_state_dict(optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self._sums = {}
-        self._trunk = self._reference_trunk = None
 
     def save(self, directory: Path) -> str:
         return write_checkpoint(self.tensors(), self.model_cfg, self.tokenizer, directory)

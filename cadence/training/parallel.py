@@ -241,7 +241,6 @@ def step_all(
 ) -> dict[str, float]:
     """Every rank: sum the gradients over the ranks (sharded: summed by every backward already), then
     the one-rank step on the sum."""
-    local.complete_gradients()
     if not local.sharded:
         comm.sum_gradients([p for p in local.model.parameters() if p.requires_grad])
     return local.step(normaliser, lr)

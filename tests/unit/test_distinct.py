@@ -106,7 +106,6 @@ def every_sample(own: TorchLearner, groups: list[TrainGroup]) -> dict[str, float
 
 
 def grads(own: TorchLearner) -> Tensor:
-    own.complete_gradients()
     return torch.cat([p.grad.flatten() for p in own.model.parameters() if p.grad is not None])
 
 
