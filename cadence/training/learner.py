@@ -21,7 +21,6 @@ two steps the weights do not change, so the old-policy log-probs are the detache
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, tensors_to_bytes
+from cadence.model.checkpoint import tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
@@ -39,8 +38,8 @@ from cadence.ops.advantages import group_advantages
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
-from cadence.ops.packing import PackedBatch, pack_groups, packed_row_length, to_padded
-from cadence.wire.digest import checksum
+from cadence.ops.packing import PackedBatch, pack_groups, to_padded
+from cadence.training.state import read_state, write_checkpoint, write_state
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,24 @@ class TrainGroup:
     rewards: list[float]
     old_logprobs: list[list[float]] | None = None
     advantages: list[float] | None = None
+
+    def advantage_list(self, scale: bool) -> list[float]:
+        """The given advantages, or the group's own from its rewards (`scale`: divided by their std)."""
+        if self.advantages is not None:
+            return list(self.advantages)
+        return group_advantages(torch.tensor(self.rewards, dtype=torch.float32), scale=scale).tolist()
+
+    def pick(self, index: Sequence[int], advantages: Sequence[float]) -> TrainGroup:
+        """The completions at `index` (in that order) as a group of their own, with `advantages`
+        (those of the whole group) made explicit."""
+        old = self.old_logprobs
+        return TrainGroup(
+            self.prompt,
+            [self.completions[i] for i in index],
+            [self.rewards[i] for i in index],
+            [old[i] for i in index] if old is not None else None,
+            [advantages[i] for i in index],
+        )
 
 
 class PolicyPass(NamedTuple):
@@ -210,26 +227,11 @@ class TorchLearner:
         kept: list[TrainGroup] = []
         weights: list[int] = []
         for g in groups:
-            advantages = (
-                list(g.advantages)
-                if g.advantages is not None
-                else group_advantages(torch.tensor(g.rewards, dtype=torch.float32), scale=scale).tolist()
-            )
+            advantages = g.advantage_list(scale)
             picks = distinct_samples(g.completions, advantages, g.old_logprobs, self.reference is None)
-            if not picks:
-                continue
-            index = [i for i, _ in picks]
-            old = g.old_logprobs
-            kept.append(
-                TrainGroup(
-                    g.prompt,
-                    [g.completions[i] for i in index],
-                    [g.rewards[i] for i in index],
-                    [old[i] for i in index] if old is not None else None,
-                    [advantages[i] for i in index],
-                )
-            )
-            weights += [count for _, count in picks]
+            if picks:
+                kept.append(g.pick([i for i, _ in picks], advantages))
+                weights += [count for _, count in picks]
         return kept, weights
 
     def _train(self, groups: Sequence[TrainGroup], weights: Tensor) -> dict[str, float]:
@@ -265,18 +267,6 @@ class TorchLearner:
         stats["computed_tokens"] = float(computed)
         return stats
 
-    def _computed_tokens(self, groups: Sequence[TrainGroup]) -> int:
-        """Token positions the policy's forward (and backward) over `groups` takes in this packing."""
-        if self.packing == "shared_prompt":
-            return packed_row_length([(g.prompt, g.completions) for g in groups])
-        widths = [max((len(c) for c in g.completions), default=0) for g in groups]
-        if self.packing == "prefix_cache":
-            return sum(
-                len(g.prompt) + len(g.completions) * max(w - 1, 0)
-                for g, w in zip(groups, widths, strict=True)
-            )
-        return sum(len(g.completions) * (len(g.prompt) + w - 1) for g, w in zip(groups, widths, strict=True))
-
     def _train_nothing(self) -> None:
         """A micro-batch with nothing to compute: no forward, but every gradient exists (zero where
         none was yet), so that the step is the one a computed zero gradient gives (AdamW's moments
@@ -301,38 +291,34 @@ class TorchLearner:
                 ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
             return PolicyPass(logp, mask, ref_logp, spread, batch.num_tokens)
         parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
-        width = max(p[0].shape[1] for p in parts)
-        logp = torch.cat([_widen(p[0], width) for p in parts])
-        mask = torch.cat([_widen(p[1], width) for p in parts])
-        spread = torch.cat([_widen(p[3], width) for p in parts])
-        refs = [_widen(p[2], width) for p in parts if p[2] is not None]
-        return PolicyPass(
-            logp, mask, torch.cat(refs) if refs else None, spread, self._computed_tokens(groups)
-        )
+        width = max(p.logp.shape[1] for p in parts)
+        logp = torch.cat([_widen(p.logp, width) for p in parts])
+        mask = torch.cat([_widen(p.mask, width) for p in parts])
+        spread = torch.cat([_widen(p.entropy, width) for p in parts])
+        refs = [_widen(p.ref_logp, width) for p in parts if p.ref_logp is not None]
+        computed = sum(p.computed for p in parts)
+        return PolicyPass(logp, mask, torch.cat(refs) if refs else None, spread, computed)
 
-    def _group_logprobs(
-        self, prompt: list[int], completions: list[list[int]]
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """One group's policy log-probs [G, R] aligned to the responses, mask, reference (or None),
-        entropy [G, R]."""
+    def _group_logprobs(self, prompt: list[int], completions: list[list[int]]) -> PolicyPass:
+        """One group's pass, [G, R] aligned to the responses."""
         t, pad = self.temperature, self.tokenizer.pad_id
         entropy: list[Tensor] = []
+        ref_logp: Tensor | None = None
         if self.packing == "prefix_cache":
             logp, mask = prefix_logprobs(self.model, prompt, completions, pad, t, entropy)
-            if self.reference is None:
-                return logp, mask, None, entropy[0]
-            with torch.no_grad():
-                ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
-            return logp, mask, ref_logp, entropy[0]
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
+            computed = len(prompt) + len(completions) * max(logp.shape[1] - 1, 0)  # P, then [G, R - 1]
+            return PolicyPass(logp, mask, ref_logp, entropy[0], computed)
         inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad))
         start = len(prompt) - 1
         logp = masked_logprobs(self.model, inputs, targets, mask, t, entropy)[:, start:]
         spread = torch.zeros(mask.shape, device=logp.device).masked_scatter(mask, entropy[0])[:, start:]
-        if self.reference is None:
-            return logp, mask[:, start:], None, spread
-        with torch.no_grad():
-            ref_logp = masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
-        return logp, mask[:, start:], ref_logp, spread
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp = masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
+        return PolicyPass(logp, mask[:, start:], ref_logp, spread, inputs.numel())
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the
@@ -403,34 +389,3 @@ def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
         if "kl_sum" in sums:
             info["kl"] = round(sums["kl_sum"] / tokens, 6)
     return info
-
-
-def write_checkpoint(
-    weights: Mapping[str, Tensor], model_cfg: ModelConfig, tokenizer: TextTokenizer, directory: Path
-) -> str:
-    """A Hugging Face checkpoint folder of `weights` (HF-named); the checksum of their safetensors bytes."""
-    save_checkpoint(weights, model_cfg, directory, tokenizer.files())
-    return checksum(tensors_to_bytes(weights))
-
-
-def write_state(directory: Path, weights: bytes | bytearray, optimizer: dict[str, Any]) -> None:
-    """A resumable state: `model.safetensors` (the policy), `optimizer.pt` (AdamW's state_dict: moments
-    and step counts by parameter index), `rng.pt` (torch's and Python's generators). The frozen
-    reference is rebuilt from the config."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "model.safetensors").write_bytes(weights)
-    torch.save(optimizer, directory / "optimizer.pt")
-    version, internal, gauss = random.getstate()
-    rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
-    torch.save(rng, directory / "rng.pt")
-
-
-def read_state(directory: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """What `write_state` wrote: the weights and the optimizer state; the generators are restored."""
-    weights = state_dict_from_bytes((directory / "model.safetensors").read_bytes())
-    optimizer = torch.load(directory / "optimizer.pt", weights_only=True)
-    rng = torch.load(directory / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    version, internal, gauss = rng["python"]
-    random.setstate((version, tuple(internal), gauss))
-    return weights, optimizer

@@ -40,16 +40,9 @@ import torch
 from torch import Tensor
 
 from cadence.model.checkpoint import tensors_to_bytes
-from cadence.ops.advantages import group_advantages
 from cadence.training.collectives import CollectiveError, Collectives
-from cadence.training.learner import (
-    TorchLearner,
-    TrainGroup,
-    read_state,
-    summarise,
-    write_checkpoint,
-    write_state,
-)
+from cadence.training.learner import TorchLearner, TrainGroup, summarise
+from cadence.training.state import read_state, write_checkpoint, write_state
 
 log = structlog.get_logger()
 
@@ -206,22 +199,8 @@ def share(groups: Sequence[TrainGroup], rank: int, world: int, scale: bool = Tru
     mine = []
     for g in groups:
         picks = range(rank, len(g.completions), world)
-        if not picks:
-            continue
-        advantages = g.advantages
-        if advantages is None:
-            rewards = torch.tensor(g.rewards, dtype=torch.float32)
-            advantages = group_advantages(rewards, scale=scale).tolist()
-        old = g.old_logprobs
-        mine.append(
-            TrainGroup(
-                g.prompt,
-                [g.completions[i] for i in picks],
-                [g.rewards[i] for i in picks],
-                [old[i] for i in picks] if old is not None else None,
-                [advantages[i] for i in picks],
-            )
-        )
+        if picks:
+            mine.append(g.pick(picks, g.advantage_list(scale)))
     return mine
 
 
