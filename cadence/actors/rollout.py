@@ -326,6 +326,7 @@ class RolloutWorker:
                 share,
                 load_s if i == 0 else 0.0,
                 generating.end,
+                len(jobs) - 1 - i,
             )
             for i, (job, prompt, group, group_texts, group_scores) in enumerate(
                 zip(jobs, prompts, groups, texts, scores, strict=True)
@@ -342,6 +343,7 @@ class RolloutWorker:
         gen_s: float,
         load_s: float,
         finished_at: float,
+        following: int,
     ) -> GroupResult:
         keep = job.eval or is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
         return GroupResult(
@@ -361,4 +363,5 @@ class RolloutWorker:
             answer=job.answer if keep else "",
             responses=texts if keep else [],
             ticket=job.ticket,
+            following=following,
         )

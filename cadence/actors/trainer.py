@@ -258,8 +258,9 @@ class Trainer:
                 self._keep_sample(msg, self.samples)
             await self.session.send(Consumed(period, [msg.prompt_id]))
             if self.settings.mode == "periodic":
-                # train now, together with whatever else has arrived meanwhile (up to the budget)
-                await self._add(msg, stats, flush=self.arrivals.empty())
+                # train now, together with whatever else has arrived meanwhile (up to the budget) and
+                # the rest of the worker's batch, sent right behind it
+                await self._add(msg, stats, flush=self.arrivals.empty() and msg.following == 0)
             else:
                 held.append(msg)
         for msg in held:

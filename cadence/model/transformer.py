@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
 from cadence.model.config import ModelConfig
+from cadence.model.embedding import lookup_into_grad
 from cadence.model.rope import rope_cos_sin, rope_inv_freq
 
 TIED_HEAD_KEY = "lm_head.weight"
@@ -226,6 +227,9 @@ class Transformer(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size)
         self.tie_weights()
+        # the embedding's backward adds its rows into the weight's gradient in place (embedding.py);
+        # a learner whose weights are not split over ranks turns it on
+        self.lookup_into_grad = False
         with torch.no_grad():  # defined values until init_model or a load
             for name, p in self.named_parameters():
                 p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
@@ -261,7 +265,11 @@ class Transformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
         mask = self._attention_mask(attn_mask, b, t, past, input_ids.device)
-        x = self.model.embed_tokens(input_ids)
+        weight = self.model.embed_tokens.weight
+        if self.lookup_into_grad and weight.requires_grad and torch.is_grad_enabled():
+            x = lookup_into_grad(input_ids, weight)
+        else:
+            x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)  # [B, 1, T, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache)

@@ -180,6 +180,7 @@ class TorchLearner:
         self.temperature = temperature
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        self.model.lookup_into_grad = not self.sharded  # FSDP2 takes a split weight's gradient itself
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
@@ -326,13 +327,7 @@ class TorchLearner:
         if lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-        for p in self.model.parameters():
-            if p.grad is not None:
-                p.grad.div_(normaliser)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(
-            params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        )
+        norm = self._normalise_and_clip(normaliser)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         info = summarise(self._sums, normaliser)
@@ -340,6 +335,25 @@ class TorchLearner:
         info["lr"] = float(self.optimizer.param_groups[0]["lr"])
         self._sums = {}
         return info
+
+    def _normalise_and_clip(self, normaliser: float) -> Tensor:
+        """Divide the gradients by `normaliser` and clip their norm to `max_grad_norm` (as
+        `clip_grad_norm_` does: times min(1, max / (norm + 1e-6))), in one multiply of each gradient;
+        the norm of the divided gradients, before clipping. Sharded gradients: divided, then
+        `clip_grad_norm_`, which knows how to sum a norm over the ranks' shards."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        limit = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        if self.sharded:
+            for p in params:
+                p.grad.div_(normaliser)  # type: ignore[union-attr]
+            return torch.nn.utils.clip_grad_norm_(params, limit)
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:  # a step without any micro-batch
+            return torch.zeros(())
+        norm = torch.nn.utils.get_total_norm(grads) / normaliser
+        scale = (limit / (norm + 1e-6)).clamp(max=1.0) / normaliser
+        torch._foreach_mul_(grads, scale)
+        return norm
 
     def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
         return tensors_to_bytes(self.tensors(), alloc)

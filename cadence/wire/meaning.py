@@ -93,6 +93,8 @@ def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
             return f"completion {i}: a log-prob that is not finite"
     if not _in_vocab(msg.prompt_tokens, vocab_size):
         return f"prompt: a token id outside the vocabulary of {vocab_size}"
+    if msg.following < 0:
+        return f"following = {msg.following}: a count of groups, at least 0"
     numbers = [*msg.rewards, *msg.correct, msg.gen_s, msg.load_s, msg.finished_at]
     if not _finite(numbers) or not all(_finite(v) for v in msg.reward_parts.values()):
         return "a reward, correctness value or time that is not finite"

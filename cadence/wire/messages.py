@@ -187,6 +187,9 @@ class GroupResult(Message):
     answer: str = ""
     responses: list[str] = field(default_factory=list)
     ticket: str = ""  # the assignment's ticket: without the right one the trainer refuses the group
+    following: int = (
+        0  # groups of the same batch sent right after this one (the trainer trains them together)
+    )
 
 
 @message("consumed")

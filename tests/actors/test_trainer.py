@@ -299,6 +299,24 @@ async def test_groups_that_arrive_while_training_share_a_micro_batch(
     task.cancel()
 
 
+async def test_a_group_whose_batch_follows_waits_for_it(network: InprocNetwork, tmp_path: Path) -> None:
+    """A worker sends a batch's groups one after the other: the first, arriving alone, is held until
+    the rest (`following`) are in, so the batch is trained as one micro-batch."""
+    cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    await worker.send(dataclasses.replace(group(0, 0, tag=0.0), following=1))
+    held = until(lambda: len(trainer._micro) == 1 and trainer.arrivals.empty())  # held, not trained
+    await asyncio.wait_for(held, 10)
+    assert learner.micro == []
+    await worker.send(group(0, 1, tag=1.0))
+    await until(lambda: len(learner.micro) == 1)
+    await worker.send(dataclasses.replace(group(0, 2, tag=2.0), following=1))
+    await worker.send(group(0, 3, tag=3.0))
+    await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert learner.micro == [[0.0, 1.0], [2.0, 3.0]]
+    task.cancel()
+
+
 async def test_a_micro_batch_never_spans_two_optimizer_steps(network: InprocNetwork, tmp_path: Path) -> None:
     cfg, dispatcher, worker, learner, published, task, trainer = await start(
         network, tmp_path, "trainer.steps_per_period=2", "mode=sync"

@@ -165,3 +165,20 @@ def test_the_entropy_is_of_the_tempered_policy_at_every_trained_token(packing: s
     info = own.step(stats["tokens"])
     assert info["entropy"] == pytest.approx(want / stats["tokens"], rel=1e-4)
     assert 0.0 <= info["clip_fraction"] <= 1.0 and info["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 1e3, 0.0])
+def test_the_step_divides_and_clips_as_clip_grad_norm_does(max_grad_norm: float) -> None:
+    """One multiply of each gradient by min(1, max / (norm + 1e-6)) / normaliser: the gradients and
+    norm of dividing, then `clip_grad_norm_` (clipping or not; 0: no limit)."""
+    a, b = learner("shared_prompt"), learner("shared_prompt")
+    a.max_grad_norm = max_grad_norm
+    for x in (a, b):
+        x.train_groups(micro_batch())
+    for p in b.model.parameters():
+        p.grad.div_(7.0)  # type: ignore[union-attr]
+    expected_norm = torch.nn.utils.clip_grad_norm_(list(b.model.parameters()), max_grad_norm or float("inf"))
+    assert 1e-3 < float(expected_norm) < 1e3  # clipped at 1e-3, left alone at 1e3
+    got_norm = a._normalise_and_clip(7.0)
+    torch.testing.assert_close(got_norm, expected_norm, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(grads(a), grads(b), rtol=1e-5, atol=1e-9)

@@ -85,6 +85,7 @@ def test_a_sound_group_passes() -> None:
         ({"rewards": [math.nan, 0.0]}, "not finite"),
         ({"correct": [math.inf, 0.0]}, "not finite"),
         ({"reward_parts": {"task": [1.0, math.nan]}}, "not finite"),
+        ({"following": -1}, "following = -1"),
         ({"gen_s": math.nan}, "not finite"),
     ],
 )
