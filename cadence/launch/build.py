@@ -19,7 +19,7 @@ from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
 from cadence.model.engine import SamplingParams, TorchEngine
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
-from cadence.model.tokenizer import CharTokenizer, TextTokenizer
+from cadence.model.tokenizer import CharTokenizer, TextTokenizer, prompt_trunk
 from cadence.model.transformer import Transformer, init_model
 from cadence.tasks.registry import make_task
 from cadence.training.learner import Learner, TorchLearner
@@ -86,7 +86,7 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if r.engine == "vllm":
         return make_vllm_engine(cfg, tokenizer, params)
     model = make_model(cfg, tokenizer)[0].eval()
-    return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id), params)
+    return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id, trunk=prompt_trunk(tokenizer)), params)
 
 
 def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:

@@ -7,6 +7,9 @@ Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a 
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
 batch size and the other seeds; ``sample_seed`` makes that seed a pure function of
 (run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
+A prompt's prefill depends on that prompt alone: one that begins with the engine's ``trunk`` (the
+chat template's beginning every prompt shares) reads the trunk's keys and values, computed once for
+each version loaded, whatever else is in the batch; any other prompt is computed whole.
 """
 
 from __future__ import annotations
@@ -55,18 +58,43 @@ def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+MIN_TRUNK = 8  # a shorter common beginning is computed with each prompt
+
+
 class TorchEngine:
     """Generates with a ``Transformer`` in this process; weights are replaced in place."""
 
-    def __init__(self, model: Transformer, eos_id: int, device: str = "cpu") -> None:
+    def __init__(
+        self, model: Transformer, eos_id: int, device: str = "cpu", trunk: Sequence[int] = ()
+    ) -> None:
         self.model = model.to(device).eval()
         self.eos_id = eos_id
         self.device = torch.device(device)
+        self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
+        self._trunk_kv: KVCache | None = None  # of the weights loaded now
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Copy HF-named weights into the model in place (strict; a tied head may be absent)."""
         with torch.no_grad():
             load_hf_state_dict(self.model, state)
+        self._trunk_kv = None
+
+    def _prefill(self, prompt: Sequence[int]) -> tuple[KVCache, Tensor]:
+        """A prompt's cache and its last position's logits [1, V]. A prompt that begins with the
+        trunk reads the trunk's keys and values, computed once for the weights loaded, and computes
+        only its own tokens after them."""
+        n = len(self.trunk)
+        if n and len(prompt) > n and list(prompt[:n]) == self.trunk:
+            if self._trunk_kv is None:
+                self._trunk_kv = KVCache()
+                ids = torch.tensor([self.trunk], dtype=torch.long, device=self.device)
+                self.model(ids, cache=self._trunk_kv, logits_at=torch.zeros_like(ids, dtype=torch.bool))
+            cache, own = self._trunk_kv.fork(), list(prompt[n:])
+        else:
+            cache, own = KVCache(), list(prompt)
+        ids = torch.tensor([own], dtype=torch.long, device=self.device)
+        last = torch.arange(len(own), device=self.device).unsqueeze(0) == len(own) - 1
+        return cache, self.model(ids, cache=cache, logits_at=last)
 
     def generate(
         self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams
@@ -98,10 +126,8 @@ class TorchEngine:
         ).to(self.device)
         caches, firsts = [], []
         for prompt, group_seeds in groups:  # the head only on each prompt's last position
-            cache = KVCache()
-            ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
-            last = torch.arange(len(prompt), device=self.device).unsqueeze(0) == len(prompt) - 1
-            firsts.append(self.model(ids, cache=cache, logits_at=last).expand(len(group_seeds), -1))
+            cache, logits = self._prefill(prompt)
+            firsts.append(logits.expand(len(group_seeds), -1))
             caches.append(cache)
         repeats = [len(s) for _, s in groups]
         cache = KVCache.stacked(caches, repeats, capacity=max(c.length for c in caches) + steps)

@@ -83,6 +83,15 @@ class KVCache:
         merged._length = length
         return merged
 
+    def fork(self) -> KVCache:
+        """A growing cache that starts with this one's entries and leaves them as they are (a later
+        ``update`` of the fork concatenates into new tensors)."""
+        if self.capacity is not None:
+            raise ValueError("fork needs a cache without capacity (one that grows by concat)")
+        forked = KVCache()
+        forked._keys, forked._values, forked._length = list(self._keys), list(self._values), self._length
+        return forked
+
     def keep_rows(self, rows: Tensor) -> None:
         """Keep only the batch rows at indices ``rows`` (1-D long), in that order."""
         self._keys = [k.index_select(0, rows) for k in self._keys]

@@ -159,3 +159,46 @@ def test_rows_that_ended_leave_the_batch_without_changing_any_sample() -> None:
         alone = engine.generate(PROMPT, [seed], params)[0]
         assert sample.tokens == alone.tokens and sample.finished == alone.finished
         assert sample.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+TRUNK = [1, 5, 9, 4, 7, 3, 3, 8, 6]  # what a chat template puts before every prompt's own text
+
+
+def test_prompts_that_begin_with_the_trunk_generate_as_when_computed_whole() -> None:
+    whole = _engine(seed=3)
+    trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
+    prompts = [TRUNK + [10, 11], TRUNK + [12], [1, 5, 9, 13, 14], TRUNK]  # two own, one other, the trunk
+    groups = [(p, [sample_seed(0, 0, i, j) for j in range(3)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    for expected, got in zip(
+        whole.generate_many(groups, params), trunked.generate_many(groups, params), strict=True
+    ):
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        for a, b in zip(got, expected, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert trunked._trunk_kv is not None and trunked._trunk_kv.length == len(TRUNK)
+
+
+def test_the_trunk_is_computed_again_for_every_version_loaded() -> None:
+    trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    trunked.generate(TRUNK + [10], [1], params)
+    trunked.load_state_dict(init_model(CFG, seed=4).state_dict())
+    assert trunked._trunk_kv is None
+    expected = _engine(seed=4).generate(TRUNK + [10], [1], params)
+    assert trunked.generate(TRUNK + [10], [1], params)[0].logprobs == pytest.approx(
+        expected[0].logprobs, abs=1e-5
+    )
+
+
+def test_a_prompt_alone_prefills_the_same_whatever_the_batch() -> None:
+    trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    alone = trunked.generate(TRUNK + [12, 13], [7], params)[0]
+    batch = trunked.generate_many([([1, 4], [8]), (TRUNK + [12, 13], [7])], params)[1][0]
+    assert batch.tokens == alone.tokens
+    assert batch.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_a_short_common_beginning_is_no_trunk() -> None:
+    assert TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=[1, 5]).trunk == []

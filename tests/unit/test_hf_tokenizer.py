@@ -9,6 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from cadence.model.hf_tokenizer import HFTokenizer
+from cadence.model.tokenizer import CharTokenizer, prompt_trunk
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
 
@@ -95,3 +96,12 @@ def test_a_config_without_an_eos_token_is_refused(tmp_path: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="eos_token"):
         HFTokenizer(directory)
+
+
+def test_the_prompt_trunk_is_what_the_template_puts_before_every_text(tmp_path: Path) -> None:
+    tok = HFTokenizer(make_checkpoint_tokenizer(tmp_path / "tok", False))
+    trunk = prompt_trunk(tok)
+    prompts = [tok.encode_prompt(text) for text in ("what is 12 + 30 ?", "7", "no")]
+    assert len(trunk) >= 5 and all(p[: len(trunk)] == trunk for p in prompts)
+    assert len({p[len(trunk)] for p in prompts}) == 3  # where the texts begin
+    assert prompt_trunk(CharTokenizer()) == [CharTokenizer().encode("", bos=True)[0]]  # its bos alone
