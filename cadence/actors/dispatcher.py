@@ -47,7 +47,7 @@ from typing import Literal
 
 import structlog
 
-from cadence.actors.roster import Peer, WorkerWait, claim_problem
+from cadence.actors.roster import Peer, WorkerWait, claim_problem, welcome_message
 from cadence.monitor.evaluation import EvalRounds
 from cadence.monitor.logstream import LogHub
 from cadence.monitor.period_metrics import PeriodMetrics
@@ -75,7 +75,6 @@ from cadence.wire.messages import (
     Subscribe,
     TrainerKey,
     VersionReady,
-    Welcome,
     WorkRequest,
 )
 from cadence.wire.roles import assignment_ticket, may_send
@@ -281,7 +280,9 @@ class Dispatcher:
             for old in [p.name for p in self.peers.values() if p.role == msg.role]:
                 self._lost(old, 0.0, reason=f"replaced by {sender}")
                 self.liveness.seen(sender)
-        self.peers[peer] = Peer(sender, msg.role, msg.address, key=msg.key if msg.role == "trainer" else "")
+        local = msg.local if msg.role == "publisher" else ""
+        key = msg.key if msg.role == "trainer" else ""
+        self.peers[peer] = Peer(sender, msg.role, msg.address, key=key, local=local, host=msg.host)
         log.info(
             "peer_joined",
             peer=sender,
@@ -388,21 +389,19 @@ class Dispatcher:
     # ------------------------------------------------------------------ assignment
 
     def _assign(self) -> None:
-        addresses = {p.role: p.address for p in self.peers.values() if p.role in ("trainer", "publisher")}
+        welcome = welcome_message(self.peers, max(self.period, 0))
         key = next((p.key for p in self.peers.values() if p.role == "trainer"), "")
         for peer, info in self.peers.items():
             if info.role == "publisher" and key and info.told != key:
                 info.told = key
                 self._outbox.append((peer, TrainerKey(key)))
         for peer, info in self.peers.items():
-            if info.role == "rollout" and not info.welcomed and len(addresses) == 2:
+            if info.role == "rollout" and not info.welcomed and welcome is not None:
                 info.welcomed = True
                 info.credits = 0  # a welcomed worker drops what it held and asks for work afresh
                 self._requeue(info)
                 self.evals.requeue(peer)
-                self._outbox.append(
-                    (peer, Welcome(addresses["trainer"], addresses["publisher"], max(self.period, 0)))
-                )
+                self._outbox.append((peer, welcome))
         workers = [(k, p) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
         if self.evals.behind(self.published):  # the rest of an older round first
             self._assign_eval(workers)

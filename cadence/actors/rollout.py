@@ -71,6 +71,16 @@ class WorkerSettings:
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
     eval_temperature: float = 0.0
+    host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
+
+
+def pull_address(welcome: Welcome, host: str) -> str:
+    """Where a worker on `host` pulls versions from: the publisher's ipc:// address when it serves one
+    on this very host, else its network address."""
+    local = welcome.publisher_local
+    if local.startswith("ipc://") and host and welcome.publisher_host == host:
+        return local
+    return welcome.publisher_address
 
 
 class RolloutWorker:
@@ -151,10 +161,9 @@ class RolloutWorker:
             assert self.welcome is not None
             self.loaded = None
             trainer = self.connect(self.name, self.welcome.trainer_address)
-            publisher = self.connect(self.name, self.welcome.publisher_address)
-            log.info(
-                "worker_ready", trainer=self.welcome.trainer_address, publisher=self.welcome.publisher_address
-            )
+            publisher_address = pull_address(self.welcome, self.settings.host)
+            publisher = self.connect(self.name, publisher_address)
+            log.info("worker_ready", trainer=self.welcome.trainer_address, publisher=publisher_address)
             loops = [self._jobs(trainer, publisher), self.rejoin.wait()]
             channels = [trainer, publisher]
             self.member = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from cadence.wire.messages import Register
+from cadence.wire.messages import Register, Welcome
 from cadence.wire.roles import REGISTERED
 
 log = structlog.get_logger()
@@ -24,10 +24,23 @@ class Peer:
     role: str
     address: str
     key: str = ""  # a trainer's: assignment tickets are made with it
+    local: str = ""  # a publisher's ipc:// address, for workers on its host
+    host: str = ""
     credits: int = 0
     welcomed: bool = False
     told: str = ""  # a publisher's: the trainer key it was told
     outstanding: set[int] = field(default_factory=set)
+
+
+def welcome_message(peers: Mapping[bytes, Peer], version: int) -> Welcome | None:
+    """What a new worker is told once a trainer and a publisher are registered: their addresses,
+    and the publisher's ipc:// one with the host it serves on (None before both are in)."""
+    last = {p.role: p for p in peers.values() if p.role in ("trainer", "publisher")}
+    trainer, publisher = last.get("trainer"), last.get("publisher")
+    if trainer is None or publisher is None:
+        return None
+    local = publisher.local if publisher.host else ""
+    return Welcome(trainer.address, publisher.address, version, local, publisher.host if local else "")
 
 
 def claim_problem(
@@ -41,6 +54,8 @@ def claim_problem(
         return f"role {msg.role!r} is none of {list(REGISTERED)}"
     if msg.role == "trainer" and not msg.key:
         return "a trainer registers with its key"
+    if msg.local and not msg.local.startswith("ipc://"):
+        return f"local address {msg.local[:80]!r} is not an ipc:// address"
     if msg.role == "rollout":
         return None
     holder = next((p.name for k, p in peers.items() if p.role == msg.role and k != peer), None)

@@ -247,9 +247,10 @@ def _publisher(
 
     server = net.bind("publisher", _bind_address(cfg, cfg.transport.publisher_port))
     server.address = advertised(server.address, cfg)
+    local = server.bind_local()  # workers on this host pull versions through a Unix socket
     return Publisher(
         server,
-        session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address),
+        session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address, local),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),

@@ -7,6 +7,7 @@ periods, the batch and the policy for a lost trainer.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from cadence.actors.dispatcher import DispatcherSettings
@@ -30,10 +31,16 @@ def liveness(cfg: RunConfig, clock: Callable[[], float]) -> Liveness:
 
 
 def session(
-    cfg: RunConfig, dispatcher: Client, role: str, clock: Callable[[], float], address: str = ""
+    cfg: RunConfig,
+    dispatcher: Client,
+    role: str,
+    clock: Callable[[], float],
+    address: str = "",
+    local: str = "",
 ) -> Session:
-    """The session of actor `role` (serving at `address`) with the dispatcher behind `dispatcher`."""
-    return Session(dispatcher, role, liveness(cfg, clock), address)
+    """The session of actor `role` (serving at `address`, and at the ipc:// `local` for peers on its
+    host) with the dispatcher behind `dispatcher`."""
+    return Session(dispatcher, role, liveness(cfg, clock), address, local=local)
 
 
 def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
@@ -82,6 +89,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
         eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
+        host=socket.gethostname(),
     )
 
 

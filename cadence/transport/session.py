@@ -74,8 +74,10 @@ class Session:
         address: str = "",
         peer: str = "dispatcher",
         monotonic: Callable[[], float] = time.monotonic,
+        local: str = "",
     ) -> None:
         self.dispatcher = dispatcher
+        self.local = local  # an ipc:// address it also serves at, for peers on its host
         self.monotonic = monotonic  # real time, to tell this process's own pauses
         self.role = role
         self.liveness = liveness
@@ -96,7 +98,7 @@ class Session:
         """Register, then run `work` with the heartbeats and the listener until the first of them ends
         (Shutdown ends the listener); the others are cancelled. What that first one returned."""
         key = self.key if self.role == "trainer" else ""
-        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname(), key))
+        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname(), key, self.local))
         self.liveness.seen(self.peer)
         return await first_of(*work, self.listen(), self.beat())
 

@@ -57,16 +57,21 @@ class Register(Message):
     pid: int = 0
     host: str = ""
     key: str = ""
+    local: str = ""  # an ipc:// address it also serves at, for peers on its own host
 
 
 @message("welcome")
 @dataclass(frozen=True)
 class Welcome(Message):
-    """The dispatcher's answer to a rollout worker: where the trainer and publisher are."""
+    """The dispatcher's answer to a rollout worker: where the trainer and publisher are;
+    `publisher_local`: the publisher's ipc:// address, for a worker on `publisher_host` (a version's
+    bytes through a Unix socket instead of TCP loopback)."""
 
     trainer_address: str
     publisher_address: str
     version: int
+    publisher_local: str = ""
+    publisher_host: str = ""
 
 
 @message("trainer_key")

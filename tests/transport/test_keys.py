@@ -103,6 +103,22 @@ async def test_keyed_client_and_server_exchange_messages(keys: Path, networks: N
     assert server_net.gate is not None and server_net.gate.refused == 0
 
 
+async def test_the_unix_socket_of_a_keyed_server_takes_keyed_clients_only(
+    keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
+) -> None:
+    server_net = networks(keys)
+    server = server_net.bind("publisher", ADDRESS)
+    local = server.bind_local()
+    client = networks(keys).connect("worker-1", local)
+    await client.send(WorkRequest(2))
+    peer, env = await asyncio.wait_for(server.recv(), WAIT)
+    assert (peer, env.message) == (b"worker-1", WorkRequest(2))
+    intruder = networks(None).connect("intruder", local)
+    await intruder.send(WorkRequest(1))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(server.recv(), NOTHING_WITHIN)
+
+
 async def test_a_client_without_keys_delivers_nothing_and_is_logged(
     keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
 ) -> None:

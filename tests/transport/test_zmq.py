@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -84,6 +86,23 @@ async def test_bound_address_has_a_real_port(net: ZmqNetwork) -> None:
     server = net.bind("srv", ADDRESS)
     assert server.address.startswith("tcp://127.0.0.1:")
     assert int(server.address.rsplit(":", 1)[1]) > 0
+
+
+async def test_a_server_also_serves_its_own_host_through_a_private_unix_socket(net: ZmqNetwork) -> None:
+    server = net.bind("publisher", ADDRESS)
+    local = server.bind_local()
+    assert local.startswith("ipc://") and local.endswith("/publisher.sock")
+    folder = Path(local.removeprefix("ipc://")).parent
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # only this user's processes reach it
+    for name, address in (("worker-1", local), ("worker-2", server.address)):  # one socket, both ways
+        client = net.connect(name, address)
+        await client.send(WorkRequest(1))
+        peer, env = await recv_from(server)
+        assert (peer, env.message) == (name.encode(), WorkRequest(1))
+        await server.send(peer, Shutdown("bye"))
+        assert (await asyncio.wait_for(client.recv(), WAIT)).message == Shutdown("bye")
+    server.close()
+    assert not folder.exists()
 
 
 async def test_client_request_and_reply_routed_by_peer_id(net: ZmqNetwork) -> None:
