@@ -39,8 +39,9 @@ def welcome_message(peers: Mapping[bytes, Peer], version: int) -> Welcome | None
     trainer, publisher = last.get("trainer"), last.get("publisher")
     if trainer is None or publisher is None:
         return None
-    local = publisher.local if publisher.host else ""
-    return Welcome(trainer.address, publisher.address, version, local, publisher.host if local else "")
+    if not (publisher.local and publisher.host):
+        return Welcome(trainer.address, publisher.address, version)
+    return Welcome(trainer.address, publisher.address, version, publisher.local, publisher.host)
 
 
 def claim_problem(

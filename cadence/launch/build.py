@@ -17,9 +17,9 @@ from cadence.config import RunConfig
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
-from cadence.model.engine import SamplingParams, TorchEngine
+from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
-from cadence.model.tokenizer import CharTokenizer, TextTokenizer, prompt_trunk
+from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.tasks.registry import make_task
 from cadence.training.learner import Learner, TorchLearner

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
 from cadence.ops.logprobs import tempered
+from cadence.ops.packing import shared_trunk
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,15 @@ def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
 
 
 MIN_TRUNK = 8  # a shorter common beginning is computed with each prompt
+
+
+def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
+    """The beginning every prompt's encoding shares: what the chat template puts before the user's
+    text (its system prompt), found as the common beginning of two unlike prompts (two digits: every
+    tokenizer here has them). A prompt that does not begin with it (a text that merges with the
+    template's last tokens) is simply computed whole."""
+    first = tokenizer.encode_prompt("0")
+    return first[: shared_trunk([first, tokenizer.encode_prompt("1")])]
 
 
 class TorchEngine:

@@ -40,18 +40,6 @@ class TextTokenizer(Protocol):
     def files(self) -> dict[str, str]: ...
 
 
-def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
-    """The beginning every prompt's encoding shares: what the chat template puts before the user's
-    text (its system prompt), found as the common beginning of two unlike prompts (two digits: every
-    tokenizer here has them). A prompt that does not begin with it (a text that merges with the
-    template's last tokens) is simply computed whole."""
-    a, b = tokenizer.encode_prompt("0"), tokenizer.encode_prompt("1")
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
-
-
 class CharTokenizer:
     """One id per character of ``alphabet``, after three special tokens."""
 

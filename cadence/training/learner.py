@@ -35,6 +35,7 @@ from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.advantages import group_advantages
+from cadence.ops.clipping import normalise_and_clip
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
@@ -337,23 +338,10 @@ class TorchLearner:
         return info
 
     def _normalise_and_clip(self, normaliser: float) -> Tensor:
-        """Divide the gradients by `normaliser` and clip their norm to `max_grad_norm` (as
-        `clip_grad_norm_` does: times min(1, max / (norm + 1e-6))), in one multiply of each gradient;
-        the norm of the divided gradients, before clipping. Sharded gradients: divided, then
-        `clip_grad_norm_`, which knows how to sum a norm over the ranks' shards."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        limit = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        if self.sharded:
-            for p in params:
-                p.grad.div_(normaliser)  # type: ignore[union-attr]
-            return torch.nn.utils.clip_grad_norm_(params, limit)
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:  # a step without any micro-batch
-            return torch.zeros(())
-        norm = torch.nn.utils.get_total_norm(grads) / normaliser
-        scale = (limit / (norm + 1e-6)).clamp(max=1.0) / normaliser
-        torch._foreach_mul_(grads, scale)
-        return norm
+        """Divide the gradients by `normaliser` and clip their norm to `max_grad_norm`, in one
+        multiply of each (ops/clipping.py); the norm of the divided gradients, before clipping."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return normalise_and_clip(grads, normaliser, self.max_grad_norm)
 
     def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
         return tensors_to_bytes(self.tensors(), alloc)

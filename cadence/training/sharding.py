@@ -91,6 +91,15 @@ class ShardedLearner(TorchLearner):
         logits = self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         (logits.sum() * 0.0).backward()
 
+    def _normalise_and_clip(self, normaliser: float) -> Tensor:
+        """Divided, then `clip_grad_norm_`, which sums the norm over the ranks' shards."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        for p in params:
+            p.grad.div_(normaliser)  # type: ignore[union-attr]
+        return torch.nn.utils.clip_grad_norm_(
+            params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        )
+
     def tensors(self) -> dict[str, Tensor]:
         """The full HF-named weights on rank 0 (CPU copies), {} on the others."""
         state = get_model_state_dict(self.model, options=GATHER)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from cadence.model.engine import prompt_trunk
 from cadence.model.hf_tokenizer import HFTokenizer
-from cadence.model.tokenizer import CharTokenizer, prompt_trunk
+from cadence.model.tokenizer import CharTokenizer
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
 
