@@ -86,7 +86,8 @@ def pull_address(welcome: Welcome, host: str) -> str:
 class RolloutWorker:
     """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
     channel to the trainer or publisher a Welcome names; `buffers`: where pulled versions are
-    assembled, each in the buffer of one loaded before."""
+    assembled, each in the buffer of one loaded before (the engine may compute with the bytes of the
+    version it holds: the pool hands that buffer out only once nothing views it)."""
 
     def __init__(
         self,
@@ -103,7 +104,8 @@ class RolloutWorker:
     ) -> None:
         self.settings = settings
         self.use_threads = use_threads
-        self.buffers = buffers or BufferPool(keep=1)
+        # two: the loaded version's (which the engine may compute with) and the one before it (free)
+        self.buffers = buffers or BufferPool(keep=2)
         self.name = name
         self.session = session
         self.liveness = session.liveness
@@ -257,7 +259,7 @@ class RolloutWorker:
                 return self.settings.weights_transport, state_nbytes(state)
         data = await self._pull(publisher, version)
         await asyncio.to_thread(self._load, data)
-        self.buffers.give(data)  # loaded: its pages hold the next version
+        self.buffers.give(data)  # a later version's pages once the engine no longer computes with them
         return "zmq", len(data)
 
     def _generate(

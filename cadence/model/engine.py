@@ -7,9 +7,11 @@ Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a 
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
 batch size and the other seeds; ``sample_seed`` makes that seed a pure function of
 (run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
-A prompt's prefill depends on that prompt alone: one that begins with the engine's ``trunk`` (the
-chat template's beginning every prompt shares) reads the trunk's keys and values, computed once for
-each version loaded, whatever else is in the batch; any other prompt is computed whole.
+A prompt that begins with the engine's ``trunk`` (the chat template's beginning every prompt shares)
+reads the trunk's keys and values, computed once for each version loaded, and computes only its own
+tokens; any other prompt is computed whole. The prompts of a batch are computed together, one after
+another in one row, each attending only the trunk and itself at the positions it has alone, so a
+prompt's prefill is what it computes alone up to float summation order.
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
 
 
 MIN_TRUNK = 8  # a shorter common beginning is computed with each prompt
+# the prompts' tokens a prefill forward takes at most: the attention of one row grows with its square,
+# its matrix products only with its length (at 1024 SmolLM2's attention is about 1 % of the forward)
+PREFILL_ROW_TOKENS = 1024
+
+
+def _rows(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive indices of ``sizes`` in rows of at most ``budget`` in total (one larger alone)."""
+    rows: list[list[int]] = []
+    total = 0
+    for i, size in enumerate(sizes):
+        if not rows or total + size > budget:
+            rows.append([])
+            total = 0
+        rows[-1].append(i)
+        total += size
+    return rows
 
 
 def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
@@ -84,28 +102,66 @@ class TorchEngine:
         self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
         self._trunk_kv: KVCache | None = None  # of the weights loaded now
 
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        """Copy HF-named weights into the model in place (strict; a tied head may be absent)."""
+    def load_state_dict(self, state: Mapping[str, Tensor], share: bool = False) -> None:
+        """Take HF-named weights (strict; a tied head may be absent), copied into the model's own
+        tensors. With ``share``, when every tensor has the dtype and device of the weight it replaces,
+        the tensors themselves become the weights instead (no copy of the whole model): the caller
+        leaves them unchanged until the next load."""
         with torch.no_grad():
-            load_hf_state_dict(self.model, state)
+            own = self.model.state_dict()
+            fits = share and all(
+                key in own and t.dtype == own[key].dtype and t.device == own[key].device
+                for key, t in state.items()
+            )
+            load_hf_state_dict(self.model, state, assign=fits)
         self._trunk_kv = None
 
-    def _prefill(self, prompt: Sequence[int]) -> tuple[KVCache, Tensor]:
-        """A prompt's cache and its last position's logits [1, V]. A prompt that begins with the
-        trunk reads the trunk's keys and values, computed once for the weights loaded, and computes
-        only its own tokens after them."""
+    def _begins_with_trunk(self, prompt: Sequence[int]) -> bool:
         n = len(self.trunk)
-        if n and len(prompt) > n and list(prompt[:n]) == self.trunk:
-            if self._trunk_kv is None:
-                self._trunk_kv = KVCache()
-                ids = torch.tensor([self.trunk], dtype=torch.long, device=self.device)
-                self.model(ids, cache=self._trunk_kv, logits_at=torch.zeros_like(ids, dtype=torch.bool))
-            cache, own = self._trunk_kv.fork(), list(prompt[n:])
-        else:
-            cache, own = KVCache(), list(prompt)
-        ids = torch.tensor([own], dtype=torch.long, device=self.device)
-        last = torch.arange(len(own), device=self.device).unsqueeze(0) == len(own) - 1
-        return cache, self.model(ids, cache=cache, logits_at=last)
+        return n > 0 and len(prompt) > n and list(prompt[:n]) == self.trunk
+
+    def _trunk_cache(self) -> KVCache:
+        """The trunk's keys and values under the weights loaded now (computed on first use)."""
+        if self._trunk_kv is None:
+            self._trunk_kv = KVCache()
+            ids = torch.tensor([self.trunk], dtype=torch.long, device=self.device)
+            self.model(ids, cache=self._trunk_kv, logits_at=torch.zeros_like(ids, dtype=torch.bool))
+        return self._trunk_kv
+
+    def _prefill_many(self, prompts: Sequence[Sequence[int]]) -> list[tuple[KVCache, Tensor]]:
+        """Each prompt's batch-1 cache and its last position's logits [1, V]. A prompt that begins
+        with the trunk reads the trunk's keys and values and computes only its own tokens; any other
+        is computed whole. The tokens computed lie one prompt after another in rows of at most
+        ``PREFILL_ROW_TOKENS`` (a prompt longer than that alone in its row), one forward a row: one
+        matrix product for every prompt's tokens instead of one a prompt."""
+        out: dict[int, tuple[KVCache, Tensor]] = {}
+        trunked = [self._begins_with_trunk(p) for p in prompts]
+        shared = [i for i, t in enumerate(trunked) if t]
+        alone = [i for i, t in enumerate(trunked) if not t]
+        for indices, cut in ((shared, len(self.trunk)), (alone, 0)):
+            for row in _rows([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
+                picked = [indices[j] for j in row]
+                start = self._trunk_cache() if cut else KVCache()
+                caches, logits = self._prefill_segments(start, [list(prompts[i][cut:]) for i in picked])
+                out |= {i: (c, last) for i, c, last in zip(picked, caches, logits.split(1), strict=True)}
+        return [out[i] for i in range(len(prompts))]
+
+    def _prefill_segments(self, start: KVCache, own: list[list[int]]) -> tuple[list[KVCache], Tensor]:
+        """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as
+        segments of one row, each at the positions it has alone and attending ``start`` and its own
+        earlier tokens only: a batch-1 cache for each (``start``'s entries, then its own) and the
+        logits [S, V] of each one's last token."""
+        n, device = start.length, self.device
+        sizes = torch.tensor([len(o) for o in own], device=device)
+        segment = torch.repeat_interleave(torch.arange(len(own), device=device), sizes)  # [T]
+        local = torch.arange(len(segment), device=device) - (sizes.cumsum(0) - sizes)[segment]
+        sees = (segment[:, None] == segment[None, :]) & (local[:, None] >= local[None, :])
+        mask = torch.cat([sees.new_ones(len(segment), n), sees], dim=1).view(1, 1, len(segment), -1)
+        ids = torch.tensor([[t for o in own for t in o]], dtype=torch.long, device=device)
+        last = (local == sizes[segment] - 1).unsqueeze(0)
+        cache = start.fork()
+        logits = self.model(ids, (n + local).unsqueeze(0), mask, cache, logits_at=last)
+        return cache.segments(n, [len(o) for o in own]), logits
 
     def generate(
         self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams
@@ -117,10 +173,11 @@ class TorchEngine:
     def generate_many(
         self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams
     ) -> list[list[Completion]]:
-        """For each (prompt, seeds), ``len(seeds)`` samples of the prompt: each prompt's own prefill,
-        then one batched step per token over every sample of every prompt (a decode step reads every
-        weight once, however many rows it has). Prompts of different lengths share the cache with
-        gaps after the shorter ones, masked out; each row keeps its own positions."""
+        """For each (prompt, seeds), ``len(seeds)`` samples of the prompt: the prompts' prefill
+        (``_prefill_many``), then one batched step per token over every sample of every prompt (a
+        decode step reads every weight once, however many rows it has). Prompts of different lengths
+        share the cache with gaps after the shorter ones, masked out; each row keeps its own
+        positions."""
         steps = params.max_new_tokens
         for prompt, _ in groups:
             self._check(prompt, steps)
@@ -135,11 +192,9 @@ class TorchEngine:
                 for s in seeds
             ]
         ).to(self.device)
-        caches, firsts = [], []
-        for prompt, group_seeds in groups:  # the head only on each prompt's last position
-            cache, logits = self._prefill(prompt)
-            firsts.append(logits.expand(len(group_seeds), -1))
-            caches.append(cache)
+        prefilled = self._prefill_many([prompt for prompt, _ in groups])
+        caches = [cache for cache, _ in prefilled]
+        firsts = [logits.expand(len(s), -1) for (_, logits), (_, s) in zip(prefilled, groups, strict=True)]
         repeats = [len(s) for _, s in groups]
         cache = KVCache.stacked(caches, repeats, capacity=max(c.length for c in caches) + steps)
         lengths = torch.tensor([len(p) for p, s in groups for _ in s], device=self.device)

@@ -19,7 +19,9 @@ from cadence.model.engine import Completion, SamplingParams, TorchEngine
 
 class RolloutEngine(Protocol):
     def load(self, weights: bytes | bytearray) -> None:
-        """Take the weights of a version as safetensors bytes (pulled from the publisher)."""
+        """Take the weights of a version as safetensors bytes (pulled from the publisher). An engine
+        may compute with a bytearray's bytes themselves until its next load: the caller leaves them
+        unchanged while anything views them (a `BufferPool` hands such a buffer out again only then)."""
         ...
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
@@ -44,7 +46,8 @@ class TorchRolloutEngine:
         self.params = params
 
     def load(self, weights: bytes | bytearray) -> None:
-        self.engine.load_state_dict(state_dict_from_bytes(weights))
+        # a bytearray's tensors are views of it: they become the model's weights, no copy
+        self.engine.load_state_dict(state_dict_from_bytes(weights), share=isinstance(weights, bytearray))
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
         self.engine.load_state_dict(state)

@@ -92,6 +92,28 @@ class KVCache:
         forked._keys, forked._values, forked._length = list(self._keys), list(self._values), self._length
         return forked
 
+    def segments(self, start: int, sizes: Sequence[int]) -> list[KVCache]:
+        """Batch-1 caches, one a segment: this cache's first ``start`` entries (a shared beginning)
+        followed by the segment's own, the segments lying one after another from ``start`` on."""
+        if any(k.shape[0] != 1 for k in self._keys):
+            raise ValueError("segments needs a cache of batch size 1")
+        if start + sum(sizes) > self._length:
+            raise ValueError(f"segments of {sum(sizes)} entries after {start} exceed {self._length}")
+        parts: list[KVCache] = []
+        offset = start
+        for size in sizes:
+            part = KVCache()
+            part._keys = [
+                torch.cat([k[:, :, :start], k[:, :, offset : offset + size]], 2) for k in self._keys
+            ]
+            part._values = [
+                torch.cat([v[:, :, :start], v[:, :, offset : offset + size]], 2) for v in self._values
+            ]
+            part._length = start + size
+            parts.append(part)
+            offset += size
+        return parts
+
     def keep_rows(self, rows: Tensor) -> None:
         """Keep only the batch rows at indices ``rows`` (1-D long), in that order."""
         self._keys = [k.index_select(0, rows) for k in self._keys]

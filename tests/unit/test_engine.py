@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes
+from cadence.model import engine as engine_module
+from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
-from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
-from cadence.model.transformer import init_model
+from cadence.model.engine import SamplingParams, TorchEngine, _rows, sample_seed
+from cadence.model.rollout_engine import TorchRolloutEngine
+from cadence.model.transformer import hf_state_dict, init_model
+from cadence.transport.buffers import BufferPool
 
 CFG = ModelConfig(
     vocab_size=19, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
@@ -179,6 +182,38 @@ def test_prompts_that_begin_with_the_trunk_generate_as_when_computed_whole() -> 
     assert trunked._trunk_kv is not None and trunked._trunk_kv.length == len(TRUNK)
 
 
+def test_a_shared_load_computes_with_the_buffers_bytes_and_keeps_the_pool_off_them() -> None:
+    source, target, copied = _engine(seed=10), _engine(seed=11), _engine(seed=11)
+    pool = BufferPool(keep=2)
+    data = tensors_to_bytes(hf_state_dict(source.model), pool.take)
+    rollout = TorchRolloutEngine(target, SamplingParams(max_new_tokens=12, temperature=0.9))
+    rollout.load(data)
+    copied.load_state_dict(state_dict_from_bytes(data))
+    buffer = torch.frombuffer(data, dtype=torch.uint8)
+    low, high = buffer.data_ptr(), buffer.data_ptr() + len(data)
+    del buffer
+    # no weight of its own: each is the pulled bytes themselves
+    assert all(low <= p.data_ptr() < high for p in target.model.parameters())
+    assert not low <= copied.model.model.norm.weight.data_ptr() < high
+    assert target.model.lm_head.weight is target.model.model.embed_tokens.weight
+    seeds = [sample_seed(0, 1, 2, i) for i in range(4)]
+    assert rollout.generate(PROMPT, seeds) == copied.generate(PROMPT, seeds, rollout.params)
+    nbytes, given = len(data), id(data)
+    pool.give(data)
+    del data  # the pool's and the engine's references are left
+    assert id(pool.take(nbytes)) != given  # the engine computes with it: not handed out
+    rollout.load(tensors_to_bytes(hf_state_dict(_engine(seed=12).model)))
+    assert id(pool.take(nbytes)) == given  # the next version loaded: free again
+
+
+def test_a_shared_load_of_another_dtype_is_copied() -> None:
+    target = _engine(seed=11)
+    state = {k: v.double() for k, v in hf_state_dict(_engine(seed=10).model).items()}
+    target.load_state_dict(state, share=True)
+    assert all(p.dtype == torch.float32 for p in target.model.parameters())
+    assert torch.equal(target.model.model.norm.weight, state["model.norm.weight"].float())
+
+
 def test_the_trunk_is_computed_again_for_every_version_loaded() -> None:
     trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
     params = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -198,6 +233,53 @@ def test_a_prompt_alone_prefills_the_same_whatever_the_batch() -> None:
     batch = trunked.generate_many([([1, 4], [8]), (TRUNK + [12, 13], [7])], params)[1][0]
     assert batch.tokens == alone.tokens
     assert batch.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def _forward_widths(engine: TorchEngine) -> list[int]:
+    """The widths of the model's forwards from now on (a list the caller reads)."""
+    widths: list[int] = []
+    engine.model.register_forward_pre_hook(lambda _, args: widths.append(args[0].shape[1]))
+    return widths
+
+
+def _full_forward_logprobs(engine: TorchEngine, prompt: list[int], tokens: list[int]) -> list[float]:
+    """The log-probs (T = 1) of ``tokens`` after ``prompt`` from one plain forward without a cache."""
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + tokens]))[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+
+
+def test_a_batchs_prompts_prefill_in_one_forward_each_as_if_alone() -> None:
+    trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
+    widths = _forward_widths(trunked)
+    prompts = [TRUNK + [10, 11, 12], [1, 4], TRUNK + [12], TRUNK + [13, 14], [6, 3, 8]]
+    seeds = [[sample_seed(0, 0, i, 0)] for i in range(len(prompts))]
+    params = SamplingParams(max_new_tokens=1, temperature=1.0)
+    got = trunked.generate_many(list(zip(prompts, seeds, strict=True)), params)
+    # the trunk; the own tokens of the prompts that begin with it; the others whole
+    assert widths == [len(TRUNK), 3 + 1 + 2, 2 + 3]
+    for prompt, group in zip(prompts, got, strict=True):
+        expected = _full_forward_logprobs(trunked, prompt, group[0].tokens)
+        assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_module, "PREFILL_ROW_TOKENS", 4)
+    engine = _engine(seed=5)
+    widths = _forward_widths(engine)
+    prompts = [[1, 4], [6, 3, 8], [9], [5, 7, 3, 1, 6]]
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+    got = engine.generate_many([(p, [sample_seed(0, 0, i, 0)]) for i, p in enumerate(prompts)], params)
+    assert widths[:3] == [2, 3 + 1, 5]  # a row, the next two together, the longest alone; then decode
+    for prompt, group in zip(prompts, got, strict=True):
+        expected = _full_forward_logprobs(engine, prompt, group[0].tokens)
+        assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
+
+
+def test_rows_keep_the_order_and_the_budget() -> None:
+    assert _rows([2, 3, 1, 5, 4], 4) == [[0], [1, 2], [3], [4]]
+    assert _rows([1, 1, 1], 8) == [[0, 1, 2]]
+    assert _rows([], 8) == []
 
 
 def test_a_short_common_beginning_is_no_trunk() -> None:

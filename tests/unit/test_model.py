@@ -84,6 +84,20 @@ def test_kv_cache_decode_matches_full_forward() -> None:
         torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
 
 
+def test_cache_segments_are_the_shared_beginning_then_each_segments_own_entries() -> None:
+    model = init_model(CFG, seed=1)
+    cache = KVCache()
+    model(_ids(1, 4 + 3 + 2), cache=cache)
+    first, second = cache.segments(4, [3, 2])
+    assert (first.length, second.length) == (7, 6)
+    for layer, (keys, values) in enumerate(zip(cache._keys, cache._values, strict=True)):
+        assert torch.equal(first._keys[layer], keys[:, :, :7])
+        assert torch.equal(second._keys[layer], torch.cat([keys[:, :, :4], keys[:, :, 7:9]], 2))
+        assert torch.equal(second._values[layer], torch.cat([values[:, :, :4], values[:, :, 7:9]], 2))
+    with pytest.raises(ValueError, match="exceed"):
+        cache.segments(4, [3, 3])
+
+
 def test_explicit_causal_mask_equals_default() -> None:
     model = init_model(CFG, seed=2)
     ids = _ids(2, 9)
