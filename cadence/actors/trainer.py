@@ -74,6 +74,7 @@ class TrainerSettings:
     lr_schedule: str = "constant"
     warmup_periods: int = 0
     min_lr_ratio: float = 0.0
+    publish_dtype: str | None = None  # versions published in this dtype (the workers'); None: the learner's
 
     def lr_at(self, step: int) -> float | None:
         """The learning rate of the run's optimizer step `step` (ops/schedule.py)."""
@@ -361,7 +362,7 @@ class Trainer:
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
-            data = await self._compute(self.learner.weights, self.alloc)
+            data = await self._compute(self.learner.weights, self.alloc, self.settings.publish_dtype)
             version_digest = await self.publish(version, data)
         log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
         return publishing.end, version_digest, len(data)

@@ -92,6 +92,7 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
         **{k: v for k, v in periodic.items() if k != "period_s"},
         "sync": {k: v for k, v in sync.items() if k != "period_s"},
         "reward_mean_last": round(last["reward_mean"], 4),
+        "rollout_dtype": bench_config(config, overrides, periods).rollout.dtype,
         "periods_measured": periods - WARMUP,
         "cores": os.cpu_count(),
         "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],

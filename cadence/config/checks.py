@@ -141,7 +141,12 @@ def check_parallel(cfg: RunConfig) -> None:
 
 
 def check_vllm(cfg: RunConfig) -> None:
-    """vLLM's context length, cache size and memory share."""
+    """vLLM's context length, cache size and memory share; its precision is its own."""
+    if cfg.rollout.engine == "vllm" and cfg.rollout.dtype != "float32":
+        raise ConfigError(
+            f"rollout.dtype = {cfg.rollout.dtype!r} is the built-in engine's; a vLLM worker computes in"
+            " vllm.dtype (float32, bfloat16, float16 or auto)"
+        )
     if cfg.vllm.max_model_len < 0 or cfg.vllm.kv_cache_mib < 0:
         raise ConfigError(
             f"vllm.max_model_len ({cfg.vllm.max_model_len}) and vllm.kv_cache_mib"

@@ -131,6 +131,13 @@ class RolloutConfig:
         "credits: prompt groups a worker is given at once; the groups sent together are generated together"
         " (one decode step for all their samples)",
     )
+    dtype: Literal["float32", "bfloat16"] = doc(
+        "float32",
+        "the built-in engine's weights and activations: float32, the trainer's own precision (the sampler"
+        " is the policy trained, to the bit); bfloat16 rounds each version on load and generates in"
+        " bfloat16 (faster where the CPU computes it natively: AVX-512 BF16, AMX), the log-probs it"
+        " records being the rounded policy's. vLLM's is vllm.dtype",
+    )
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"

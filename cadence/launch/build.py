@@ -86,7 +86,9 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if r.engine == "vllm":
         return make_vllm_engine(cfg, tokenizer, params)
     model = make_model(cfg, tokenizer)[0].eval()
-    return TorchRolloutEngine(TorchEngine(model, tokenizer.eos_id, trunk=prompt_trunk(tokenizer)), params)
+    dtype = getattr(torch, r.dtype)
+    engine = TorchEngine(model, tokenizer.eos_id, trunk=prompt_trunk(tokenizer), dtype=dtype)
+    return TorchRolloutEngine(engine, params)
 
 
 def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:

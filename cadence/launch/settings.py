@@ -76,7 +76,16 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         lr_schedule=t.lr_schedule,
         warmup_periods=t.warmup_periods,
         min_lr_ratio=t.min_lr_ratio,
+        publish_dtype=publish_dtype(cfg),
     )
+
+
+def publish_dtype(cfg: RunConfig) -> str | None:
+    """The dtype versions are published in: the built-in engine's when it rounds them (half the bytes
+    to serialise, send and load, and a worker computes with them as they arrive); otherwise the
+    learner's own. A broadcast sends the learner's tensors, which the worker rounds on load."""
+    rounded = cfg.rollout.engine == "torch" and cfg.rollout.dtype != "float32"
+    return cfg.rollout.dtype if rounded else None
 
 
 def worker_settings(cfg: RunConfig) -> WorkerSettings:

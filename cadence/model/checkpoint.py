@@ -48,7 +48,10 @@ _DTYPES = {
 
 
 def _safetensors_bytes(
-    state: Mapping[str, Tensor], metadata: Mapping[str, str], alloc: Callable[[int], bytearray] = bytearray
+    state: Mapping[str, Tensor],
+    metadata: Mapping[str, str],
+    alloc: Callable[[int], bytearray] = bytearray,
+    dtype: torch.dtype | None = None,
 ) -> bytearray:
     """Serialise per the safetensors format (8-byte header length, JSON header, raw little-endian data),
     each tensor copied once, straight into the one buffer (a 135M model's 540 MB: a copy less is a
@@ -56,23 +59,25 @@ def _safetensors_bytes(
 
     Written here because ``safetensors.torch.save`` needs numpy, which cadence does not depend on.
     ``alloc(nbytes)`` gives the buffer (a pool's: pages already touched are filled ten times faster).
+    With ``dtype`` the floating-point tensors are written in it, each cast as it is copied.
     """
     if sys.byteorder != "little":
         raise RuntimeError("safetensors serialisation is implemented for little-endian hosts only")
     header: dict[str, object] = {"__metadata__": dict(metadata)}
-    tensors: list[Tensor] = []
+    tensors: list[tuple[Tensor, torch.dtype]] = []  # each with the dtype it is written in
     offset = 0
     for name in sorted(state):
         tensor = state[name].detach()
         if tensor.dtype not in _DTYPES:
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store here")
-        size = tensor.numel() * tensor.element_size()
+        kind = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        size = tensor.numel() * kind.itemsize
         header[name] = {
-            "dtype": _DTYPES[tensor.dtype],
+            "dtype": _DTYPES[kind],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }
-        tensors.append(tensor)
+        tensors.append((tensor, kind))
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
@@ -82,10 +87,16 @@ def _safetensors_bytes(
     if offset:
         body = torch.frombuffer(out, dtype=torch.uint8, offset=base, count=offset)
         start = 0
-        for tensor in tensors:
-            size = tensor.numel() * tensor.element_size()
-            if size:  # reshape: one contiguous row (a view unless the tensor is strided), on any device
-                body[start : start + size].copy_(tensor.reshape(-1).view(torch.uint8))
+        for tensor, kind in tensors:
+            size = tensor.numel() * kind.itemsize
+            # reshape: one contiguous row (a view unless the tensor is strided), on any device
+            row, part = tensor.reshape(-1), body[start : start + size]
+            if size and row.dtype == kind:
+                part.copy_(row.view(torch.uint8))
+            elif size and (base + start) % kind.itemsize == 0:
+                part.view(kind).copy_(row)  # cast as it is copied
+            elif size:
+                part.copy_(row.to(kind).view(torch.uint8))
             start += size
     return out
 
@@ -95,9 +106,14 @@ def state_dict_to_bytes(model: Transformer) -> bytearray:
     return tensors_to_bytes(hf_state_dict(model))
 
 
-def tensors_to_bytes(state: Mapping[str, Tensor], alloc: Callable[[int], bytearray] = bytearray) -> bytearray:
-    """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes, in `alloc(nbytes)`."""
-    return _safetensors_bytes(state, {"format": "pt"}, alloc)
+def tensors_to_bytes(
+    state: Mapping[str, Tensor],
+    alloc: Callable[[int], bytearray] = bytearray,
+    dtype: torch.dtype | None = None,
+) -> bytearray:
+    """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes, in `alloc(nbytes)`;
+    with `dtype`, the floating-point ones in it."""
+    return _safetensors_bytes(state, {"format": "pt"}, alloc, dtype)
 
 
 def state_nbytes(state: Mapping[str, Tensor]) -> int:

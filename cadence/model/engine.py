@@ -91,12 +91,18 @@ def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
 
 
 class TorchEngine:
-    """Generates with a ``Transformer`` in this process; weights are replaced in place."""
+    """Generates with a ``Transformer`` in this process, its weights and activations in ``dtype``
+    (a version of another dtype is rounded on load); the logits are sampled in float32."""
 
     def __init__(
-        self, model: Transformer, eos_id: int, device: str = "cpu", trunk: Sequence[int] = ()
+        self,
+        model: Transformer,
+        eos_id: int,
+        device: str = "cpu",
+        trunk: Sequence[int] = (),
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.model = model.to(device).eval()
+        self.model = model.to(device=device, dtype=dtype).eval()
         self.eos_id = eos_id
         self.device = torch.device(device)
         self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []

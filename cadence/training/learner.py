@@ -93,8 +93,11 @@ class Learner(Protocol):
         """Divide the summed gradients by `normaliser`, clip, step at `lr` (None: the rate as it is)."""
         ...
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
-        """The weights as safetensors bytes, serialised into `alloc(nbytes)` where they are built."""
+    def weights(
+        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
+    ) -> bytes | bytearray:
+        """The weights as safetensors bytes, serialised into `alloc(nbytes)` where they are built;
+        with `dtype` (a torch dtype's name: the workers' precision), the floating-point ones in it."""
         ...
 
     def tensors(self) -> Mapping[str, Tensor]:
@@ -343,8 +346,10 @@ class TorchLearner:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         return normalise_and_clip(grads, normaliser, self.max_grad_norm)
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
-        return tensors_to_bytes(self.tensors(), alloc)
+    def weights(
+        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
+    ) -> bytes | bytearray:
+        return tensors_to_bytes(self.tensors(), alloc, getattr(torch, dtype) if dtype else None)
 
     def tensors(self) -> dict[str, Tensor]:
         return hf_state_dict(self.model)

@@ -83,10 +83,12 @@ class DistributedLearner:
         self._sums = {}
         return info
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
+    def weights(
+        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
+    ) -> bytes | bytearray:
         if not self.local.sharded:
-            return self.local.weights(alloc)
-        return tensors_to_bytes(self.tensors(), alloc)
+            return self.local.weights(alloc, dtype)
+        return tensors_to_bytes(self.tensors(), alloc, getattr(torch, dtype) if dtype else None)
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The policy's weights; sharded, gathered from every rank once a version."""

@@ -76,7 +76,10 @@ class SimulatedLearner:
         self.steps += 1
         return {}
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes | bytearray:
+    def weights(
+        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
+    ) -> bytes | bytearray:
+        """Stand-in bytes of the version (no floating-point weights: `dtype` changes nothing)."""
         seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
         return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]
 

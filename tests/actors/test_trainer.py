@@ -53,6 +53,7 @@ class RecordingLearner:
         self.entered = threading.Event()  # set when a micro-batch is being trained
         self.threads: list[int] = []  # the budget each computation was given, in order
         self.budgets: list[tuple[str, int]] = []  # (what was computed, with how many threads)
+        self.dtypes: list[str | None] = []  # the dtype each version was asked in
 
     def use_threads(self, threads: int) -> None:
         self.threads.append(threads)
@@ -73,8 +74,9 @@ class RecordingLearner:
         self.rates.append(lr)
         return {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray) -> bytes:
+    def weights(self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None) -> bytes:
         self.budgets.append(("weights", self.threads[-1]))
+        self.dtypes.append(dtype)
         return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
 
     def tensors(self) -> Mapping[str, Tensor]:
@@ -206,6 +208,16 @@ async def test_the_trainer_takes_every_core_once_the_period_has_nothing_left_to_
         ("step", 2),
         ("weights", 2),
     ]
+    task.cancel()
+
+
+@pytest.mark.parametrize(("engine_dtype", "published"), [("float32", None), ("bfloat16", "bfloat16")])
+async def test_versions_are_published_in_the_precision_the_workers_compute_in(
+    network: InprocNetwork, tmp_path: Path, engine_dtype: str, published: str | None
+) -> None:
+    *_, learner, _, task, _ = await start(network, tmp_path, f"rollout.dtype={engine_dtype!r}")
+    await until(lambda: len(learner.dtypes) == 1)
+    assert learner.dtypes == [published]  # float32: the learner's own, as it is
     task.cancel()
 
 

@@ -81,7 +81,9 @@ def test_logs_merge_every_actor_in_time_order(quick_run: Path) -> None:
     assert stamps == sorted(stamps)
 
 
-def test_sync_and_periodic_processes_agree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str) -> None:
+    """bfloat16: the workers generate in it, and every version is published in it."""
     rows, weights = {}, {}
     for mode in ("sync", "periodic"):
         out = tmp_path / mode
@@ -98,6 +100,8 @@ def test_sync_and_periodic_processes_agree(tmp_path: Path) -> None:
             "rollout.workers=1",
             "--set",
             "seed=3",
+            "--set",
+            f"rollout.dtype={dtype!r}",
             *SMALL,
         )
         rows[mode] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
@@ -105,6 +109,12 @@ def test_sync_and_periodic_processes_agree(tmp_path: Path) -> None:
     assert rows["sync"] == rows["periodic"] and len(set(rows["sync"])) == 4
     diff = max(float((weights["sync"][k] - weights["periodic"][k]).abs().max()) for k in weights["sync"])
     assert diff <= 1e-5
+    # every version the worker loaded held the weights in the workers' precision (and a header)
+    payload = sum(t.numel() for t in weights["sync"].values()) * {"float32": 4, "bfloat16": 2}[dtype]
+    loaded = [
+        e["nbytes"] for e in events(tmp_path / "periodic", "rollout-0") if e["event"] == "weights_loaded"
+    ]
+    assert loaded and all(payload < n < payload + 8192 for n in loaded)
 
 
 def test_bad_config_names_the_key() -> None:

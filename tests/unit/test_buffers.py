@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import safetensors.torch
 import torch
 
 from cadence.model.checkpoint import state_dict_from_bytes, tensors_to_bytes
@@ -61,6 +62,27 @@ def test_serialising_into_a_reused_buffer_overwrites_every_byte() -> None:
     assert pool.reused == 1 and again == fresh
     loaded = state_dict_from_bytes(again)
     assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_floating_point_tensors_are_written_in_the_dtype_asked_and_the_rest_as_they_are() -> None:
+    state = {
+        "a": torch.tensor([1.0, 1 + 2**-10, -3.5], dtype=torch.float32),  # 1 + 2^-10 rounds to 1 in bf16
+        "b": torch.arange(3, dtype=torch.uint8),  # odd bytes: "c" then starts at an odd offset
+        "c": torch.linspace(-2, 2, 7, dtype=torch.float64).view(7, 1),
+        "d": torch.ones(2, dtype=torch.int64),
+    }
+    data = tensors_to_bytes(state, dtype=torch.bfloat16)
+    read = safetensors.torch.load(bytes(data))  # the format's own reader
+    assert {k: v.dtype for k, v in read.items()} == {
+        "a": torch.bfloat16,
+        "b": torch.uint8,
+        "c": torch.bfloat16,
+        "d": torch.int64,
+    }
+    for name, tensor in state.items():
+        expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert torch.equal(read[name], expected), name
+    assert read["a"].tolist() == [1.0, 1.0, -3.5]
 
 
 def test_the_store_gives_back_the_bytes_of_a_version_it_lets_go() -> None:

@@ -129,6 +129,8 @@ def _rank(rank: int, port: int, out: str, scenario: str, sharding: str) -> None:
     except CollectiveError as err:
         Path(out, f"rank{rank}.error").write_text(str(err))
         raise SystemExit(1) from None
+    finally:  # as `follower_main` does: a group left to the interpreter's exit may abort it
+        comm.close()
 
 
 def _spawn(out: Path, scenario: str = "drive", sharding: str = "none") -> list[int | None]:
