@@ -89,14 +89,14 @@ def _safetensors_bytes(
         start = 0
         for tensor, kind in tensors:
             size = tensor.numel() * kind.itemsize
-            # reshape: one contiguous row (a view unless the tensor is strided), on any device
-            row, part = tensor.reshape(-1), body[start : start + size]
-            if size and row.dtype == kind:
-                part.copy_(row.view(torch.uint8))
-            elif size and (base + start) % kind.itemsize == 0:
-                part.view(kind).copy_(row)  # cast as it is copied
-            elif size:
-                part.copy_(row.to(kind).view(torch.uint8))
+            if size:  # reshape: one contiguous row (a view unless the tensor is strided), on any device
+                row, part = tensor.reshape(-1), body[start : start + size]
+                if row.dtype == kind:
+                    part.copy_(row.view(torch.uint8))
+                elif (base + start) % kind.itemsize == 0:
+                    part.view(kind).copy_(row)  # cast as it is copied
+                else:  # a view of another dtype must start at a multiple of its size
+                    part.copy_(row.to(kind).view(torch.uint8))
             start += size
     return out
 
