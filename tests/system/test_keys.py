@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.system.gate import GATE_ENV, GATE_SETTINGS
 from tests.system.helpers import ROOT, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
-PERIODS = 40  # long enough for the worker without keys to be refused while the run goes on
+PERIODS = 40
 B = 4  # task.prompts_per_period in SMALL
 NO_KEYS_REASON = re.compile("no CURVE key|left during the handshake")
 
@@ -51,11 +52,21 @@ def _rollout(run: Path, address: str, name: str, out: Path, *extra: str) -> subp
         )
 
 
-def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: Path) -> None:
-    keys, out = tmp_path / "keys", tmp_path / "run"
+def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, out, gate = tmp_path / "keys", tmp_path / "run", tmp_path / "gate"
     cadence("keys", str(keys))
+    monkeypatch.setenv(GATE_ENV, str(gate))  # the run scores nothing until the live checks are done
     run = start_run(
-        out, "--set", f"periods={PERIODS}", "--set", "rollout.workers=1", "--set", f"transport.keys='{keys}'"
+        out,
+        "--set",
+        f"periods={PERIODS}",
+        "--set",
+        "rollout.workers=1",
+        "--set",
+        f"transport.keys='{keys}'",
+        *GATE_SETTINGS,
     )
     workers: list[subprocess.Popen[bytes]] = []
     try:
@@ -71,6 +82,7 @@ def test_a_keyed_run_completes_and_a_worker_without_keys_never_joins(tmp_path: P
         # the live run's log, followed with the keys named in its config
         backlog = cadence("logs", "--connect", address, "--config", str(out / "config.json"), "--json")
         assert "peer_refused" in {json.loads(line)["event"] for line in backlog.stdout.splitlines()}
+        gate.touch()
         code, stdout, stderr = run.finish(timeout=180)
         assert intruder.poll() is None  # still outside, still waiting
     finally:
