@@ -109,11 +109,12 @@ def state_dict_to_bytes(model: Transformer) -> bytearray:
 def tensors_to_bytes(
     state: Mapping[str, Tensor],
     alloc: Callable[[int], bytearray] = bytearray,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
 ) -> bytearray:
     """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes, in `alloc(nbytes)`;
-    with `dtype`, the floating-point ones in it."""
-    return _safetensors_bytes(state, {"format": "pt"}, alloc, dtype)
+    with `dtype` (or its name, "bfloat16"), the floating-point ones in it."""
+    kind = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return _safetensors_bytes(state, {"format": "pt"}, alloc, kind)
 
 
 def state_nbytes(state: Mapping[str, Tensor]) -> int:

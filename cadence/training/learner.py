@@ -349,7 +349,7 @@ class TorchLearner:
     def weights(
         self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
     ) -> bytes | bytearray:
-        return tensors_to_bytes(self.tensors(), alloc, getattr(torch, dtype) if dtype else None)
+        return tensors_to_bytes(self.tensors(), alloc, dtype)
 
     def tensors(self) -> dict[str, Tensor]:
         return hf_state_dict(self.model)

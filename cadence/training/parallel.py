@@ -88,7 +88,7 @@ class DistributedLearner:
     ) -> bytes | bytearray:
         if not self.local.sharded:
             return self.local.weights(alloc, dtype)
-        return tensors_to_bytes(self.tensors(), alloc, getattr(torch, dtype) if dtype else None)
+        return tensors_to_bytes(self.tensors(), alloc, dtype)
 
     def tensors(self) -> Mapping[str, Tensor]:
         """The policy's weights; sharded, gathered from every rank once a version."""
