@@ -26,7 +26,7 @@ from torch import Tensor
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
 from cadence.ops.logprobs import tempered
-from cadence.ops.packing import shared_trunk
+from cadence.ops.packing import fill_in_order, shared_trunk
 
 
 @dataclass(frozen=True)
@@ -66,19 +66,6 @@ MIN_TRUNK = 8  # a shorter common beginning is computed with each prompt
 # the prompts' tokens a prefill forward takes at most: the attention of one row grows with its square,
 # its matrix products only with its length (at 1024 SmolLM2's attention is about 1 % of the forward)
 PREFILL_ROW_TOKENS = 1024
-
-
-def _rows(sizes: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive indices of ``sizes`` in rows of at most ``budget`` in total (one larger alone)."""
-    rows: list[list[int]] = []
-    total = 0
-    for i, size in enumerate(sizes):
-        if not rows or total + size > budget:
-            rows.append([])
-            total = 0
-        rows[-1].append(i)
-        total += size
-    return rows
 
 
 def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
@@ -145,7 +132,7 @@ class TorchEngine:
         shared = [i for i, t in enumerate(trunked) if t]
         alone = [i for i, t in enumerate(trunked) if not t]
         for indices, cut in ((shared, len(self.trunk)), (alone, 0)):
-            for row in _rows([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
+            for row in fill_in_order([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
                 picked = [indices[j] for j in row]
                 start = self._trunk_cache() if cut else KVCache()
                 caches, logits = self._prefill_segments(start, [list(prompts[i][cut:]) for i in picked])

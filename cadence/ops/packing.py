@@ -170,14 +170,19 @@ def micro_batches(groups: Sequence[Group], token_budget: int) -> list[list[int]]
     tokens; a group larger than the budget goes alone."""
     if token_budget <= 0:
         raise ValueError(f"token_budget must be positive, got {token_budget}")
-    batches: list[list[int]] = []
+    return fill_in_order([packed_length(prompt, completions) for prompt, completions in groups], token_budget)
+
+
+def fill_in_order(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of ``sizes``, in order, filled into runs of at most ``budget`` in total; one larger
+    than the budget goes alone."""
+    runs: list[list[int]] = []
     used = 0
-    for i, (prompt, completions) in enumerate(groups):
-        size = packed_length(prompt, completions)
-        if batches and used + size <= token_budget:
-            batches[-1].append(i)
+    for i, size in enumerate(sizes):
+        if runs and used + size <= budget:
+            runs[-1].append(i)
             used += size
         else:
-            batches.append([i])
+            runs.append([i])
             used = size
-    return batches
+    return runs

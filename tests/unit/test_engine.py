@@ -8,7 +8,7 @@ import torch
 from cadence.model import engine as engine_module
 from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
-from cadence.model.engine import SamplingParams, TorchEngine, _rows, sample_seed
+from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.transformer import hf_state_dict, init_model
 from cadence.transport.buffers import BufferPool
@@ -274,12 +274,6 @@ def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.Mo
     for prompt, group in zip(prompts, got, strict=True):
         expected = _full_forward_logprobs(engine, prompt, group[0].tokens)
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
-
-
-def test_rows_keep_the_order_and_the_budget() -> None:
-    assert _rows([2, 3, 1, 5, 4], 4) == [[0], [1, 2], [3], [4]]
-    assert _rows([1, 1, 1], 8) == [[0, 1, 2]]
-    assert _rows([], 8) == []
 
 
 def test_a_short_common_beginning_is_no_trunk() -> None:

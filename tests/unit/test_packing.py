@@ -15,6 +15,7 @@ from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import (
     Group,
+    fill_in_order,
     micro_batches,
     pack_groups,
     packed_length,
@@ -234,3 +235,9 @@ def test_grpo_loss_on_padded_packed_logprobs_equals_per_group_loss() -> None:
             loss, _ = grpo_loss_sum(group_logp, group_logp - 0.1, adv, group_mask, 0.2, 0.28)
             expected, start = expected + float(loss), start + len(completions)
     assert abs(float(packed_loss) - expected) <= 1e-5 * max(1.0, abs(expected))
+
+
+def test_runs_keep_the_order_and_the_budget() -> None:
+    assert fill_in_order([2, 3, 1, 5, 4], 4) == [[0], [1, 2], [3], [4]]
+    assert fill_in_order([1, 1, 1], 8) == [[0, 1, 2]]
+    assert fill_in_order([], 8) == []
