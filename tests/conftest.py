@@ -10,10 +10,33 @@ import pytest
 
 from cadence.config import RunConfig, load_config
 from cadence.transport.endpoint import Client, Server
-from cadence.transport.inproc import InprocNetwork
-from cadence.wire.messages import Envelope, Heartbeat, Message
+from cadence.transport.inproc import InprocClient, InprocNetwork
+from cadence.wire.messages import Envelope, Heartbeat, Message, Register
+from cadence.wire.roles import SIGNED, sign
 
 M = TypeVar("M", bound=Message)
+
+
+class TrainerClient(InprocClient):
+    """A test's trainer talking to the dispatcher: its word (`roles.SIGNED`) signed with `key`, as a
+    trainer's session signs it."""
+
+    def __init__(self, network: InprocNetwork, name: str, address: str, key: str) -> None:
+        super().__init__(network, name, address)
+        self.key = key
+
+    async def send(self, msg: Message) -> None:
+        await super().send(sign(self.key, msg) if msg.TAG in SIGNED else msg)
+
+
+async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
+    """A client registered at `inproc://dispatcher` as `role` (a trainer with the key `key-of-<name>`)."""
+    if role == "trainer":
+        client: InprocClient = TrainerClient(network, name, "inproc://dispatcher", f"key-of-{name}")
+    else:
+        client = network.connect(name, "inproc://dispatcher")
+    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
+    return client
 
 
 def tiny_config(*overrides: str) -> RunConfig:

@@ -1,8 +1,12 @@
 """The prompt dispatcher: the period state machine, the roster, and every assignment until consumed.
 
 ```
- any message ───────────────► may a peer of its sender's role send it (wire/roles.py), and does it
-                              make sense (wire/meaning.py)? else refused, logged, and nothing changes
+ any message ───────────────► from a registered route (else only Register), under the name that route
+                              registered, may a peer of that role send it (wire/roles.py), does it
+                              carry the trainer's MAC where it must (roles.SIGNED), and does it make
+                              sense (wire/meaning.py)? else refused, logged, and nothing changes
+ Register(name) ────────────► refused while a live session holds that name without showing its proof
+                              (roster.claim_problem); a holder whose connection is gone: re-registered
  Register(trainer/publisher) ► refused while another peer holds that role (unless the run waits for
                               a lost trainer); the trainer's key ─► TrainerKey to the publisher
  trainer ─ VersionReady(k) ─► start period k: B prompts of period k → pending
@@ -77,9 +81,11 @@ from cadence.wire.messages import (
     VersionReady,
     WorkRequest,
 )
-from cadence.wire.roles import assignment_ticket, may_send
+from cadence.wire.roles import SIGNED, assignment_ticket, may_send, signed
 
 log = structlog.get_logger()
+
+UNREGISTERED = "its route never registered: a stranger, whatever name it gives"
 
 
 @dataclass(frozen=True)
@@ -195,13 +201,13 @@ class Dispatcher:
     def handle(self, peer: bytes, sender: str, msg: Message) -> None:
         """Update state for one message; replies are queued in `self._outbox` and sent by `_flush`."""
         known = peer in self.peers
-        if not known and not isinstance(msg, Register):
-            log.warning("message_from_unregistered_peer", peer=sender, type=msg.TAG)
+        if not known and not isinstance(msg, Register):  # a route that never registered: a stranger's
+            log.warning("message_from_unregistered_peer", peer=sender, type=msg.TAG, reason=UNREGISTERED)
             if sender in self.lost:  # declared dead, then woke up: it must not work on unseen
                 self._outbox.append((peer, Shutdown(f"{sender} was declared lost; start it again to rejoin")))
             return
         role = self.peers[peer].role if known else "stranger"
-        problem = self._problem(peer, role, msg)
+        problem = self._problem(peer, sender, role, msg)
         if problem is not None:
             self.server.refuse(sender, role, msg, problem)
             if not known:  # a refused claim: the claimant stops, told why
@@ -215,6 +221,7 @@ class Dispatcher:
         elif isinstance(msg, Consumed):
             self._consumed(msg)
         elif isinstance(msg, VersionReady):
+            self.peers[peer].announced = msg.version
             self._version_ready(msg)
         elif isinstance(msg, EvalResult):
             self._eval_result(msg)
@@ -233,17 +240,29 @@ class Dispatcher:
         self.recorder.finish(self.clock(), msg.version, msg.sha256)
         self.done.set()
 
-    def _problem(self, peer: bytes, role: str, msg: Message) -> str | None:
-        """Why a peer of `role` may not send `msg` now (`cadence.wire.roles`, `cadence.wire.meaning`),
-        or None."""
+    def _problem(self, peer: bytes, sender: str, role: str, msg: Message) -> str | None:
+        """Why `sender`, on route `peer`, as `role`, may not send `msg` now (`cadence.wire.roles`,
+        `cadence.wire.meaning`), or None."""
+        known = self.peers.get(peer)
+        if known is not None and known.name != sender:
+            return f"sent as {sender!r} from the route {known.name!r} registered from"
         if not may_send("dispatcher", role, msg.TAG):
             return f"a {role} may not send {msg.TAG} to the dispatcher"
         if isinstance(msg, Register):
-            return claim_problem(self.peers, peer, msg, self.settings.on_trainer_loss == "wait")
+            waits = self.settings.on_trainer_loss == "wait"
+            return claim_problem(self.peers, peer, sender, msg, waits, self.server.reachable)
+        problem = self._meaning(peer, msg)
+        if problem is None and msg.TAG in SIGNED and known is not None and not signed(known.key, msg):
+            return f"no MAC of the registered trainer's key on {msg.TAG}"
+        return problem
+
+    def _meaning(self, peer: bytes, msg: Message) -> str | None:
+        """What the message must also mean (`cadence.wire.meaning`)."""
+        announced = self.peers[peer].announced
         if isinstance(msg, VersionReady):
-            return version_ready_problem(msg, self.settings.periods)
+            return version_ready_problem(msg, self.settings.periods, self.published, first=announced < 0)
         if isinstance(msg, RunDone):
-            return run_done_problem(msg, self.settings.periods, self.published)
+            return run_done_problem(msg, self.settings.periods, announced)
         if isinstance(msg, WorkRequest):
             return work_request_problem(msg)
         if isinstance(msg, EvalResult):
@@ -273,8 +292,8 @@ class Dispatcher:
         )
 
     def _register(self, peer: bytes, sender: str, msg: Register) -> None:
-        if peer in self.peers:
-            self._lost(self.peers[peer].name, 0.0, reason="re-registered")
+        for name in {p.name for k, p in self.peers.items() if k == peer or p.name == sender}:
+            self._lost(name, 0.0, reason="re-registered")  # its session again, or its process restarted
             self.liveness.seen(sender)
         if msg.role in ("trainer", "publisher") and self.settings.on_trainer_loss == "wait":
             for old in [p.name for p in self.peers.values() if p.role == msg.role]:
@@ -282,7 +301,9 @@ class Dispatcher:
                 self.liveness.seen(sender)
         local = msg.local if msg.role == "publisher" else ""
         key = msg.key if msg.role == "trainer" else ""
-        self.peers[peer] = Peer(sender, msg.role, msg.address, key=key, local=local, host=msg.host)
+        self.peers[peer] = Peer(
+            sender, msg.role, msg.address, key=key, local=local, host=msg.host, proof=msg.proof, pid=msg.pid
+        )
         log.info(
             "peer_joined",
             peer=sender,

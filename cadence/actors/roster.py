@@ -1,13 +1,18 @@
-"""The dispatcher's roster: who is registered as what, who may claim a role, and how long the run
-has gone without a rollout worker.
+"""The dispatcher's roster: who is registered as what, who may claim a role or a name, and how long
+the run has gone without a rollout worker.
 
 Invariant: at most one trainer and one publisher are registered, except while a run that waits for a
-lost trainer (`trainer.on_loss = "wait"`) takes its successor; a worker may always register.
+lost trainer (`trainer.on_loss = "wait"`) takes its successor; a worker may always register under a
+name no one holds. A name is held by one route; it passes to another only by a registration that
+shows the holder's proof (the same session on a new connection), or once no connection has the
+holder's route (its process is gone: a restarted actor rejoins at once). A route is never taken from
+a live peer by a claimant that merely presents its name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hmac
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -30,6 +35,19 @@ class Peer:
     welcomed: bool = False
     told: str = ""  # a publisher's: the trainer key it was told
     outstanding: set[int] = field(default_factory=set)
+    proof: str = ""  # the session's secret it registered with
+    pid: int = 0
+    announced: int = -1  # a trainer's: the last version it announced
+
+
+def holding(peers: Mapping[bytes, Peer], name: str) -> tuple[bytes, Peer] | None:
+    """The route and peer registered under `name`, if any."""
+    return next(((k, p) for k, p in peers.items() if p.name == name), None)
+
+
+def same_session(peer: Peer, msg: Register) -> bool:
+    """Whether `msg` shows the proof `peer` registered with (an empty proof proves nothing)."""
+    return bool(peer.proof) and hmac.compare_digest(peer.proof.encode(), msg.proof.encode())
 
 
 def welcome_message(peers: Mapping[bytes, Peer], version: int) -> Welcome | None:
@@ -45,25 +63,41 @@ def welcome_message(peers: Mapping[bytes, Peer], version: int) -> Welcome | None
 
 
 def claim_problem(
-    peers: Mapping[bytes, Peer], peer: bytes, msg: Register, waits_for_trainer: bool
+    peers: Mapping[bytes, Peer],
+    peer: bytes,
+    name: str,
+    msg: Register,
+    waits_for_trainer: bool,
+    reachable: Callable[[bytes], bool],
 ) -> str | None:
-    """Why `peer` may not register as `msg.role`, or None: a peer registers as a worker, or as the
-    trainer or publisher when no other peer is that (the same peer again: a restarted actor); with
-    `waits_for_trainer` (`trainer.on_loss = "wait"`), while no trainer is registered, a new trainer's
-    publisher also takes the place of the old one."""
+    """Why `peer` may not register as `msg.role` under `name`, or None.
+
+    A name held by another peer passes only to the same session (its proof), or once no connection
+    has the holder's route (`reachable`: the restarted actor's old process is gone). A peer registers
+    as a worker, or as the trainer or publisher when no other peer is that; with `waits_for_trainer`
+    (`trainer.on_loss = "wait"`), while no trainer is registered, a new trainer's publisher also
+    takes the place of the old one."""
     if msg.role not in REGISTERED:
         return f"role {msg.role!r} is none of {list(REGISTERED)}"
     if msg.role == "trainer" and not msg.key:
         return "a trainer registers with its key"
     if msg.local and not msg.local.startswith("ipc://"):
         return f"local address {msg.local[:80]!r} is not an ipc:// address"
+    held = holding(peers, name)
+    if held is not None and not same_session(held[1], msg) and (held[0] == peer or reachable(held[0])):
+        route, holder = held
+        where = f"pid {holder.pid} on {holder.host or 'an unnamed host'}"
+        return (
+            f"{name} is registered by a live {holder.role} session ({where}) and this registration does"
+            " not show its proof; a name passes to another session once the holder's connection is gone"
+        )
     if msg.role == "rollout":
         return None
-    holder = next((p.name for k, p in peers.items() if p.role == msg.role and k != peer), None)
-    trainer = any(p.role == "trainer" for p in peers.values())
-    if holder is None or (waits_for_trainer and not trainer):
+    holder_name = next((p.name for k, p in peers.items() if p.role == msg.role and p.name != name), None)
+    trainer = any(p.role == "trainer" and p.name != name for p in peers.values())
+    if holder_name is None or (waits_for_trainer and not trainer):
         return None
-    return f"the run has its {msg.role} already ({holder})"
+    return f"the run has its {msg.role} already ({holder_name})"
 
 
 class WorkerWait:

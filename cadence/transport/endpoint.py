@@ -3,8 +3,13 @@
 Invariant: `recv` returns only valid messages of this run; every refused frame is logged (with
 rate limiting) with who sent it and why, counted in `refused`, and the caller never sees it.
 
-- `Server`: bound, many peers; `recv()` gives `(peer, envelope)`, `send(peer, msg)` replies.
+- `Server`: bound, many peers; `recv()` gives `(peer, envelope)`, `send(peer, msg)` replies,
+  `reachable(peer)` says whether a connection still has that route.
 - `Client`: connected to one server; `send(msg)`, `recv()`.
+
+A client's route (the identity its server replies to) is its name, `#`, and a random token made anew
+for every client (`new_route`): a peer that knows an actor's name cannot present its route and so take
+over its replies. The token never appears in a log line (`shown`).
 
 `zmq_socket.py` implements them over ZeroMQ (ROUTER/DEALER), `inproc.py` over asyncio queues
 for actor tests; both go through the same codec here. A message is a list of frames (a header, and a
@@ -14,6 +19,7 @@ payload for weight chunks); payload frames are handed over and received without 
 from __future__ import annotations
 
 import abc
+import secrets
 
 import structlog
 
@@ -29,6 +35,19 @@ from cadence.wire.messages import (
 )
 
 log = structlog.get_logger()
+
+ROUTE_TOKEN_BYTES = 12
+"""Random bytes in a route: 96 bits, hex-encoded after the name."""
+
+
+def new_route(name: str) -> bytes:
+    """A fresh, unguessable route for a client named `name`: `name#<24 hex digits>`."""
+    return f"{name}#{secrets.token_hex(ROUTE_TOKEN_BYTES)}".encode()
+
+
+def shown(route: bytes) -> str:
+    """A route as a log line may show it: the name, never the token."""
+    return route.decode("utf-8", "backslashreplace").rpartition("#")[0] or _show(route)
 
 
 class RefusalLog:
@@ -103,12 +122,18 @@ class Server(_Codec, abc.ABC):
     async def recv(self) -> tuple[bytes, Envelope]:
         while True:
             peer, frames = await self._recv_raw()
-            env = self._decode(frames, _show(peer))
+            env = self._decode(frames, shown(peer))
             if env is not None:
                 return peer, env
 
     async def send(self, peer: bytes, msg: Message) -> None:
+        """Send `msg` to the client whose route is `peer`; dropped, as a ROUTER drops it, when no
+        connection has that route or the peer is not reading."""
         await self._send_raw(peer, self._encode(msg))
+
+    @abc.abstractmethod
+    def reachable(self, peer: bytes) -> bool:
+        """Whether a connection still has the route `peer` (it may be sent a heartbeat to find out)."""
 
     @abc.abstractmethod
     async def _recv_raw(self) -> tuple[bytes, list[Payload]]: ...

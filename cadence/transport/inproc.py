@@ -1,7 +1,8 @@
 """In-process channels with the ZeroMQ channels' interface, for driving actors in tests.
 
-Invariant: frames pass through the same codec as on the wire, so a test that feeds an actor
-through these channels exercises exactly the validation a socket peer meets.
+Invariant: frames pass through the same codec as on the wire, and a client's route is made as a
+socket's is (`endpoint.new_route`, or one a test names to play a peer that borrows it), so a test
+that feeds an actor through these channels exercises exactly the validation a socket peer meets.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from cadence.transport.endpoint import Client, Server
+from cadence.transport.endpoint import Client, Server, new_route
 from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Payload
 
 
@@ -28,17 +29,20 @@ class InprocServer(Server):
         if client is not None:  # like a ROUTER, an unknown peer's message is dropped
             client.inbox.put_nowait(frames)
 
+    def reachable(self, peer: bytes) -> bool:
+        return (self.address, peer) in self._network.clients
+
     def close(self) -> None:
         self._network.servers.pop(self.address, None)
 
 
 class InprocClient(Client):
-    def __init__(self, network: InprocNetwork, name: str, address: str) -> None:
+    def __init__(self, network: InprocNetwork, name: str, address: str, route: bytes | None = None) -> None:
         super().__init__(name, address, network.run, network.max_frame_bytes)
         self.inbox: asyncio.Queue[list[Payload]] = asyncio.Queue()
         self._network = network
-        self.identity = name.encode()
-        network.clients[(address, self.identity)] = self
+        self.route = route or new_route(name)
+        network.clients[(address, self.route)] = self  # a second client on a route takes it over
 
     async def _recv_raw(self) -> list[Payload]:
         return await self.inbox.get()
@@ -50,14 +54,14 @@ class InprocClient(Client):
         """Raw frames, bypassing the codec: how a test plays a hostile peer."""
         server = self._network.servers.get(self.address)
         if server is not None:
-            server.inbox.put_nowait((self.identity, frames))
+            server.inbox.put_nowait((self.route, frames))
 
     def close(self) -> None:
-        self._network.clients.pop((self.address, self.identity), None)
+        self._network.clients.pop((self.address, self.route), None)
 
 
 class InprocNetwork:
-    """Servers by address and clients by (address, identity), inside one event loop."""
+    """Servers by address and clients by (address, route), inside one event loop."""
 
     def __init__(self, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.run = run
@@ -73,8 +77,9 @@ class InprocNetwork:
         self.servers[address] = server
         return server
 
-    def connect(self, name: str, address: str) -> InprocClient:
-        return InprocClient(self, name, address)
+    def connect(self, name: str, address: str, route: bytes | None = None) -> InprocClient:
+        """A client named `name`; `route`: the route it presents (default: a fresh one)."""
+        return InprocClient(self, name, address, route)
 
     def close(self) -> None:
         self.servers.clear()

@@ -1,7 +1,7 @@
 """An actor's session with the dispatcher: register, heartbeat, listen, until Shutdown.
 
 ```
- run(work…) ─► Register(role, address, pid, host, key) ─► dispatcher seen
+ run(work…) ─► Register(role, address, pid, host, key, proof) ─► dispatcher seen
             ─► together, until the first ends:
                work…                     the actor's own loops
                beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
@@ -14,6 +14,9 @@
                        a handled type    ─► its handler (an exception it raises: logged, listening goes on)
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
+
+A session is new at every start: its `proof` (shown only in its Register) and its trainer's `key`
+are random, and a trainer's word (`roles.SIGNED`) leaves signed with that key.
 
 Invariant: a dispatcher that stays silent past its liveness, while this process runs, ends the
 session with `PeerLost` naming it and how long it was silent; a pause of this process past the
@@ -35,7 +38,7 @@ import structlog
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.wire.messages import Heartbeat, Message, Register, Shutdown
-from cadence.wire.roles import new_key
+from cadence.wire.roles import SIGNED, new_key, sign
 
 log = structlog.get_logger()
 
@@ -83,7 +86,8 @@ class Session:
         self.liveness = liveness
         self.address = address
         self.peer = peer
-        self.key = new_key()  # a trainer's tickets are made with it (`cadence.wire.roles`)
+        self.key = new_key()  # a trainer's tickets and MACs are made with it (`cadence.wire.roles`)
+        self.proof = new_key()  # shown to the dispatcher once: a later claim of its name must show it
         self._handlers: dict[type[Message], Callable[[Any], None]] = {}
 
     def on(self, kind: type[M], handler: Callable[[M], None]) -> None:
@@ -92,13 +96,17 @@ class Session:
         self._handlers[kind] = handler
 
     async def send(self, msg: Message) -> None:
+        """Send `msg` to the dispatcher; a trainer's word (`roles.SIGNED`) signed with its key."""
+        if self.role == "trainer" and msg.TAG in SIGNED:
+            msg = sign(self.key, msg)
         await self.dispatcher.send(msg)
 
     async def run(self, *work: Coroutine[Any, Any, Any]) -> Any:
         """Register, then run `work` with the heartbeats and the listener until the first of them ends
         (Shutdown ends the listener); the others are cancelled. What that first one returned."""
         key = self.key if self.role == "trainer" else ""
-        await self.send(Register(self.role, self.address, os.getpid(), socket.gethostname(), key, self.local))
+        host = socket.gethostname()
+        await self.send(Register(self.role, self.address, os.getpid(), host, key, self.local, self.proof))
         self.liveness.seen(self.peer)
         return await first_of(*work, self.listen(), self.beat())
 

@@ -1,7 +1,10 @@
 """ZeroMQ channels: a ROUTER `Server` bound to an address and DEALER `Client`s connected to it.
 
-Invariant: sockets never linger after `close` and a peer that reconnects under the same name takes
-over its old route (ROUTER_HANDOVER), so a restarted actor is reachable again at once. Frames are
+Invariant: sockets never linger after `close`; a client's route is its name and a random token
+(`endpoint.new_route`), so only the client itself takes its route over when it reconnects
+(ROUTER_HANDOVER), never another socket that borrows its name; a server never blocks on a send (a
+message to a route no connection has, or to a peer that does not read, is dropped, as a ROUTER
+drops it) and can tell whether a route is still connected (`reachable`, ROUTER_MANDATORY). Frames are
 sent and received with `copy=False`: a payload goes from the sender's buffer to the wire, and from
 the wire to the receiver as a view of ZeroMQ's message, without a copy in Python. A network given
 a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
@@ -17,15 +20,16 @@ import ipaddress
 import shutil
 import tempfile
 from pathlib import Path
+from typing import cast
 
 import structlog
 import zmq
 import zmq.asyncio
 
 from cadence.transport.curve import CurveGate
-from cadence.transport.endpoint import Client, Server
+from cadence.transport.endpoint import Client, Server, new_route
 from cadence.transport.keys import CurveKeys
-from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Payload
+from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Heartbeat, Payload
 
 log = structlog.get_logger()
 
@@ -65,6 +69,7 @@ class ZmqServer(Server):
         super().__init__(name, run, max_frame_bytes)
         self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown route says so
         self._gate = gate
         if gate is not None:
             gate.guard(self._sock, name)
@@ -88,7 +93,23 @@ class ZmqServer(Server):
         return frames[0].bytes, [f.buffer for f in frames[1:]]
 
     async def _send_raw(self, peer: bytes, frames: list[Payload]) -> None:
-        await self._sock.send_multipart([peer, *frames], copy=False)
+        self._deliver(peer, frames)
+
+    def _deliver(self, peer: bytes, frames: list[Payload]) -> bool:
+        """Hand `frames` to the route `peer` without waiting; False when no connection has it."""
+        # with DONTWAIT the asyncio socket sends at once and hands back a finished future
+        sent = cast("asyncio.Future[None]", self._sock.send_multipart([peer, *frames], zmq.DONTWAIT, False))
+        err = sent.exception() if sent.done() else None
+        if isinstance(err, zmq.Again):  # the peer's queue is full: dropped, but the route is there
+            return True
+        if isinstance(err, zmq.ZMQError) and err.errno == zmq.EHOSTUNREACH:
+            return False
+        if err is not None:
+            raise err
+        return True
+
+    def reachable(self, peer: bytes) -> bool:
+        return self._deliver(peer, self._encode(Heartbeat(self.name)))
 
     def close(self) -> None:
         if self._gate is not None:
@@ -110,7 +131,8 @@ class ZmqClient(Client):
     ) -> None:
         super().__init__(name, address, run, max_frame_bytes)
         self._sock = _socket(ctx, zmq.DEALER, max_frame_bytes)
-        self._sock.setsockopt(zmq.IDENTITY, name.encode())
+        self.route = new_route(name)
+        self._sock.setsockopt(zmq.IDENTITY, self.route)
         if keys is not None:
             self._sock.curve_publickey, self._sock.curve_secretkey = keys.client_pair()
             self._sock.curve_serverkey = keys.server_public()

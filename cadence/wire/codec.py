@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar, get_args, get_origin
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 Payload: TypeAlias = bytes | memoryview

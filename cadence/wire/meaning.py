@@ -41,23 +41,32 @@ def _in_vocab(tokens: list[int], vocab_size: int) -> bool:
     return all(0 <= t < vocab_size for t in tokens)
 
 
-def version_ready_problem(msg: VersionReady, periods: int) -> str | None:
-    """A version names a period of the run (0 … periods), with a size, and metrics of plain JSON."""
+def version_ready_problem(msg: VersionReady, periods: int, published: int, first: bool) -> str | None:
+    """A version names a period of the run (0 … periods), with a size, and metrics of plain JSON; and
+    it follows the last one announced (`published`, -1 before any): a trainer announces exactly the
+    next version, or the same again. Its `first` announcement (a trainer resumed from its checkpoint)
+    may go back to any earlier version, never beyond the next; any, to a dispatcher that has seen
+    none (a run resumed as a whole)."""
     if not 0 <= msg.version <= periods:
         return f"version {msg.version} outside the run's 0..{periods}"
     if msg.nbytes < 0:
         return f"negative size {msg.nbytes}"
     if not plain_json(msg.metrics):
         return "metrics are not plain JSON (numbers, strings, lists and maps)"
+    if published >= 0 and msg.version > published + 1:
+        return f"version {msg.version} after {published}: a trainer announces the next version"
+    if published >= 0 and not first and msg.version < published:
+        return f"version {msg.version} after {published}: only a trainer's first announcement goes back"
     return None
 
 
-def run_done_problem(msg: RunDone, periods: int, published: int) -> str | None:
-    """The run is done only at its last version, once that version was announced."""
+def run_done_problem(msg: RunDone, periods: int, announced: int) -> str | None:
+    """The run is done only at its last version, once the trainer that says so announced it
+    (`announced`: the last version this trainer session announced, -1 for none)."""
     if msg.version != periods:
         return f"version {msg.version}, the run ends at {periods}"
-    if published != periods:
-        return f"version {periods} not announced yet (the last announced is {published})"
+    if announced != periods:
+        return f"version {periods} not announced by this trainer (its last announced is {announced})"
     return None
 
 

@@ -50,7 +50,10 @@ __all__ = [
 @dataclass(frozen=True)
 class Register(Message):
     """An actor announces itself to the dispatcher. `address` is where it serves, if it does; `key`:
-    the trainer's key, which the dispatcher makes assignment tickets with (`cadence.wire.roles`)."""
+    the trainer's key, which the dispatcher makes assignment tickets with and checks the trainer's
+    signed messages against (`cadence.wire.roles`); `proof`: a secret of this session, new at every
+    start, which a registration under the same name must show to take this one's place while this
+    one's connection is still there."""
 
     role: str
     address: str = ""
@@ -58,6 +61,7 @@ class Register(Message):
     host: str = ""
     key: str = ""
     local: str = ""  # an ipc:// address it also serves at, for peers on its own host
+    proof: str = ""  # the session's random secret: only a registration showing it again takes its place
 
 
 @message("welcome")
@@ -204,6 +208,7 @@ class Consumed(Message):
 
     period: int
     prompt_ids: list[int]
+    mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
 
 
 @message("version_ready")
@@ -217,6 +222,7 @@ class VersionReady(Message):
     digest: str
     nbytes: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
 
 
 @message("run_done")
@@ -227,6 +233,7 @@ class RunDone(Message):
     version: int
     sha256: str
     checkpoint: str
+    mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
 
 
 # ---------------------------------------------------------------- weights

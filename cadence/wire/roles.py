@@ -6,8 +6,9 @@ sender has (see below); everything else is refused and logged, never handled. Th
 nothing of cadence but the messages.
 
 A peer's role is:
-- at the dispatcher, the role it registered with (`Register.role`); "stranger" before it has (a log
-  stream or a `cadence logs` follower never registers);
+- at the dispatcher, the role it registered with (`Register.role`), kept by the route it registered
+  from; "stranger" before it has (a log stream or a `cadence logs` follower never registers); the
+  trainer's word (`SIGNED`) must also carry a MAC under the key it registered with (`sign`);
 - at the trainer, "rollout" for a `GroupResult` that carries the dispatcher's ticket for that
   (period, prompt id) and that worker: the dispatcher makes it with the key the trainer registered
   with, so only a worker the dispatcher assigned that prompt to this period can show it;
@@ -21,11 +22,16 @@ knows the run id, not one that reads the network.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
+import json
 import secrets
+from typing import TypeVar
 
-from cadence.wire.messages import REGISTRY
+from cadence.wire.messages import REGISTRY, Message
+
+S = TypeVar("S", bound=Message)
 
 ROLES = ("dispatcher", "trainer", "publisher", "rollout", "stranger")
 """Every role a sender can have; "stranger": a peer that has not registered or proved a role."""
@@ -104,6 +110,28 @@ def ticket(key: str, *parts: object) -> str:
 def valid_ticket(key: str, shown: str, *parts: object) -> bool:
     """Whether `shown` is the ticket of `parts` under `key` (an empty key vouches for nothing)."""
     return bool(key) and hmac.compare_digest(shown.encode(), ticket(key, *parts).encode())
+
+
+SIGNED = frozenset({"consumed", "version_ready", "run_done"})
+"""The trainer's word to the dispatcher: each carries a MAC (`mac`) under the trainer's key, checked
+before the dispatcher acts on it."""
+
+
+def _signed_text(msg: Message) -> str:
+    """Every field of `msg` but its MAC, as one canonical text (sorted keys, floats as Python writes
+    them: the same on both sides of a msgpack round trip)."""
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg) if f.name != "mac"}  # type: ignore[arg-type]
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def sign(key: str, msg: S) -> S:
+    """`msg` with its MAC under `key` (a message of `SIGNED`)."""
+    return dataclasses.replace(msg, mac=ticket(key, msg.TAG, _signed_text(msg)))  # type: ignore[type-var]
+
+
+def signed(key: str, msg: Message) -> bool:
+    """Whether `msg` carries the MAC of its fields under `key`."""
+    return valid_ticket(key, getattr(msg, "mac", ""), msg.TAG, _signed_text(msg))
 
 
 def assignment_ticket(key: str, period: int, prompt_id: int, worker: str) -> str:

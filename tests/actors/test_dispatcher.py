@@ -19,7 +19,7 @@ from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.heldout import eval_prompts
 from cadence.tasks.registry import make_task
 from cadence.transport.endpoint import RefusalLog
-from cadence.transport.inproc import InprocClient, InprocNetwork
+from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import (
     Assignment,
     Consumed,
@@ -34,7 +34,8 @@ from cadence.wire.messages import (
     WorkRequest,
     encode,
 )
-from tests.conftest import expect, keep_beating, tiny_config
+from cadence.wire.roles import sign
+from tests.conftest import TrainerClient, expect, join, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,12 +57,6 @@ async def start(
         eval_set=eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every else [],
     )
     return dispatcher, asyncio.create_task(dispatcher.run())
-
-
-async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
-    client = network.connect(name, "inproc://dispatcher")
-    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
-    return client
 
 
 async def test_assigns_only_after_version_published_and_within_credits(
@@ -251,6 +246,7 @@ async def test_while_the_trainer_lives_no_other_may_claim_its_role_even_when_a_l
         for name, role in (("trainer-2", "trainer"), ("publisher-2", "publisher"), ("x", "monitor")):
             claimant = await join(network, name, role, "inproc://elsewhere")
             assert "registration refused" in (await expect(claimant, Shutdown)).reason
+        trainer.close()  # its process ended: no connection has its route any more
         again = await join(network, "trainer", "trainer", "inproc://trainer")  # restarted, its own name
         assert again is not None
         while not any(e["event"] == "trainer_lost_waiting" for e in logs):
@@ -434,3 +430,89 @@ async def _rows(path: Path, count: int) -> list[dict[str, Any]]:
             return rows
         await asyncio.sleep(0.02)
     raise AssertionError(f"{path} has fewer than {count} rows")
+
+
+async def test_a_peer_that_borrows_a_registered_name_takes_nothing_over(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """The attacks of a quick-start run without keys, replayed message by message: a socket presenting
+    the trainer's name announces the last version and ends the run, one presenting a worker's name
+    registers and asks for work, one presenting the trainer's very route (a route it could only have
+    read off the network) announces without the trainer's MAC. Each is refused and logged; the real
+    peers' routes and places are unharmed."""
+    dispatcher, task = await start(network, tmp_path, "periods=60")
+    dispatcher.server.refusals = RefusalLog("dispatcher", per_second=100)  # log every one of them
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    publisher = await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "rollout-0", "rollout")
+    await expect(worker, Welcome)
+    await trainer.send(VersionReady(0, "sha0", 10, {}))
+    with structlog.testing.capture_logs() as logs:
+        fake_trainer = network.connect("trainer", "inproc://dispatcher", route=b"trainer")
+        await fake_trainer.send(VersionReady(60, "f0" * 16, 1, {}))
+        await fake_trainer.send(RunDone(60, "f0" * 32, "/x"))
+        await fake_trainer.send(Register("trainer", "inproc://evil", key="k"))
+        fake_publisher = network.connect("publisher", "inproc://dispatcher", route=b"publisher")
+        await fake_publisher.send(Register("publisher", "inproc://evil"))
+        fake_worker = network.connect("rollout-0", "inproc://dispatcher", route=b"rollout-0")
+        await fake_worker.send(WorkRequest(1))
+        await fake_worker.send(Register("rollout", proof="a guess"))
+        # the trainer's own route, presented by another: without the key, its word is refused
+        assert isinstance(trainer, TrainerClient)
+        forged_route = network.connect("trainer", "inproc://dispatcher", route=trainer.route)
+        await forged_route.send(VersionReady(1, "sha1", 10, {}))
+        await forged_route.send(sign("not-the-key", VersionReady(1, "sha1", 10, {})))
+        network.clients[("inproc://dispatcher", trainer.route)] = trainer  # the trainer's again
+        for claimant in (fake_trainer, fake_publisher, fake_worker):
+            assert "registration refused" in (await expect(claimant, Shutdown)).reason
+        # the real ones go on: a worker's request is answered, the trainer's next version opens period 1
+        await worker.send(WorkRequest(4))
+        assert {(await expect(worker, Assignment)).period for _ in range(4)} == {0}
+        await trainer.send(VersionReady(1, "sha1", 10, {"period": 0, "groups": 4, "reward_mean": 0.5}))
+        await worker.send(WorkRequest(1))
+        assert (await expect(worker, Assignment)).period == 1
+        await trainer.send(VersionReady(3, "sha3", 10, {}))  # the trainer itself may not jump ahead
+        while dispatcher.server.refused < 6:  # polled, ended by the test's timeout
+            await asyncio.sleep(0.01)
+    assert dispatcher.period == 1 and dispatcher.run_done is None and not dispatcher.done.is_set()
+    strangers = [(e["peer"], e["type"]) for e in logs if e["event"] == "message_from_unregistered_peer"]
+    assert strangers == [("trainer", "version_ready"), ("trainer", "run_done"), ("rollout-0", "work_request")]
+    refused = [
+        (e["peer"], e["role"], e["type"], e["reason"]) for e in logs if e["event"] == "message_refused"
+    ]
+    assert [r[:3] for r in refused] == [
+        ("trainer", "stranger", "register"),
+        ("publisher", "stranger", "register"),
+        ("rollout-0", "stranger", "register"),
+        ("trainer", "trainer", "version_ready"),
+        ("trainer", "trainer", "version_ready"),
+        ("trainer", "trainer", "version_ready"),
+    ]
+    assert "trainer is registered by a live trainer session" in refused[0][3]
+    assert "rollout-0 is registered by a live rollout session" in refused[2][3]
+    assert {r[3] for r in refused[3:5]} == {"no MAC of the registered trainer's key on version_ready"}
+    assert "a trainer announces the next version" in refused[5][3]
+    names = {k: p.name for k, p in dispatcher.peers.items()}
+    assert names == {trainer.route: "trainer", publisher.route: "publisher", worker.route: "rollout-0"}
+    task.cancel()
+
+
+async def test_a_restarted_worker_takes_its_name_back_once_its_old_connection_is_gone(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    dispatcher, task = await start(network, tmp_path)
+    await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    old = await join(network, "rollout-0", "rollout")
+    await expect(old, Welcome)
+    with structlog.testing.capture_logs() as logs:
+        second = await join(network, "rollout-0", "rollout")  # a second process under the same name
+        assert "registered by a live rollout session" in (await expect(second, Shutdown)).reason
+        old.close()  # the old process ends
+        new = await join(network, "rollout-0", "rollout")
+        await expect(new, Welcome)
+    lost = [(e["peer"], e["reason"]) for e in logs if e["event"] == "worker_lost"]
+    assert lost == [("rollout-0", "re-registered")]
+    assert [p.name for p in dispatcher.peers.values() if p.role == "rollout"] == ["rollout-0"]
+    assert new.route in dispatcher.peers
+    task.cancel()

@@ -50,7 +50,11 @@ async def test_uploads_come_only_from_the_trainer_and_partial_ones_are_bounded(
     publisher = Publisher(
         server,
         session(
-            cfg, network.connect("publisher", "inproc://dispatcher"), "publisher", time.time, server.address
+            cfg,
+            network.connect("publisher", "inproc://dispatcher", route=b"publisher"),
+            "publisher",
+            time.time,
+            server.address,
         ),
         WeightStore(chunk_bytes=CHUNK, keep=2),
         settings=PublisherSettings(max_upload_bytes=LIMIT, upload_timeout_s=2.0),

@@ -19,7 +19,7 @@ from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
-from cadence.transport.inproc import InprocClient, InprocNetwork, InprocServer
+from cadence.transport.inproc import InprocNetwork, InprocServer
 from cadence.transport.session import Session
 from cadence.transport.weights import WeightStore
 from cadence.wire.messages import (
@@ -31,15 +31,9 @@ from cadence.wire.messages import (
     Welcome,
     WorkRequest,
 )
-from tests.conftest import expect, keep_beating, tiny_config
+from tests.conftest import expect, join, keep_beating, tiny_config
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def join(network: InprocNetwork, name: str, role: str, address: str = "") -> InprocClient:
-    client = network.connect(name, "inproc://dispatcher")
-    await client.send(Register(role, address, key=f"key-of-{name}" if role == "trainer" else ""))
-    return client
 
 
 def row(period: int, reward: float) -> dict[str, float]:
@@ -124,7 +118,7 @@ async def test_a_worker_told_of_a_new_trainer_drops_its_jobs_and_serves_the_new_
         store = WeightStore(chunk_bytes=4096, keep=2)
         store.put(0, weights)
         server = network.bind(f"publisher-{i}", f"inproc://p{i}")
-        client = network.connect(f"publisher-{i}", "inproc://dispatcher")
+        client = network.connect(f"publisher-{i}", "inproc://dispatcher", route=f"publisher-{i}".encode())
         publishers.append(
             Publisher(
                 server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
@@ -133,7 +127,7 @@ async def test_a_worker_told_of_a_new_trainer_drops_its_jobs_and_serves_the_new_
     worker = RolloutWorker(
         worker_settings(cfg),
         "w0",
-        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
+        session(cfg, network.connect("w0", "inproc://dispatcher", route=b"w0"), "rollout", time.time),
         network.connect,
         make_engine(cfg, tokenizer),
         make_scorer(cfg, make_task(cfg.task, cfg.seed)),

@@ -132,9 +132,8 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
 
     learner = RecordingLearner()
     server = network.bind("trainer", "inproc://trainer")
-    own = session(
-        cfg, network.connect("trainer", "inproc://dispatcher"), "trainer", time.time, server.address
-    )
+    client = network.connect("trainer", "inproc://dispatcher", route=b"trainer")  # the test replies to it
+    own = session(cfg, client, "trainer", time.time, server.address)
     settings = dataclasses.replace(trainer_settings(cfg, VOCAB), threads=1, threads_alone=2)
     trainer = Trainer(
         settings,

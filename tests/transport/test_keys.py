@@ -68,7 +68,7 @@ async def keyed_exchange(server_net: ZmqNetwork, client_net: ZmqNetwork) -> None
     client = client_net.connect("worker-1", server.address)
     await client.send(WorkRequest(2))
     peer, env = await asyncio.wait_for(server.recv(), WAIT)
-    assert (peer, env.message, env.sender) == (b"worker-1", WorkRequest(2), "worker-1")
+    assert (peer, env.message, env.sender) == (client.route, WorkRequest(2), "worker-1")
     await server.send(peer, Heartbeat("dispatcher"))
     assert (await asyncio.wait_for(client.recv(), WAIT)).message == Heartbeat("dispatcher")
 
@@ -112,7 +112,7 @@ async def test_the_unix_socket_of_a_keyed_server_takes_keyed_clients_only(
     client = networks(keys).connect("worker-1", local)
     await client.send(WorkRequest(2))
     peer, env = await asyncio.wait_for(server.recv(), WAIT)
-    assert (peer, env.message) == (b"worker-1", WorkRequest(2))
+    assert (peer, env.message) == (client.route, WorkRequest(2))
     intruder = networks(None).connect("intruder", local)
     await intruder.send(WorkRequest(1))
     with pytest.raises(TimeoutError):

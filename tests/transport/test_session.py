@@ -42,7 +42,8 @@ def rig(network: InprocNetwork) -> Iterator[Rig]:
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     clock = FakeClock()
     liveness = Liveness(interval_s=0.01, liveness=3, clock=clock)
-    session = Session(network.connect("trainer", "inproc://dispatcher"), "trainer", liveness, "inproc://t")
+    client = network.connect("trainer", "inproc://dispatcher", route=b"trainer")  # a route to reply to
+    session = Session(client, "trainer", liveness, "inproc://t")
     yield Rig(dispatcher, session, clock)
 
 

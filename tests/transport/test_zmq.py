@@ -35,6 +35,7 @@ from cadence.transport.weights import (
 from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer
 from cadence.wire.messages import (
     Assignment,
+    Heartbeat,
     Message,
     Register,
     Shutdown,
@@ -98,7 +99,7 @@ async def test_a_server_also_serves_its_own_host_through_a_private_unix_socket(n
         client = net.connect(name, address)
         await client.send(WorkRequest(1))
         peer, env = await recv_from(server)
-        assert (peer, env.message) == (name.encode(), WorkRequest(1))
+        assert (peer, env.message) == (client.route, WorkRequest(1))
         await server.send(peer, Shutdown("bye"))
         assert (await asyncio.wait_for(client.recv(), WAIT)).message == Shutdown("bye")
     server.close()
@@ -110,7 +111,8 @@ async def test_client_request_and_reply_routed_by_peer_id(net: ZmqNetwork) -> No
     client = net.connect("worker-1", server.address)
     await client.send(WorkRequest(3))
     peer, env = await recv_from(server)
-    assert peer == b"worker-1"
+    assert peer == client.route and peer.startswith(b"worker-1#") and len(peer) == len(b"worker-1#") + 24
+    assert net.connect("worker-1", server.address).route != peer  # a route is new for every client
     assert (env.message, env.sender, env.run) == (WorkRequest(3), "worker-1", RUN)
 
     reply = Assignment(period=2, version=2, prompt_id=9, prompt="1+2=", answer="3", group_size=4)
@@ -130,13 +132,54 @@ async def test_two_clients_are_told_apart(net: ZmqNetwork) -> None:
     for _ in range(2):
         peer, env = await recv_from(server)
         seen[peer] = env.message
-    assert seen == {b"worker-1": WorkRequest(1), b"worker-2": WorkRequest(2)}
+    assert seen == {first.route: WorkRequest(1), second.route: WorkRequest(2)}
 
     # answer in the opposite order: each reply reaches only its own client
-    await server.send(b"worker-2", Shutdown("for two"))
-    await server.send(b"worker-1", Shutdown("for one"))
+    await server.send(second.route, Shutdown("for two"))
+    await server.send(first.route, Shutdown("for one"))
     assert (await asyncio.wait_for(first.recv(), WAIT)).message == Shutdown("for one")
     assert (await asyncio.wait_for(second.recv(), WAIT)).message == Shutdown("for two")
+
+
+async def test_a_socket_that_borrows_a_clients_name_gets_none_of_its_replies(net: ZmqNetwork) -> None:
+    """A ROUTER hands a route over to the newest connection presenting it; the route is the name and a
+    random token, so a socket presenting the name (or the name and a guess) takes nothing."""
+    server = net.bind("dispatcher", ADDRESS)
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(1))
+    peer, _ = await recv_from(server)
+    ctx = net.ctx
+    borrowers = []
+    for route in (b"worker-1", b"worker-1#" + b"0" * 24):
+        borrower = ctx.socket(zmq.DEALER)
+        borrower.setsockopt(zmq.LINGER, 0)
+        borrower.setsockopt(zmq.IDENTITY, route)
+        borrower.connect(server.address)
+        await borrower.send_multipart(encode_frames(WorkRequest(9), "worker-1", RUN))
+        borrowers.append(borrower)
+    for _ in borrowers:
+        other, env = await recv_from(server)
+        assert other != peer and env.sender == "worker-1"
+    await server.send(peer, Shutdown("for worker-1"))
+    assert (await asyncio.wait_for(client.recv(), WAIT)).message == Shutdown("for worker-1")
+    for borrower in borrowers:
+        assert await borrower.poll(100) == 0
+        borrower.close(linger=0)
+
+
+async def test_a_server_tells_whether_a_route_is_still_connected(net: ZmqNetwork) -> None:
+    server = net.bind("dispatcher", ADDRESS)
+    client = net.connect("worker-1", server.address)
+    await client.send(WorkRequest(1))
+    peer, _ = await recv_from(server)
+    assert server.reachable(peer) and not server.reachable(b"worker-1")
+    assert (await asyncio.wait_for(client.recv(), WAIT)).message == Heartbeat("dispatcher")  # what it sent
+    client.close()
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while server.reachable(peer):  # the disconnection reaches the server a moment later
+        assert asyncio.get_running_loop().time() < deadline, "the closed client's route is still there"
+        await asyncio.sleep(0.01)
+    await server.send(peer, Shutdown("gone"))  # dropped, as before: the server goes on
 
 
 async def test_reply_to_an_unknown_peer_is_dropped_and_the_server_goes_on(net: ZmqNetwork) -> None:
@@ -187,7 +230,7 @@ async def test_hostile_frames_are_refused_logged_and_the_server_keeps_working(
     client = net.connect("worker-1", server.address)
     await client.send(WorkRequest(2))
     peer, env = await recv_from(server)
-    assert (peer, env.message) == (b"worker-1", WorkRequest(2))
+    assert (peer, env.message) == (client.route, WorkRequest(2))
     assert server.refused == 5
 
 
@@ -269,7 +312,7 @@ async def test_a_server_of_another_run_refuses_the_client(net: ZmqNetwork) -> No
         await asyncio.sleep(0.05)  # order only: let the outsider's frame arrive first if it can
         await insider.send(WorkRequest(5))
         peer, env = await recv_from(server)
-        assert (peer, env.message, env.run) == (b"worker-b", WorkRequest(5), "run-b")
+        assert (peer, env.message, env.run) == (insider.route, WorkRequest(5), "run-b")
         if server.refused == 0:  # the insider's frame overtook the outsider's: wait for the refusal
             receiving = asyncio.ensure_future(server.recv())
             deadline = time.monotonic() + WAIT

@@ -96,26 +96,52 @@ def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any],
 
 def test_versions_are_in_the_run_and_metrics_plain_json() -> None:
     row = {"period": 3, "reward_mean": 0.5, "spans": [[1.0, 2.0]], "reward_fn": {"a": None}}
-    assert version_ready_problem(wire(VersionReady(4, "s", 10, row)), periods=5) is None
-    assert version_ready_problem(wire(VersionReady(5, "s", 10)), periods=5) is None  # the last one
-    assert version_ready_problem(wire(VersionReady(-1, "s", 1)), 5) == "version -1 outside the run's 0..5"
-    assert "version 6 outside" in str(version_ready_problem(wire(VersionReady(6, "s", 1)), 5))
-    assert "negative size" in str(version_ready_problem(wire(VersionReady(1, "s", -3)), 5))
+
+    def problem(msg: VersionReady, periods: int = 5) -> str | None:  # a dispatcher that has seen none
+        return version_ready_problem(wire(msg), periods, published=-1, first=True)
+
+    assert problem(VersionReady(4, "s", 10, row)) is None
+    assert problem(VersionReady(5, "s", 10)) is None  # the last one
+    assert problem(VersionReady(-1, "s", 1)) == "version -1 outside the run's 0..5"
+    assert "version 6 outside" in str(problem(VersionReady(6, "s", 1)))
+    assert "negative size" in str(problem(VersionReady(1, "s", -3)))
     ext = msgpack.ExtType(5, b"\x00\x01")
     frames = encode_frames(VersionReady(1, "s", 1), "trainer", "run")
     header = msgpack.unpackb(frames[0])
     header["body"]["metrics"] = {"reward_mean": ext}  # what a forger can put on the wire
     forged = wire_of(decode_frames([msgpack.packb(header)]).message)
-    assert "not plain JSON" in str(version_ready_problem(forged, 5))
+    assert "not plain JSON" in str(version_ready_problem(forged, 5, -1, True))
     for bad in (b"bytes", ext, {1: 2}, [[[[[[[[[[[1]]]]]]]]]]], {"x": {b"k"}}):
         assert not plain_json(bad), bad
     assert plain_json({"a": [1, 2.5, "x", None, True, {"b": math.nan}]})
 
 
-def test_the_run_is_done_only_at_its_last_announced_version() -> None:
-    assert run_done_problem(wire(RunDone(5, "s", "c")), periods=5, published=5) is None
-    assert "the run ends at 5" in str(run_done_problem(wire(RunDone(4, "s", "c")), periods=5, published=5))
-    assert "not announced yet" in str(run_done_problem(wire(RunDone(5, "s", "c")), periods=5, published=3))
+@pytest.mark.parametrize(
+    ("version", "first", "allowed"),
+    [
+        (4, False, True),  # the next
+        (3, False, True),  # the same again
+        (5, False, False),  # a jump
+        (60, False, False),  # the jump to the end that once ended a run
+        (2, False, False),  # back, from a trainer that announced before
+        (2, True, True),  # back: a resumed trainer's first announcement, from its checkpoint
+        (0, True, True),
+        (4, True, True),  # its checkpoint was written just before it announced the next
+        (5, True, False),  # never beyond the next
+    ],
+)
+def test_a_version_follows_the_last_one_announced(version: int, first: bool, allowed: bool) -> None:
+    problem = version_ready_problem(wire(VersionReady(version, "s", 1)), periods=60, published=3, first=first)
+    assert (problem is None) == allowed, problem
+
+
+def test_the_run_is_done_only_at_its_last_version_announced_by_the_same_trainer() -> None:
+    assert run_done_problem(wire(RunDone(5, "s", "c")), periods=5, announced=5) is None
+    assert "the run ends at 5" in str(run_done_problem(wire(RunDone(4, "s", "c")), periods=5, announced=5))
+    assert "not announced by this trainer" in str(
+        run_done_problem(wire(RunDone(5, "s", "c")), 5, announced=3)
+    )
+    assert "its last announced is -1" in str(run_done_problem(wire(RunDone(5, "s", "c")), 5, announced=-1))
 
 
 def test_credits_are_bounded() -> None:

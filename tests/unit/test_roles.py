@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from typing import Any
 
 import pytest
 
-from cadence.wire.messages import REGISTRY
+from cadence.wire.messages import (
+    REGISTRY,
+    Consumed,
+    Message,
+    RunDone,
+    VersionReady,
+    decode_frames,
+    encode_frames,
+)
 from cadence.wire.roles import (
     ACTORS,
     ROLES,
+    SIGNED,
     assignment_ticket,
     may_send,
     new_key,
+    sign,
+    signed,
     unknown_tags,
     upload_ticket,
     valid_ticket,
@@ -91,3 +104,42 @@ def test_a_ticket_proves_exactly_what_it_was_made_for() -> None:
     assert not valid_ticket(key, upload, "upload", 2, 6, "ab" * 16)
     assert not valid_ticket(key, shown, "upload", 3, 17, "rollout-0")  # an assignment is no upload
     assert not valid_ticket(key, "", "assignment", 3, 17, "rollout-0")
+
+
+def _on_the_wire(msg: Message) -> Message:
+    """What the dispatcher decodes of what the trainer sent."""
+    return decode_frames(encode_frames(msg, "trainer", "run")).message
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        VersionReady(
+            3, "d" * 32, 1 << 20, {"period": 2, "reward_mean": 0.1 + 0.2, "spans": [[1.5, 2.0]], "x": None}
+        ),
+        VersionReady(0, "d" * 32, 10),
+        RunDone(5, "s" * 64, "/runs/a/checkpoints/final"),
+        Consumed(4, [7, 1, 3]),
+    ],
+)
+def test_the_trainers_word_is_signed_field_by_field(msg: VersionReady | RunDone | Consumed) -> None:
+    key = new_key()
+    assert msg.TAG in SIGNED
+    good = sign(key, msg)
+    assert signed(key, _on_the_wire(good))  # a msgpack round trip keeps the MAC valid
+    assert not signed(key, msg) and not signed(new_key(), good) and not signed("", good)
+    for name, value in dataclasses.asdict(good).items():  # any field changed: no longer signed
+        if name == "mac":
+            continue
+        changed: Any = (
+            value + 1
+            if isinstance(value, int)
+            else value + "x"
+            if isinstance(value, str)
+            else [*value, 9]
+            if isinstance(value, list)
+            else {**value, "forged": 1}
+        )
+        assert not signed(key, dataclasses.replace(good, **{name: changed})), name
+    flipped = good.mac[:-1] + ("0" if good.mac[-1] != "0" else "1")
+    assert not signed(key, dataclasses.replace(good, mac=flipped))

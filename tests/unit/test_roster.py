@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from cadence.actors.rollout import pull_address
 from cadence.actors.roster import Peer, claim_problem, welcome_message
 from cadence.wire.messages import Register, Welcome
@@ -27,10 +31,55 @@ def test_a_worker_pulls_through_the_unix_socket_only_on_the_publishers_host() ->
     assert pull_address(Welcome("tcp://a:1", "tcp://a:2", 0, "tcp://a:9", "a"), "a") == "tcp://a:2"
 
 
+def connected(*routes: bytes) -> Callable[[bytes], bool]:
+    """Which routes still have a connection, as the dispatcher's server would say."""
+    return lambda route: route in routes
+
+
 def test_a_local_address_other_than_ipc_is_refused_at_registration() -> None:
     bad = Register("publisher", "tcp://a:2", 1, "a", "", "tcp://elsewhere:5")
-    assert claim_problem({}, b"p", bad, False) == "local address 'tcp://elsewhere:5' is not an ipc:// address"
-    assert (
-        claim_problem({}, b"p", Register("publisher", "tcp://a:2", 1, "a", "", PUBLISHER.local), False)
-        is None
+    problem = claim_problem({}, b"p", "publisher", bad, False, connected())
+    assert problem == "local address 'tcp://elsewhere:5' is not an ipc:// address"
+    good = Register("publisher", "tcp://a:2", 1, "a", "", PUBLISHER.local)
+    assert claim_problem({}, b"p", "publisher", good, False, connected()) is None
+
+
+WORKER = Peer("rollout-0", "rollout", "", proof="proof-of-rollout-0", pid=41, host="b")
+PEERS = {b"trainer#1": TRAINER, b"rollout-0#1": WORKER}
+
+
+@pytest.mark.parametrize(
+    ("route", "proof", "live", "refused"),
+    [
+        (b"rollout-0", "", (b"rollout-0#1",), True),  # its name, from another route: the route stays
+        (b"rollout-0", "a-guess", (b"rollout-0#1",), True),
+        (b"rollout-0#1", "a-guess", (b"rollout-0#1",), True),  # its very route, without its proof
+        (b"rollout-0#2", "proof-of-rollout-0", (b"rollout-0#1",), False),  # the same session, reconnected
+        (b"rollout-0#2", "another-session", (), False),  # the old process is gone: a restart rejoins
+    ],
+)
+def test_a_name_passes_only_with_its_proof_or_once_its_connection_is_gone(
+    route: bytes, proof: str, live: tuple[bytes, ...], refused: bool
+) -> None:
+    claim = Register("rollout", "", 7, "x", proof=proof)
+    problem = claim_problem(PEERS, route, "rollout-0", claim, False, connected(*live))
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert (
+            problem is not None
+            and "rollout-0 is registered by a live rollout session (pid 41 on b)" in problem
+        )
+
+
+def test_a_trainer_is_taken_over_by_no_claim_while_it_lives() -> None:
+    impostor = Register("trainer", "tcp://evil:1", 7, "x", key="k2")
+    live = connected(b"trainer#1")
+    assert "registered by a live trainer session" in str(
+        claim_problem(PEERS, b"trainer", "trainer", impostor, True, live)
     )
+    assert (
+        claim_problem(PEERS, b"x", "other", impostor, False, live)
+        == "the run has its trainer already (trainer)"
+    )
+    # its process gone, a restarted trainer takes the name back (and the dispatcher loses the old one)
+    assert claim_problem(PEERS, b"trainer#2", "trainer", impostor, False, connected()) is None
