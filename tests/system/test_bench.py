@@ -32,6 +32,19 @@ def test_bench_pipeline_prints_its_figures_as_json(tmp_path: Path) -> None:
     assert any(r["overlap_s"] > 0.0 for r in read_jsonl(tmp_path / "periodic" / "metrics.jsonl"))
 
 
+def test_bench_signing_prints_the_cost_of_each_signed_message() -> None:
+    lines = cadence("bench", "signing", "--json").stdout.strip().splitlines()
+    assert len(lines) == 1  # nothing but the figures on stdout
+    figures = json.loads(lines[0])
+    for tag in ("consumed", "version_ready", "run_done"):
+        assert figures[f"{tag}_sign_us"] > 0 and figures[f"{tag}_check_us"] > 0, tag
+    per_group = figures["consumed_sign_us"] + figures["consumed_check_us"]
+    per_version = figures["version_ready_sign_us"] + figures["version_ready_check_us"]
+    assert figures["period_us"] == pytest.approx(
+        figures["prompts_per_period"] * per_group + per_version, abs=0.1
+    )
+
+
 def test_bench_logs_counts_every_event_through_both_paths() -> None:
     proc = cadence("bench", "logs", "--json")
     lines = proc.stdout.strip().splitlines()

@@ -22,8 +22,11 @@ from cadence.wire.messages import (
     Message,
     Register,
     RunDone,
+    Shutdown,
     VersionReady,
     WeightUpload,
+    WorkRequest,
+    decode_frames,
     encode_frames,
 )
 from tests.system.helpers import ROOT, Launched, events, start_run, summary, wait_until
@@ -231,3 +234,68 @@ def test_forgeries_and_a_flood_are_refused_and_change_nothing(
             e for e in events(run.out, actor) if e["event"] == "message_refused" and e["time"] > started
         ]
         assert {e["channel"] for e in refused} == channels, actor
+
+
+def claims_refused(run: Launched, names: set[str]) -> bool:
+    return names <= {
+        e["peer"]
+        for e in events(run.out, "dispatcher")
+        if e["event"] == "message_refused" and e["type"] == "register" and e["role"] == "stranger"
+    }
+
+
+def test_no_peer_takes_over_a_registered_peers_place(
+    tmp_path: Path, clean: str, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A quick-start run without keys: sockets presenting the trainer's, the publisher's and the worker's
+    names connect to the dispatcher (and the worker's to the trainer) and send what that peer may send:
+    the last version and the end of the run, registrations, a request for work, a group. The ROUTER
+    takes none of their routes over (each route is the name and a random token); each attempt is
+    refused and logged; the run ends as the clean run does, every peer alive."""
+    run = start_run(tmp_path / "run", *SETTINGS)
+    try:
+        addresses = _addresses(run)
+
+        def worker_joined() -> bool:
+            joined = [e for e in events(run.out, "dispatcher") if e["event"] == "peer_joined"]
+            return any(e["peer"] == "rollout-0" for e in joined)
+
+        wait_until(worker_joined, 120, "rollout-0 registered", run.proc)
+        trainer = Forger(context, "trainer", addresses["dispatcher"])
+        trainer.send(VersionReady(PERIODS, "f0" * 16, 1))
+        trainer.send(RunDone(PERIODS, "f0" * 32, str(tmp_path / "nowhere")))
+        trainer.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
+        publisher = Forger(context, "publisher", addresses["dispatcher"])
+        publisher.send(Register("publisher", "tcp://127.0.0.1:9"))
+        worker = Forger(context, "rollout-0", addresses["dispatcher"])
+        worker.send(WorkRequest(1))
+        worker.send(Register("rollout", proof="a guess"))
+        to_trainer = Forger(context, "rollout-0", addresses["trainer"])  # held: linger 0 drops on close
+        to_trainer.send(group(0))
+        wait_until(lambda: claims_refused(run, {"trainer", "publisher", "rollout-0"}), 60, "claims", run.proc)
+        refused_by(run, "trainer", "rollout-0", "group_result")
+        for forger in (trainer, publisher, worker):  # each claimant was told to stop, and why
+            assert forger.sock.poll(30_000), forger.name
+            reply = decode_frames(forger.sock.recv_multipart()).message
+            while not isinstance(reply, Shutdown):  # the dispatcher's heartbeats probing a route
+                assert forger.sock.poll(30_000), forger.name
+                reply = decode_frames(forger.sock.recv_multipart()).message
+            assert "registration refused" in reply.reason
+        assert run.proc.poll() is None, "the run ended before the attempts were refused"
+        assert_clean_end(run, clean)
+    finally:
+        run.kill()
+    log = events(run.out, "dispatcher")
+    strangers = {(e["peer"], e["type"]) for e in log if e["event"] == "message_from_unregistered_peer"}
+    assert strangers == {("trainer", "version_ready"), ("trainer", "run_done"), ("rollout-0", "work_request")}
+    claims = [e for e in log if e["event"] == "message_refused" and e["type"] == "register"]
+    assert {e["peer"]: "registered by a live" in e["reason"] for e in claims} == {
+        "trainer": True,
+        "publisher": True,
+        "rollout-0": True,
+    }
+    assert [e for e in log if e["event"] == "worker_lost"] == []
+    assert [e["sha256"] for e in log if e["event"] == "run_done"] == [clean]
+    assert [e["peer"] for e in log if e["event"] == "peer_joined"].count("rollout-0") == 1
+    ended = [e for e in events(run.out, "rollout-0") if e["event"] == "worker_stopped"]
+    assert len(ended) == 1 and ended[0]["groups_sent"] == PERIODS * 4  # it served the whole run
