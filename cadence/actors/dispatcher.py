@@ -28,6 +28,7 @@
                               period v+1's prompts, to workers still holding v (eval_rest_first)
  round v unanswered at VersionReady(v + weights.keep_versions) ─► eval_abandoned (no row)
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
+ stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
@@ -127,6 +128,7 @@ class Dispatcher:
         s = settings
         self.evals = EvalRounds(eval_set, s.eval_every, s.periods, s.eval_samples, s.keep_versions)
         self.run_done: RunDone | None = None
+        self.stopped = False  # its user ended the run before its last period
         self.hub = hub
         self.server = server
         self.task = task
@@ -152,8 +154,9 @@ class Dispatcher:
         log.info("dispatcher_started", address=self.server.address, periods=self.settings.periods, B=self.B)
         self.recorder.start(self.clock())
         await first_of(self._receive(), self._watch(), self.done.wait())
+        reason = self.failure or ("run stopped by its user" if self.stopped else "run complete")
         for peer in list(self.peers):
-            await self.server.send(peer, Shutdown(self.failure or "run complete"))
+            await self.server.send(peer, Shutdown(reason, stopped=self.stopped))
         if self.hub is not None:
             await self.hub.tick()
         await asyncio.sleep(0.2)  # let the shutdowns leave before the socket closes
@@ -211,7 +214,7 @@ class Dispatcher:
         if problem is not None:
             self.server.refuse(sender, role, msg, problem)
             if not known:  # a refused claim: the claimant stops, told why
-                self._outbox.append((peer, Shutdown(f"registration refused: {problem}")))
+                self._outbox.append((peer, Shutdown(f"registration refused: {problem}", refused=True)))
             return
         self.liveness.seen(sender)
         if isinstance(msg, Register):
@@ -231,6 +234,16 @@ class Dispatcher:
             self.evals.close_before(msg.version)
         self._finish()
         self._assign()
+
+    def stop(self) -> None:
+        """End the run now, cleanly (`cadence slurm stop`): the summary of the periods recorded so far
+        (`final_version`: the last one announced; no final weights), and every peer told to stop."""
+        if self.done.is_set():
+            return
+        log.warning("run_stopped", period=self.period, published=self.published)
+        self.stopped = True
+        self.recorder.finish(self.clock(), self.published, "", stopped=True)
+        self.done.set()
 
     def _finish(self) -> None:
         """End the run once the trainer is done and the final eval round (if any) is recorded."""

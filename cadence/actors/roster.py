@@ -12,6 +12,7 @@ a live peer by a claimant that merely presents its name.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -92,12 +93,36 @@ def claim_problem(
             " not show its proof; a name passes to another session once the holder's connection is gone"
         )
     if msg.role == "rollout":
-        return None
+        return unreachable_problem(peers, msg)
     holder_name = next((p.name for k, p in peers.items() if p.role == msg.role and p.name != name), None)
     trainer = any(p.role == "trainer" and p.name != name for p in peers.values())
     if holder_name is None or (waits_for_trainer and not trainer):
         return None
     return f"the run has its {msg.role} already ({holder_name})"
+
+
+def unreachable_problem(peers: Mapping[bytes, Peer], msg: Register) -> str | None:
+    """Why a worker registering from host `msg.host` cannot reach the trainer or publisher: one that
+    serves at a loopback address on another host (`transport.host` left at its default)."""
+    for peer in peers.values():
+        elsewhere = bool(msg.host and peer.host and peer.host != msg.host)
+        if peer.role in ("trainer", "publisher") and elsewhere and _loopback(peer.address):
+            return (
+                f"the {peer.role} serves at {peer.address} on host {peer.host}, which this worker on"
+                f" {msg.host} cannot reach: start the {peer.role} with transport.host (or"
+                f" transport.advertise_host) set to an address of {peer.host} that the workers reach"
+            )
+    return None
+
+
+def _loopback(address: str) -> bool:
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    if not address.startswith("tcp://"):
+        return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkerWait:

@@ -50,6 +50,10 @@ from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
 
+CHECKPOINT_ASKED = "asked"
+"""A file in the checkpoint folder asking for a resume checkpoint after the current period, whatever
+`trainer.checkpoint_every` says; removed once it is written (`cadence slurm`, before a time limit)."""
+
 Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
 T = TypeVar("T")
 
@@ -143,6 +147,9 @@ class Trainer:
 
     def _stop(self, msg: Shutdown) -> None:
         self.stopped.set()
+        if msg.stopped:  # its user ended the run: the last resume checkpoint is where it goes on from
+            log.info("run_stopped", reason=msg.reason)
+            return
         if not self.finished.is_set():
             raise RuntimeError(f"dispatcher stopped the run: {msg.reason}")
 
@@ -224,13 +231,16 @@ class Trainer:
         before version `version` is announced: the resume checkpoint of `version`, with the metrics of
         the period just done (a kill may come before the dispatcher has recorded them)."""
         every = self.settings.checkpoint_every
-        if every <= 0 or (version % every and version != self.settings.periods):
+        asked = (self.checkpoint_dir / CHECKPOINT_ASKED).exists()  # cadence slurm, before a time limit
+        if not asked and (every <= 0 or (version % every and version != self.settings.periods)):
             return
         with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
             path = await asyncio.to_thread(
                 save_resume, self.checkpoint_dir, self.learner, version, self.saved_config, metrics
             )
         log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
+        if asked:
+            (self.checkpoint_dir / CHECKPOINT_ASKED).unlink(missing_ok=True)  # the answer
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         seen = self.consumed.setdefault(period, set())

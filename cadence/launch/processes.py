@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -107,7 +108,9 @@ async def dispatcher_main(
         evals = eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every > 0 else []
         settings = dispatcher_settings(cfg)
         beat = liveness(cfg, time.time)
-        await Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals).run()
+        dispatcher = Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dispatcher.stop)  # cadence slurm stop
+        await dispatcher.run()
     finally:
         hub.close()
         net.close()

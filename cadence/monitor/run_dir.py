@@ -119,8 +119,11 @@ class RunRecorder:
         self._metrics = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         return dropped
 
-    def finish(self, now: float, version: int, sha256: str) -> dict[str, Any]:
+    def finish(self, now: float, version: int, sha256: str, stopped: bool = False) -> dict[str, Any]:
+        """Write `summary.json`; `stopped`: its user ended the run early (no final weights: `sha256` "")."""
         summary = summarize(self.rows, self.mode, now - self.started, version, sha256)
+        if stopped:
+            summary["stopped"] = True
         evals = read_jsonl(self.out / "eval.jsonl")
         if evals:  # the held-out figures before training (or the first round) and of the last round
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]

@@ -10,7 +10,8 @@
                             has declared it lost (what it held went to others)
                listen: any message       ─► the dispatcher is seen
                        Heartbeat         ─► nothing more
-                       Shutdown          ─► its handler (which may raise), then the session ends
+                       Shutdown          ─► its handler (which may raise), then the session ends;
+                                            one refusing the registration ─► Refused, naming why
                        a handled type    ─► its handler (an exception it raises: logged, listening goes on)
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
@@ -52,6 +53,10 @@ class PeerLost(RuntimeError):
         super().__init__(f"{peer} silent for {silent_s:.1f}s")
         self.peer = peer
         self.silent_s = silent_s
+
+
+class Refused(RuntimeError):
+    """The dispatcher refused this actor's registration; the message says why."""
 
 
 class Paused(RuntimeError):
@@ -134,6 +139,8 @@ class Session:
             handler = self._handlers.get(type(msg))
             if isinstance(msg, Shutdown):
                 log.info("shutdown", reason=msg.reason)
+                if msg.refused:  # this actor cannot take part: it fails, saying why
+                    raise Refused(msg.reason)
                 if handler is not None:
                     handler(msg)
                 return

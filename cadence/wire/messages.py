@@ -98,9 +98,13 @@ class Heartbeat(Message):
 @message("shutdown")
 @dataclass(frozen=True)
 class Shutdown(Message):
-    """The run is over (or failed): stop after finishing nothing further."""
+    """The run is over (or failed): stop after finishing nothing further. `stopped`: its user ended it
+    before its last period (`cadence slurm stop`): no failure, and the trainer ends cleanly.
+    `refused`: the registration it answers was refused (`reason` says why): the actor fails."""
 
     reason: str
+    stopped: bool = False
+    refused: bool = False
 
 
 # ---------------------------------------------------------------- logs
