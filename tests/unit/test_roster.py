@@ -83,3 +83,17 @@ def test_a_trainer_is_taken_over_by_no_claim_while_it_lives() -> None:
     )
     # its process gone, a restarted trainer takes the name back (and the dispatcher loses the old one)
     assert claim_problem(PEERS, b"trainer#2", "trainer", impostor, False, connected()) is None
+
+
+def test_a_worker_on_another_host_is_told_it_cannot_reach_a_loopback_trainer() -> None:
+    trainer = Peer("trainer", "trainer", "tcp://127.0.0.1:5601", key="k", host="n1")
+    publisher = Peer("publisher", "publisher", "tcp://10.0.0.1:5602", host="n1")
+    peers = {b"t": trainer, b"p": publisher}
+    far = Register("rollout", "", 7, "n2")
+    problem = claim_problem(peers, b"w", "rollout-0", far, False, connected())
+    assert problem is not None and "the trainer serves at tcp://127.0.0.1:5601 on host n1" in problem
+    assert "transport.host" in problem
+    near = Register("rollout", "", 7, "n1")  # the same host reaches its loopback
+    assert claim_problem(peers, b"w", "rollout-0", near, False, connected()) is None
+    reachable = {b"t": Peer("trainer", "trainer", "tcp://10.0.0.1:5601", key="k", host="n1"), b"p": publisher}
+    assert claim_problem(reachable, b"w", "rollout-0", far, False, connected()) is None
