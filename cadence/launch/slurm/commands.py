@@ -80,7 +80,8 @@ def submit(
     record_job(out, control_id, "control")
     say(f"cadence: control job {control_id} (dispatcher, trainer) for run {cfg.run_id} in {out}")
     submitted = [{"id": control_id, "role": "control"}]
-    submitted += add_workers(out, opts.rollout_jobs, after=control_id, run=run, say=say)
+    if opts.rollout_jobs:
+        submitted += add_workers(out, opts.rollout_jobs, after=control_id, run=run, say=say)
     return submitted
 
 
