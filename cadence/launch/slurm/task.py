@@ -26,7 +26,6 @@ from cadence.launch.slurm.allocation import Allocation, SlurmError
 from cadence.launch.slurm.interfaces import choose_address
 from cadence.launch.slurm.jobs import run_command
 from cadence.training.ranks import free_port
-from cadence.training.resume import find_resume
 
 log = structlog.get_logger()
 
@@ -71,6 +70,12 @@ def should_resume(out: Path, alloc: Allocation) -> bool:
     has_checkpoint = (out / "checkpoints" / "resume").exists()
     started = (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0
     return has_checkpoint and (alloc.restarts > 0 or started)
+
+
+def _deaf_to_usr1() -> None:
+    """In a child, before it runs: Slurm signals every process of the step (the time-limit notice),
+    and SIGUSR1 would end one that does not handle it; this task alone acts on it."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def _cadence(*args: str) -> list[str]:
@@ -132,7 +137,7 @@ class ControlTask:
             _stop_children(self.procs)
 
     def _start(self, args: list[str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(args, env=self.env)
+        proc = subprocess.Popen(args, env=self.env, preexec_fn=_deaf_to_usr1)
         self.procs.append(proc)
         return proc
 
@@ -222,6 +227,9 @@ class ControlTask:
             trainer.wait(60)
         except subprocess.TimeoutExpired:
             log.warning("trainer_outlived_dispatcher")
+        if dispatcher.returncode < 0:
+            log.error("dispatcher_killed", signal=-dispatcher.returncode)
+            return 1
         return dispatcher.returncode
 
     def _checkpoint(self, dispatcher: subprocess.Popen[bytes]) -> None:
@@ -253,8 +261,9 @@ def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
             address = addr.read_text().strip()
             log.info("rollout_task_joins", worker=name, dispatcher=address)
             args = ["rollout", "--connect", address, "--name", name, "--config", str(out / "config.json")]
+            command = _cadence(*args, "--out", str(out))
             child[:] = [
-                subprocess.Popen(_cadence(*args, "--out", str(out)), env={**env, "PYTHONUNBUFFERED": "1"})
+                subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_deaf_to_usr1)
             ]
             while child[0].poll() is None and not signals.term:
                 time.sleep(0.2)
@@ -277,7 +286,3 @@ def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
 
 def control_task(out: Path, alloc: Allocation, ifname: str, env: Mapping[str, str] = os.environ) -> int:
     return ControlTask(out, alloc, ifname, env).run()
-
-
-def find_resumable(out: Path) -> bool:
-    return find_resume(out / "checkpoints") is not None
