@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from safetensors.torch import load_file
 
 from cadence.monitor.run_dir import read_jsonl
-from tests.system.helpers import ROOT, events, wait_until
+from tests.system.helpers import ROOT, SMALL, events, wait_until
 from tests.system.slurm_cluster import SlurmCluster, slurm_fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 slurm = slurm_fixture  # the cluster, started for each test and torn down after it
 
 QUICK = ["transport.heartbeat_s=0.2", "transport.liveness=10", "rollout.wait_for_workers_s=600"]
+SAME_RANKS = ["trainer.micro_batch_tokens=0", "seed=3", *(s for s in SMALL if s != "--set")]
 
 
 def cadence_slurm(cluster: SlurmCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -147,3 +149,49 @@ def test_a_control_job_requeued_before_its_time_limit_finishes_from_its_checkpoi
     assert joined.count(f"rollout-{jobs(out)[1]['id']}") >= 1
     wait_until(lambda: not cadence_processes(out), 60, "no cadence process of the run left")
     assert os.path.exists(out / "checkpoints" / "final")
+
+
+def test_a_trainer_on_two_nodes_ends_with_the_weights_of_one_rank(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """`--trainer-nodes 2`: torchrun on both nodes of the control job (gloo over their own network),
+    the same data and the same final weights as one rank on one machine, within the rank tests' 1e-5."""
+    same = [*SAME_RANKS, "periods=4", "trainer.kl_beta=0.05", *QUICK]
+    sets = [x for s in same for x in ("--set", s)]
+    config = str(ROOT / "configs" / "quickstart.toml")
+    reference = tmp_path / "one"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence",
+            "run",
+            config,
+            "--out",
+            str(reference),
+            *sets,
+            "--set",
+            "rollout.workers=1",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    out = tmp_path / "two"
+    cadence_slurm(
+        slurm, "submit", config, "--out", str(out), "--trainer-nodes", "2", "--sbatch-arg=--exclusive", *sets
+    )
+    wait_until(lambda: (out / "summary.json").exists(), 600, "the two-node run to finish")
+    slurm.wait_jobs_gone(120)
+    assert json.loads((out / "config.json").read_text())["trainer"]["ranks"] == 2
+    follower = events(out, "trainer.rank1")
+    assert [e["event"] for e in follower] == ["follower_ready", "follower_stopped"]
+    assert follower[0]["host"] != events(out, "trainer")[0]["host"]  # the ranks ran on two nodes
+    data = [[r["samples_sha256"] for r in rows(run)] for run in (reference, out)]
+    assert data[0] == data[1] and len(set(data[0])) == 4
+    one, two = (
+        load_file(str(run / "checkpoints" / "final" / "model.safetensors")) for run in (reference, out)
+    )
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) <= 1e-5
+    wait_until(lambda: not cadence_processes(out), 60, "no cadence process of the run left")

@@ -227,3 +227,12 @@ def test_sbatch_without_a_job_id_is_an_error(tmp_path: Path) -> None:
 
     with pytest.raises(SlurmError, match="no job id"):
         sbatch(tmp_path / "x.sbatch", [], answer)
+
+
+def test_submit_without_slurms_client_says_so_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SlurmError, match="sbatch is not on PATH"):
+        submit(ROOT_CONFIG, [], tmp_path / "run", SubmitOptions())
+    assert not (tmp_path / "run").exists()

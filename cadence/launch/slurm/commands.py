@@ -8,6 +8,7 @@ job a command submitted is recorded in `DIR/slurm/jobs.json` before the next one
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,8 @@ def submit(
     ranks = opts.trainer_nodes * opts.ranks_per_node
     cfg = load_config(config, [*overrides, *([f"trainer.ranks={ranks}"] if ranks > 1 else [])])
     out = out.resolve()
+    if not dry_run and run is run_command and shutil.which("sbatch") is None:
+        raise SlurmError("sbatch is not on PATH: submit from a host of the cluster with Slurm's client")
     if not dry_run:
         name, size = partition_nodes(opts.partition, run)
         if opts.trainer_nodes > size:

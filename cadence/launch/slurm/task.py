@@ -7,6 +7,7 @@ is written) and starts its worker again while it has not.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from cadence.config import load_config
 from cadence.launch.launcher import LaunchError, prepare_resume
 from cadence.launch.slurm.allocation import Allocation, SlurmError
 from cadence.launch.slurm.interfaces import choose_address
-from cadence.launch.slurm.jobs import run_command
+from cadence.launch.slurm.jobs import read_jobs, run_command, squeue_jobs
 from cadence.training.ranks import free_port
 
 log = structlog.get_logger()
@@ -141,7 +142,10 @@ class ControlTask:
         self.procs.append(proc)
         return proc
 
-    def _trainer_command(self, connect: str, resume: bool) -> list[str]:
+    def _trainer_command(self, connect: str, resume: bool, endpoint: str = "") -> list[str]:
+        """The trainer on this node: alone, or this node's share of its ranks under torchrun (c10d
+        rendezvous at `endpoint`, hosted by node 0; each node tells the others its chosen address,
+        not a host name that may not resolve). Whichever rank is 0 binds this node's address."""
         args = [
             "trainer",
             "--connect",
@@ -153,15 +157,15 @@ class ControlTask:
         ]
         args += ["--set", f"transport.host='{self.address}'", "--set", "transport.advertise_host=''"]
         args += ["--resume"] if resume else []
-        nodes, per_node = len(self.alloc.nodes), self.cfg.trainer.ranks // max(len(self.alloc.nodes), 1)
         if self.cfg.trainer.ranks <= 1:
             return _cadence(*args)
-        rendezvous = self.rendezvous.read_text().strip()
+        nodes = len(self.alloc.nodes)
+        host = "true" if self.alloc.first else "false"
         return [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(nodes), "--nproc-per-node", str(per_node), "--node-rank", str(self.alloc.node_index),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous, "--rdzv-id", self.alloc.job_id,
-            "-m", "cadence", *args,
+            "--nnodes", str(nodes), "--nproc-per-node", str(self.cfg.trainer.ranks // nodes),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"cadence-{self.alloc.job_id}",
+            "--rdzv-conf", f"is_host={host}", "--local-addr", self.address, "-m", "cadence", *args,
         ]  # fmt: skip
 
     def _lead(self) -> int:
@@ -177,8 +181,6 @@ class ControlTask:
             (self.out / "dispatcher.addr").unlink(missing_ok=True)
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         (self.out / "checkpoints" / CHECKPOINT_ASKED).unlink(missing_ok=True)
-        if self.cfg.trainer.ranks > 1:
-            self.rendezvous.write_text(f"{self.address}:{free_port(self.address)}\n")
         again = ["--resume"] if resume else []
         dispatcher = self._start(
             _cadence("dispatcher", "--config", str(config), "--out", str(self.out), "--bind",
@@ -189,7 +191,13 @@ class ControlTask:
                   120, self.signals, "dispatcher address")  # fmt: skip
         if dispatcher.poll() is not None:
             return dispatcher.returncode or 1
-        trainer = self._start(self._trainer_command(addr.read_text().strip(), resume))
+        plan = {"dispatcher": addr.read_text().strip(), "resume": resume, "endpoint": ""}
+        if self.cfg.trainer.ranks > 1:  # what the job's other nodes start their ranks with
+            plan["endpoint"] = f"{self.address}:{free_port(self.address)}"
+            tmp = self.rendezvous.with_suffix(".tmp")
+            tmp.write_text(json.dumps(plan) + "\n")
+            tmp.replace(self.rendezvous)
+        trainer = self._start(self._trainer_command(str(plan["dispatcher"]), resume, str(plan["endpoint"])))
         return self._watch(dispatcher, trainer)
 
     def _follow(self) -> int:
@@ -199,13 +207,13 @@ class ControlTask:
                 time.sleep(1.0)
             return 0
         _wait_for(self.rendezvous.exists, 300, self.signals, "the first node's rendezvous address")
-        trainer = self._start(self._trainer_command("", self._resuming()))
+        plan = json.loads(self.rendezvous.read_text())
+        trainer = self._start(
+            self._trainer_command(plan["dispatcher"], bool(plan["resume"]), plan["endpoint"])
+        )
         while trainer.poll() is None and not self.signals.term:
             time.sleep(0.2)
         return 0 if self.signals.term else trainer.wait()
-
-    def _resuming(self) -> bool:
-        return should_resume(self.out, self.alloc)
 
     def _watch(self, dispatcher: subprocess.Popen[bytes], trainer: subprocess.Popen[bytes]) -> int:
         stop = self.out / "slurm" / STOP_FILE
@@ -244,12 +252,35 @@ class ControlTask:
             log.warning("checkpoint_not_written", error=str(err))
 
 
+class ControlWatch:
+    """Whether the run's control job is still in Slurm's queue (running, pending, or requeued),
+    asked of squeue at most every `every_s` seconds; True where that cannot be told."""
+
+    def __init__(self, out: Path, every_s: float = 5.0) -> None:
+        self.out = out
+        self.every_s = every_s
+        self.asked = 0.0
+        self.alive = True
+
+    def __call__(self) -> bool:
+        if time.monotonic() - self.asked < self.every_s:
+            return self.alive
+        self.asked = time.monotonic()
+        try:
+            control = [j["id"] for j in read_jobs(self.out) if j["role"] == "control"]
+            self.alive = bool(squeue_jobs(control)) if control else True
+        except (SlurmError, OSError, subprocess.TimeoutExpired):
+            self.alive = True
+        return self.alive
+
+
 def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
     """One worker that joins the run, and joins the dispatcher again whenever the control job comes
     back (requeued), until the run has ended."""
     signals = Signals()
     signals.install()
     name = worker_name(alloc)
+    control_alive = ControlWatch(out)
     addr, summary = out / "dispatcher.addr", out / "summary.json"
     child: list[subprocess.Popen[bytes]] = []
     try:
@@ -278,6 +309,9 @@ def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
                 and not summary.exists()
                 and not signals.term
             ):
+                if not control_alive():
+                    log.error("control_job_gone", worker=name, reason="the run ended without its summary")
+                    return 1
                 time.sleep(0.5)
         return 0 if summary.exists() else 143
     finally:
