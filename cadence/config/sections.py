@@ -270,6 +270,11 @@ class TrainerConfig:
         "seconds a rank waits in one collective (or an idle follower for its next command) before it"
         " fails naming the rank",
     )
+    precision: Literal["fp32", "bf16"] = doc(
+        "fp32",
+        "the forward and backward (the reference's too): fp32, or bf16 autocast with float32 master"
+        " weights, gradients and AdamW state, and the log-probs' softmax and the loss in float32",
+    )
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,7 @@ def make_torch_learner(
         device=device,
         objective=t.objective,
         temperature=cfg.rollout.temperature,
+        precision=t.precision,
     )
     if t.sharding == "fsdp2" and comm is not None:
         from cadence.training.sharding import ShardedLearner

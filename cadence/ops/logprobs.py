@@ -25,7 +25,7 @@ def token_logprobs(
     """Log-probability of each target token: logits [..., V], targets [...] -> [...]. With `entropy`,
     the (detached) entropy of each row's tempered distribution is appended to it, from the same
     softmax: no second forward."""
-    logits = tempered(logits, temperature)
+    logits = tempered(logits.float(), temperature)  # a bf16 forward's logits: the softmax in float32
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     norm = torch.logsumexp(logits, dim=-1)
     if entropy is not None:

@@ -20,6 +20,7 @@ two steps the weights do not change, so the old-policy log-probs are the detache
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -173,8 +174,12 @@ class TorchLearner:
         device: torch.device | str = "cpu",
         objective: str = "dapo",
         temperature: float = 1.0,
+        precision: str = "fp32",
     ) -> None:
         packings = ("shared_prompt", "prefix_cache", "padded")
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"trainer.precision must be one of ['fp32', 'bf16'], got {precision!r}")
+        self.precision = precision
         if packing not in packings:
             raise ValueError(f"trainer.packing must be one of {list(packings)}, got {packing!r}")
         if objective not in OBJECTIVES:
@@ -281,8 +286,20 @@ class TorchLearner:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
+    def _forward_precision(self) -> contextlib.AbstractContextManager[object]:
+        """Where the forwards run: bf16 autocast (the parameters stay float32, so do their gradients
+        and the optimizer's state), or as they are."""
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _logprobs(self, groups: Sequence[TrainGroup]) -> PolicyPass:
-        """The policy's pass over the micro-batch's samples (groups in order)."""
+        """The policy's pass over the micro-batch's samples (groups in order), at `trainer.precision`;
+        the log-probs come out float32 whatever the forward's precision."""
+        with self._forward_precision():
+            return self._logprobs_as_set(groups)
+
+    def _logprobs_as_set(self, groups: Sequence[TrainGroup]) -> PolicyPass:
         t = self.temperature
         if self.packing == "shared_prompt":
             batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)

@@ -76,6 +76,24 @@ def test_a_killed_run_resumed_ends_like_the_uninterrupted_one(uninterrupted: Pat
     assert [e["version"] for e in resumed] == [killed_at]
 
 
+def test_a_killed_bf16_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
+    """bf16 training: the resume checkpoint holds the float32 master weights and AdamW state, so the
+    resumed run continues exactly as the uninterrupted one."""
+    bf16 = [*SAME, "--set", "trainer.precision='bf16'"]
+    reference = tmp_path / "uninterrupted"
+    cadence("run", "configs/quickstart.toml", "--out", str(reference), *SMALL, *bf16)
+    out = tmp_path / "run"
+    run = start_run(out, *bf16)
+    try:
+        wait_for_checkpoint(out, 4, run.proc)
+    finally:
+        run.kill()
+    killed_at = checkpoint_version(out)
+    assert 4 <= killed_at < PERIODS and not (out / "summary.json").exists(), "killed too late"
+    assert f"resumed at period {killed_at}" in cadence("run", "--resume", str(out)).stdout
+    assert_same_end(out, reference)
+
+
 SCHEDULED = [
     *SAME,
     *("--set", "trainer.lr_schedule='cosine'", "--set", "trainer.warmup_periods=2"),

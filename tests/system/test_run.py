@@ -81,9 +81,14 @@ def test_logs_merge_every_actor_in_time_order(quick_run: Path) -> None:
     assert stamps == sorted(stamps)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str) -> None:
-    """bfloat16: the workers generate in it, and every version is published in it."""
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [("float32", "fp32"), ("bfloat16", "fp32"), ("float32", "bf16")],
+    ids=["fp32", "bf16-rollouts", "bf16-training"],
+)
+def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str, precision: str) -> None:
+    """bfloat16 rollouts: the workers generate in it, and every version is published in it; bf16
+    training: the trainer's forwards and backwards under bf16 autocast, the same in both modes."""
     rows, weights = {}, {}
     for mode in ("sync", "periodic"):
         out = tmp_path / mode
@@ -102,6 +107,8 @@ def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str) -> None:
             "seed=3",
             "--set",
             f"rollout.dtype={dtype!r}",
+            "--set",
+            f"trainer.precision={precision!r}",
             *SMALL,
         )
         rows[mode] = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
