@@ -142,6 +142,11 @@ def check_parallel(cfg: RunConfig) -> None:
 
 def check_vllm(cfg: RunConfig) -> None:
     """vLLM's context length, cache size and memory share; its precision is its own."""
+    if cfg.rollout.engine != "torch" and cfg.rollout.device != "cpu":
+        raise ConfigError(
+            f"rollout.device = {cfg.rollout.device!r} is the built-in engine's (rollout.engine = 'torch');"
+            " a vLLM worker computes on the device its vLLM build serves"
+        )
     if cfg.rollout.engine == "vllm" and cfg.rollout.dtype != "float32":
         raise ConfigError(
             f"rollout.dtype = {cfg.rollout.dtype!r} is the built-in engine's; a vLLM worker computes in"

@@ -138,6 +138,12 @@ class RolloutConfig:
         " bfloat16 (faster where the CPU computes it natively: AVX-512 BF16, AMX), the log-probs it"
         " records being the rounded policy's. vLLM's is vllm.dtype",
     )
+    device: Literal["cpu", "cuda", "npu"] = doc(
+        "cpu",
+        "where the built-in engine computes: its weights (loaded onto it from the pulled bytes), KV cache,"
+        " sampling and log-probs; cuda/npu: the first device the process sees (CUDA_VISIBLE_DEVICES or"
+        " ASCEND_RT_VISIBLE_DEVICES choose), which may be the trainer's too. vLLM's is its build's",
+    )
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"

@@ -17,6 +17,7 @@ from cadence.config import RunConfig
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
+from cadence.model.devices import open_device
 from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
@@ -87,7 +88,8 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
         return make_vllm_engine(cfg, tokenizer, params)
     model = make_model(cfg, tokenizer)[0].eval()
     dtype = getattr(torch, r.dtype)
-    engine = TorchEngine(model, tokenizer.eos_id, trunk=prompt_trunk(tokenizer), dtype=dtype)
+    device = str(open_device(r.device, 0, "rollout.device", "a rollout worker"))
+    engine = TorchEngine(model, tokenizer.eos_id, device, trunk=prompt_trunk(tokenizer), dtype=dtype)
     return TorchRolloutEngine(engine, params)
 
 

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from cadence.config import ConfigError, TrainerConfig
+from cadence.config import TrainerConfig
 from cadence.config.devices import BACKENDS
+from cadence.model.devices import open_device
 from cadence.training.ranks import Ranks
 
 BUCKET_BYTES = 32 << 20  # gradients are summed in flat buckets of at most this size
@@ -31,24 +32,7 @@ class CollectiveError(RuntimeError):
 
 def local_device(cfg: TrainerConfig, ranks: Ranks) -> torch.device:
     """This rank's device: the CPU, or the LOCAL_RANK-th GPU / NPU of this host."""
-    if cfg.device == "cpu":
-        return torch.device("cpu")
-    if cfg.device == "npu":
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                f"trainer.device = 'npu' needs torch_npu (pip install torch-npu, the release matching"
-                f" torch {torch.__version__})"
-            ) from None
-    backend = getattr(torch, cfg.device)
-    if not backend.is_available() or backend.device_count() <= ranks.local:
-        raise ConfigError(
-            f"trainer.device = {cfg.device!r}: rank {ranks.rank} wants device {ranks.local} (LOCAL_RANK),"
-            f" but torch sees {backend.device_count() if backend.is_available() else 0}"
-        )
-    backend.set_device(ranks.local)
-    return torch.device(cfg.device, ranks.local)
+    return open_device(cfg.device, ranks.local, "trainer.device", f"rank {ranks.rank}")
 
 
 class Collectives:

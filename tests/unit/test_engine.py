@@ -278,3 +278,34 @@ def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.Mo
 
 def test_a_short_common_beginning_is_no_trunk() -> None:
     assert TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=[1, 5]).trunk == []
+
+
+def _devices() -> list[str]:
+    """Every device kind this host can compute on: the CPU always, a GPU or NPU where there is one."""
+    kinds = ["cpu"]
+    if torch.cuda.is_available():
+        kinds.append("cuda")
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        kinds.append("npu")
+    return kinds
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_the_engine_generates_on_its_device_what_it_generates_on_the_cpu(device: str) -> None:
+    """Weights loaded onto the device from pulled bytes (CPU tensors), KV cache, sampling and
+    log-probs there: the same tokens as on the CPU (the random numbers are drawn on the CPU), log-probs
+    within what another device's kernels round differently."""
+    params = SamplingParams(max_new_tokens=20, temperature=0.9, top_p=0.95)
+    seeds = [sample_seed(0, 3, 1, i) for i in range(4)]
+    source = _engine(seed=12)
+    pulled = state_dict_from_bytes(state_dict_to_bytes(source.model))
+    here = TorchEngine(init_model(CFG, seed=13), eos_id=EOS, device=device, trunk=PROMPT[:2])
+    here.load_state_dict(pulled, share=True)  # another device: copied onto it, never shared
+    assert all(p.device.type == device for p in here.model.parameters())
+    got = here.generate_many([(PROMPT, seeds), ([1, 8], seeds[:2])], params)
+    want = source.generate_many([(PROMPT, seeds), ([1, 8], seeds[:2])], params)
+    for ours, theirs in zip(got, want, strict=True):
+        assert [c.tokens for c in ours] == [c.tokens for c in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

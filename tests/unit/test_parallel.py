@@ -248,3 +248,16 @@ def test_a_device_torch_cannot_reach_is_named() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="trainer.device = 'cuda': rank 0 wants device 0"):
             local_device(TrainerConfig(device="cuda"), Ranks())
+
+
+def test_a_rollout_device_torch_cannot_reach_is_named() -> None:
+    from cadence.model.devices import open_device
+
+    assert open_device("cpu", 0, "rollout.device", "a rollout worker") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="rollout.device = 'npu' needs torch_npu"):
+        open_device("npu", 0, "rollout.device", "a rollout worker")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="rollout.device = 'cuda': a rollout worker wants device 0"):
+            open_device("cuda", 0, "rollout.device", "a rollout worker")
+    with pytest.raises(ConfigError, match="rollout.device = 'cuda' is the built-in engine's"):
+        tiny_config("rollout.engine='vllm'", "rollout.device='cuda'")
