@@ -341,6 +341,26 @@ def _start_munged(c: SlurmCluster, munge_dir: Path) -> None:
     _wait_for(up, 30, "munge socket")
 
 
+def reap_abandoned() -> None:
+    """Take down the clusters of test processes that died without their teardown (killed): every
+    process of `/tmp/slurm<pid>-*` (munged, slurmctld, slurmd), their namespaces, bridge and folder,
+    where process `<pid>` is gone."""
+    for folder in Path(tempfile.gettempdir()).glob("slurm*-*"):
+        owner = folder.name.removeprefix("slurm").split("-", 1)[0]
+        if not owner.isdigit() or process_alive(int(owner)):
+            continue
+        for proc in Path("/proc").glob("[0-9]*"):
+            with suppress(OSError, ValueError):
+                if str(folder) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+        for name in NODE_NAMES:
+            with suppress(RuntimeError):
+                _kill_netns(f"sl{owner}{name}")
+            _quiet_ip("netns", "del", f"sl{owner}{name}")
+        _quiet_ip("link", "del", f"slbr{owner}")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _start_daemons(c: SlurmCluster, ctl_host: str) -> None:
     conf = str(c.conf_dir / "slurm.conf")
     log = c.conf_dir / "log"
@@ -397,6 +417,7 @@ def slurm_cluster(start_timeout: float = 180, tag: str | None = None) -> Iterato
     """Start slurmctld and slurmd n1..n3 (see the module's docstring), yield once sinfo shows every
     node idle, and tear it all down on exit. Names are tagged with this process's pid."""
     tag = tag or str(os.getpid())
+    reap_abandoned()  # a cluster left by a killed test would hold its subnet and its cores
     conf_dir = Path(tempfile.mkdtemp(prefix=f"slurm{tag}-"))
     c = SlurmCluster(env=_client_env(conf_dir / "slurm.conf"), nodes={}, bridge_ip="", conf_dir=conf_dir)
     try:
