@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm vllm bench smollm2 smollm2-math smollm2-one-digit clean
+.PHONY: run test test-vllm vllm bench smollm2 smollm2-math smollm2-one-digit clean wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,28 @@ smollm2-one-digit: smollm2 data/one_digit.jsonl
 
 bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json
+
+# Wheels for an offline GPU host (CPython 3.12, manylinux x86-64) that has its own torch: cadence's
+# runtime dependencies less torch, read from pyproject.toml, in .whl/ (listed in .whl/requirements.txt),
+# and the build backend ([build-system] requires) in .whl/build/, so that `pip install -e .` needs no
+# index either (README: Installing on a GPU host). --no-deps: the packages named and nothing else. What
+# they need in turn comes with torch and transformers (jinja2's markupsafe, tokenizers' huggingface-hub);
+# fetched here, those would go over the host's own versions on `pip install --no-deps .whl/*.whl`, maybe
+# outside the ranges its transformers asks for.
+WHEELS := .whl
+WHEEL_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+wheels:
+	rm -rf $(WHEELS) && mkdir -p $(WHEELS)/build
+	$(PYTHON) -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+	  print(*(d for d in p["project"]["dependencies"] if re.split(r"[^\w.-]", d)[0] != "torch"), sep="\n")' \
+	  > $(WHEELS)/requirements.txt
+	$(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+	  > $(WHEELS)/build/requirements.txt
+	$(PYTHON) -m pip download -q --no-deps $(WHEEL_TAGS) -d $(WHEELS) -r $(WHEELS)/requirements.txt
+	$(PYTHON) -m pip download -q --no-deps $(WHEEL_TAGS) -d $(WHEELS)/build -r $(WHEELS)/build/requirements.txt
+	ls -l $(WHEELS)/*.whl $(WHEELS)/build/*.whl
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs data
