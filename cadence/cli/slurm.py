@@ -76,11 +76,10 @@ def submit_handler(args: argparse.Namespace) -> int:
         ifname=args.ifname,
         cpus_per_task=args.cpus_per_task,
     )
-    for name in ("trainer_nodes", "rollout_jobs"):
-        if getattr(args, name) < (1 if name == "trainer_nodes" else 0):
-            return refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: too few")
-    if args.gpus_per_node < 0:
-        return refuse(f"--gpus-per-node {args.gpus_per_node}: 0 or more")
+    if args.trainer_nodes < 1:
+        return refuse(f"--trainer-nodes {args.trainer_nodes}: at least 1")
+    if args.rollout_jobs < 0 or args.gpus_per_node < 0:
+        return refuse("--rollout-jobs and --gpus-per-node: 0 or more")
     try:
         submit(args.config, args.overrides, args.out, opts, args.dry_run)
     except SlurmError as err:

@@ -76,14 +76,13 @@ def test_a_killed_run_resumed_ends_like_the_uninterrupted_one(uninterrupted: Pat
     assert [e["version"] for e in resumed] == [killed_at]
 
 
-def test_a_killed_bf16_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
-    """bf16 training: the resume checkpoint holds the float32 master weights and AdamW state, so the
-    resumed run continues exactly as the uninterrupted one."""
-    bf16 = [*SAME, "--set", "trainer.precision='bf16'"]
+def killed_and_resumed(tmp_path: Path, settings: list[str]) -> tuple[Path, Path]:
+    """A run of `settings` killed after its checkpoint of period 4 or later and resumed, beside an
+    uninterrupted one; both folders, once the resumed run ended like the uninterrupted one."""
     reference = tmp_path / "uninterrupted"
-    cadence("run", "configs/quickstart.toml", "--out", str(reference), *SMALL, *bf16)
+    cadence("run", "configs/quickstart.toml", "--out", str(reference), *SMALL, *settings)
     out = tmp_path / "run"
-    run = start_run(out, *bf16)
+    run = start_run(out, *settings)
     try:
         wait_for_checkpoint(out, 4, run.proc)
     finally:
@@ -92,6 +91,13 @@ def test_a_killed_bf16_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Pat
     assert 4 <= killed_at < PERIODS and not (out / "summary.json").exists(), "killed too late"
     assert f"resumed at period {killed_at}" in cadence("run", "--resume", str(out)).stdout
     assert_same_end(out, reference)
+    return out, reference
+
+
+def test_a_killed_bf16_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
+    """bf16 training: the resume checkpoint holds the float32 master weights and AdamW state, so the
+    resumed run continues exactly as the uninterrupted one."""
+    killed_and_resumed(tmp_path, [*SAME, "--set", "trainer.precision='bf16'"])
 
 
 SCHEDULED = [
@@ -105,18 +111,7 @@ SCHEDULED = [
 def test_a_killed_scheduled_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
     """Warmup and a cosine decay over two steps a period (old log-probs the engine's, at T = 0.7): the
     resumed run takes each step at the rate the uninterrupted one took it, and ends with its weights."""
-    reference = tmp_path / "uninterrupted"
-    cadence("run", "configs/quickstart.toml", "--out", str(reference), *SMALL, *SCHEDULED)
-    out = tmp_path / "run"
-    run = start_run(out, *SCHEDULED)
-    try:
-        wait_for_checkpoint(out, 4, run.proc)
-    finally:
-        run.kill()
-    killed_at = checkpoint_version(out)
-    assert 4 <= killed_at < PERIODS and not (out / "summary.json").exists(), "killed too late"
-    assert f"resumed at period {killed_at}" in cadence("run", "--resume", str(out)).stdout
-    assert_same_end(out, reference)
+    out, reference = killed_and_resumed(tmp_path, SCHEDULED)
     lr = load_config(None).trainer.lr
     want = [lr_at(2 * p + 1, lr, "cosine", 2 * PERIODS, 4, 0.1) for p in range(PERIODS)]  # each last step
     for run_dir in (out, reference):
