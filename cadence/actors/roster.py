@@ -12,12 +12,12 @@ a live peer by a claimant that merely presents its name.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
+from cadence.transport.zmq_socket import beyond_loopback
 from cadence.wire.messages import Register, Welcome
 from cadence.wire.roles import REGISTERED
 
@@ -101,6 +101,10 @@ def claim_problem(
     return f"the run has its {msg.role} already ({holder_name})"
 
 
+def _loopback(address: str) -> bool:
+    return address.startswith("tcp://") and not beyond_loopback(address)
+
+
 def unreachable_problem(peers: Mapping[bytes, Peer], msg: Register) -> str | None:
     """Why a worker registering from host `msg.host` cannot reach the trainer or publisher: one that
     serves at a loopback address on another host (`transport.host` left at its default)."""
@@ -113,16 +117,6 @@ def unreachable_problem(peers: Mapping[bytes, Peer], msg: Register) -> str | Non
                 f" transport.advertise_host) set to an address of {peer.host} that the workers reach"
             )
     return None
-
-
-def _loopback(address: str) -> bool:
-    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-    if not address.startswith("tcp://"):
-        return False
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class WorkerWait:

@@ -7,10 +7,12 @@ job a command submitted is recorded in `DIR/slurm/jobs.json` before the next one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,9 +65,10 @@ def submit(
         name, size = partition_nodes(opts.partition, run)
         if opts.trainer_nodes > size:
             raise SlurmError(f"--trainer-nodes {opts.trainer_nodes}: partition {name} has {size} nodes")
+    cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])  # kept by `prepare`
     python = sys.executable
-    control = control_script(out, cfg.run_id or "RUNID", opts, python)
-    rollout = rollout_script(out, cfg.run_id or "RUNID", opts, python)
+    control = control_script(out, cfg.run_id, opts, python)
+    rollout = rollout_script(out, cfg.run_id, opts, python)
     if dry_run:
         say(f"# {out / 'slurm' / 'control.sbatch'}\n{control}")
         say(f"# {out / 'slurm' / 'rollout.sbatch'}\n{rollout}")
@@ -76,8 +79,8 @@ def submit(
     cfg, _ = prepare(cfg, out)
     folder = out / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "control.sbatch").write_text(control_script(out, cfg.run_id, opts, python))
-    (folder / "rollout.sbatch").write_text(rollout_script(out, cfg.run_id, opts, python))
+    (folder / "control.sbatch").write_text(control)
+    (folder / "rollout.sbatch").write_text(rollout)
     (folder / "options.json").write_text(json.dumps(opts.__dict__, default=list, indent=1) + "\n")
     control_id = sbatch(folder / "control.sbatch", [], run)
     record_job(out, control_id, "control")

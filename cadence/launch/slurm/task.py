@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -42,11 +42,10 @@ class Signals:
 
     usr1: bool = False
     term: bool = False
-    _old: dict[int, object] = field(default_factory=dict)
 
     def install(self) -> None:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, self._take)
+            signal.signal(sig, self._take)
 
     def _take(self, signum: int, _: FrameType | None) -> None:
         if signum == signal.SIGUSR1:
