@@ -59,11 +59,14 @@ def actor_handler(args: argparse.Namespace) -> int:
     name = args.command if args.command != "rollout" else (args.name or processes.default_name("rollout"))
     if not ranks.leader:
         configure_logging(ranks.name, out / "logs", args.log_level, None)
-        return processes.follower_main(cfg, ranks)
+        processes.end_rank(processes.follower_main(cfg, ranks))
     own_file = (out / "logs" / f"{name}.jsonl").resolve()
     stream = LogStream(name, str(own_file)) if cfg.monitor.stream_logs else None
     configure_logging(name, out / "logs", args.log_level, stream)
-    return _start(args, cfg, name, out, stream, ranks)
+    status = _start(args, cfg, name, out, stream, ranks)
+    if ranks.world > 1:
+        processes.end_rank(status)
+    return status
 
 
 def _start(

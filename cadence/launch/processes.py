@@ -7,13 +7,15 @@ and the process exit status says which (0 done, 1 failed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import structlog
 import uvloop
@@ -45,6 +47,18 @@ def exit_status(main: Callable[[], object]) -> int:
         log.error("actor_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
         return 1
     return 0
+
+
+def end_rank(status: int) -> NoReturn:
+    """End a process of a trainer of several ranks with `status`, its output flushed, without the
+    interpreter's teardown: gloo's C++ threads can abort a process torn down after its process group
+    was destroyed ("terminate called without an active exception", SIGABRT), which would turn a
+    finished run into a failed one. Nothing is left that needs it: the group is destroyed, the logs
+    are line-buffered files, and the actor has returned."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def run_async(main: Callable[[], Awaitable[None]]) -> int:
