@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm vllm bench smollm2 smollm2-math smollm2-one-digit clean wheels
+.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit clean wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,10 +75,14 @@ smollm2-one-digit: smollm2 data/one_digit.jsonl
 bench: $(STAMP)
 	$(BIN)/cadence bench pipeline --json
 
+# docs/config.md, generated from the fields in cadence/config/ (a test holds the checked-in page to it).
+config-docs: $(STAMP)
+	$(BIN)/cadence config docs -o docs/config.md
+
 # Wheels for an offline GPU host (CPython 3.12, manylinux x86-64) that has its own torch: cadence's
 # runtime dependencies less torch, read from pyproject.toml, in .whl/ (listed in .whl/requirements.txt),
 # and the build backend ([build-system] requires) in .whl/build/, so that `pip install -e .` needs no
-# index either (README: Installing on a GPU host). --no-deps: the packages named and nothing else. What
+# index either (docs/install.md). --no-deps: the packages named and nothing else. What
 # they need in turn comes with torch and transformers (jinja2's markupsafe, tokenizers' huggingface-hub);
 # fetched here, those would go over the host's own versions on `pip install --no-deps .whl/*.whl`, maybe
 # outside the ranges its transformers asks for.

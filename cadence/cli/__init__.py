@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cadence.cli import actor, bench, doctor, evaluate, monitor, prepare, run, slurm
+from cadence.cli import actor, bench, config, doctor, evaluate, monitor, prepare, run, slurm
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def parser() -> argparse.ArgumentParser:
         prog="cadence", description="Periodic-asynchronous on-policy RL for language models."
     )
     sub = root.add_subparsers(dest="command", required=True)
-    for module in (run, actor, bench, prepare, monitor, evaluate, slurm, doctor):
+    for module in (run, actor, bench, prepare, monitor, evaluate, slurm, doctor, config):
         module.add(sub)
     return root
 

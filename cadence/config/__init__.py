@@ -1,25 +1,26 @@
-"""The run's configuration: typed sections (`sections.py`), the whole run and its loading (`run.py`).
+"""The run's configuration: typed sections (`sections.py`, the trainer's in `trainer.py`), each key's
+declaration and range (`fields.py`), the rules across keys (`checks.py`), the whole run and its loading
+(`run.py`, through `tables.py`), and its reference page (`reference.py`, `docs/config.md`).
 
 Everyone imports from here; this package imports nothing else of cadence.
 """
 
-from cadence.config.run import RunConfig, from_dict, load_config, to_dict
+from cadence.config.fields import ConfigError, Rule, doc
+from cadence.config.run import RunConfig, load_config, to_dict
 from cadence.config.sections import (
-    ConfigError,
     EvalConfig,
-    GspoConfig,
     ModelConfigSection,
     MonitorConfig,
     RewardsConfig,
     RolloutConfig,
     SimulatedConfig,
     TaskConfig,
-    TrainerConfig,
     TransportConfig,
     VllmConfig,
     WeightsConfig,
-    doc,
 )
+from cadence.config.tables import from_dict
+from cadence.config.trainer import GspoConfig, TrainerConfig
 
 __all__ = [
     "ConfigError",
@@ -29,6 +30,7 @@ __all__ = [
     "MonitorConfig",
     "RewardsConfig",
     "RolloutConfig",
+    "Rule",
     "RunConfig",
     "SimulatedConfig",
     "TaskConfig",

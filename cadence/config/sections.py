@@ -1,28 +1,22 @@
-"""The sections of a run's configuration, one typed dataclass each, every field documented.
+"""The sections of a run's configuration (the trainer's in `trainer.py`), one typed dataclass each.
 
-Invariant: every field has a default and a `doc` text (the documentation `cadence.config.run` and the
-README draw on); the cross-field checks live in `RunConfig` (cadence/config/run.py). No torch here.
+Invariant: every field has a default, a description and, where its type allows values the actors
+cannot take, its rule (`fields.py`), all declared here, the one source the checks and `docs/config.md`
+read; the rules that span several keys live in `checks.py`. No torch here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the key."""
-
-
-def doc(default: Any, text: str) -> Any:
-    """A field with a default and its documentation (a list or table default is copied per instance)."""
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+from cadence.config.fields import AUTOMATIC_THREADS, NOT_NEGATIVE, POSITIVE, SHARE, Rule, doc
 
 
 @dataclass(frozen=True)
 class TaskConfig:
+    """The prompt source, and for the built-in tasks their answer checks and reward."""
+
     name: Literal["digits", "arithmetic", "file", "reasoning_gym"] = doc(
         "digits",
         "the prompt source: digits (char tokenizer), arithmetic (for a checkpoint), file (JSONL or Parquet"
@@ -35,16 +29,20 @@ class TaskConfig:
         "{prompt}", "file and reasoning_gym tasks: the user message, `{prompt}` replaced by the problem"
     )
     gym_dataset: str = doc("basic_arithmetic", "reasoning_gym task: the generator's name")
-    gym_size: int = doc(1000, "reasoning_gym task: problems generated (seeded by the run seed)")
+    gym_size: int = doc(1000, "reasoning_gym task: problems generated (seeded by the run seed)", Rule(ge=1))
     max_operand: int = doc(50, "arithmetic task: operands are drawn from 0..max_operand")
-    prompts_per_period: int = doc(16, "B: prompt groups in one period, one optimizer step each period")
-    digits: int = doc(2, "digits task: how many digits a prompt holds")
+    prompts_per_period: int = doc(
+        16,
+        "B: prompt groups in one period; the period's trainer.steps_per_period optimizer steps share them",
+        POSITIVE,
+    )
+    digits: int = doc(2, "digits task: how many digits a prompt holds", POSITIVE)
     rule: Literal["sum", "copy", "max"] = doc(
         "max", "digits task: what the answer is (sum mod 10, last digit, largest)"
     )
     format_weight: float = doc(0.25, "share of the reward for a well-formed answer (one digit, then end)")
     reward: Literal["exact", "distance"] = doc(
-        "exact", "digits task: credit for a wrong digit: none, or by its distance to the answer"
+        "exact", "digits task: credit for a wrong digit: none, or partial, by its distance to the answer"
     )
 
 
@@ -54,25 +52,32 @@ class EvalConfig:
     tail of a period with that period's version, scored by the same reward functions, never trained."""
 
     every: int = doc(
-        0, "evaluate the version of every N-th period (0, N, 2N, ...) and the final one; 0: no evaluation"
+        0,
+        "evaluate the version of every N-th period (0, N, 2N, ...) and the final one; 0: no evaluation",
+        Rule(ge=0, note="0: no evaluation"),
     )
     prompts: int = doc(
         0,
         "held-out prompts: digits and arithmetic draw them from a seed stream training never uses; file"
         " and reasoning_gym hold out their last N records (training never draws them); with eval.path,"
         " the first N of its records (0: all)",
+        NOT_NEGATIVE,
     )
     path: str = doc(
         "",
         "a .jsonl or .parquet file of held-out problems (the task's prompt and answer fields); empty: a split",
     )
     greedy: bool = doc(True, "one greedy completion a prompt (temperature 0); false: eval.k samples a prompt")
-    k: int = doc(1, "samples a prompt when eval.greedy is false (eval_pass_at_k: any of them correct)")
-    temperature: float = doc(1.0, "sampling temperature when eval.greedy is false")
+    k: int = doc(
+        1, "samples a prompt when eval.greedy is false (eval_pass_at_k: any of them correct)", Rule(ge=1)
+    )
+    temperature: float = doc(1.0, "sampling temperature when eval.greedy is false (then finite and positive)")
 
 
 @dataclass(frozen=True)
 class RewardsConfig:
+    """Reward functions by registered name, and the settings of the built-in ones."""
+
     weights: dict[str, float] = doc(
         {},
         "reward functions by registered name and their weights, e.g. {math = 1.0, format = 0.1};"
@@ -88,18 +93,24 @@ class RewardsConfig:
         30.0,
         "seconds one reward function may take for one response; a sync function runs in a thread beside"
         " the worker's event loop (its heartbeats go on), an async one is awaited with this deadline",
+        Rule(gt=0, finite=True),
     )
     on_error: float = doc(
         0.0,
         "the value a reward function's part takes for a response when it raises, passes timeout_s or"
         " returns a non-finite value (the function and prompt id are logged)",
+        Rule(finite=True),
     )
 
 
 @dataclass(frozen=True)
 class MonitorConfig:
+    """What a run writes besides its metrics: samples, streamed logs, other metric writers."""
+
     samples_fraction: float = doc(
-        0.25, "share of each period's groups written to samples/period-K.jsonl (prompt, responses, rewards)"
+        0.25,
+        "share of each period's groups written to samples/period-K.jsonl (prompt, responses, rewards)",
+        SHARE,
     )
     stream_logs: bool = doc(True, "actors also send their log events to the dispatcher (one place sees all)")
     tensorboard: bool = doc(
@@ -111,32 +122,56 @@ class MonitorConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    workers: int = doc(2, "rollout worker processes that `cadence run` starts (at least 1)")
+    """The rollout workers: how many, their engine, and how they sample."""
+
+    workers: int = doc(
+        2,
+        "rollout worker processes that `cadence run` starts",
+        Rule(ge=1, why="with none the run would wait for prompts to be generated forever"),
+    )
     wait_for_workers_s: float = doc(
         300.0,
         "seconds the dispatcher waits with prompts pending and no rollout worker left before it fails"
         " the run naming the lost workers",
+        POSITIVE,
     )
     engine: Literal["torch", "vllm", "simulated"] = doc(
         "torch",
-        "inference engine of each worker: torch (built-in), vllm (vLLM in the worker's process, settings"
-        " in [vllm]), simulated (a timed stand-in, bench)",
+        "inference engine of each worker: torch (built-in: KV cache, temperature, top-p), vllm (vLLM in"
+        " the worker's process, settings in [vllm]), simulated (a timed stand-in, bench)",
     )
-    group_size: int = doc(8, "G: completions generated per prompt (at least 2: GRPO compares them)")
-    max_new_tokens: int = doc(4, "longest completion, in tokens")
-    temperature: float = doc(1.0, "sampling temperature; 0 is greedy")
-    top_p: float = doc(1.0, "nucleus sampling: smallest set of tokens with this much probability")
+    group_size: int = doc(
+        8,
+        "G: completions generated per prompt",
+        POSITIVE,  # a count first, then what GRPO needs of it
+        Rule(ge=2, why="GRPO's advantage compares the completions of a prompt, one alone has none"),
+    )
+    max_new_tokens: int = doc(4, "longest completion, in tokens", POSITIVE)
+    temperature: float = doc(
+        1.0,
+        "sampling temperature; 0 is greedy. Every log-prob (the engine's, the policy's, the reference's)"
+        " is of softmax(logits / T), T = 0 read as 1",
+        NOT_NEGATIVE,
+    )
+    top_p: float = doc(
+        1.0,
+        "nucleus sampling: smallest set of tokens with this much probability (the log-probs are not"
+        " renormalised over it)",
+        Rule(gt=0, le=1),
+    )
     inflight: int = doc(
         2,
         "credits: prompt groups a worker is given at once; the groups sent together are generated together"
         " (one decode step for all their samples)",
+        POSITIVE,
     )
     dtype: Literal["float32", "bfloat16"] = doc(
         "float32",
         "the built-in engine's weights and activations: float32, the trainer's own precision (the sampler"
         " is the policy trained, to the bit); bfloat16 rounds each version on load and generates in"
         " bfloat16 (faster where the CPU computes it natively: AVX-512 BF16, AMX), the log-probs it"
-        " records being the rounded policy's. vLLM's is vllm.dtype",
+        " records being the rounded policy's, while with one step a period the loss's old policy is the"
+        " trainer's float32 one. vLLM's is vllm.dtype",
     )
     device: Literal["cpu", "cuda", "npu"] = doc(
         "cpu",
@@ -147,7 +182,9 @@ class RolloutConfig:
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"
-        " workers and the trainer's ranks that `cadence run` starts (at least one)",
+        " workers and the trainer's ranks that `cadence run` starts (at least one), the same in both"
+        " modes (a decode step's many small ops run slower on two threads than on one)",
+        AUTOMATIC_THREADS,
     )
 
 
@@ -161,12 +198,18 @@ class VllmConfig:
         "weights and activations (float32: the trainer's own precision); auto: vLLM's choice, which runs"
         " a float32 checkpoint in bfloat16 or float16",
     )
-    max_model_len: int = doc(0, "longest prompt + completion vLLM plans for; 0: the model's max_position")
+    max_model_len: int = doc(
+        0, "longest prompt + completion vLLM plans for; 0: the model's max_position", NOT_NEGATIVE
+    )
     kv_cache_mib: int = doc(
-        512, "KV cache per worker, in MiB; 0: sized by gpu_memory_utilization instead (not on the CPU)"
+        512,
+        "KV cache per worker, in MiB; 0: sized by gpu_memory_utilization instead (not on the CPU)",
+        NOT_NEGATIVE,
     )
     gpu_memory_utilization: float = doc(
-        0.9, "share of device memory vLLM may take for weights and KV cache when kv_cache_mib is 0"
+        0.9,
+        "share of device memory vLLM may take for weights and KV cache when kv_cache_mib is 0",
+        Rule(gt=0, le=1),
     )
     enforce_eager: bool = doc(
         True, "run the model eagerly: no torch.compile or graph capture (quick start, slower steps)"
@@ -175,12 +218,14 @@ class VllmConfig:
 
 @dataclass(frozen=True)
 class ModelConfigSection:
-    hidden_size: int = doc(64, "width of the residual stream")
-    num_layers: int = doc(2, "transformer blocks")
-    num_heads: int = doc(4, "attention heads")
-    num_kv_heads: int = doc(2, "key/value heads (grouped-query attention)")
-    intermediate_size: int = doc(128, "SwiGLU hidden width")
-    max_position: int = doc(64, "longest sequence the model handles")
+    """The policy's shape when it starts from random weights, or the checkpoint it starts from."""
+
+    hidden_size: int = doc(64, "width of the residual stream", POSITIVE)
+    num_layers: int = doc(2, "transformer blocks", POSITIVE)
+    num_heads: int = doc(4, "attention heads", POSITIVE)
+    num_kv_heads: int = doc(2, "key/value heads (grouped-query attention)", POSITIVE)
+    intermediate_size: int = doc(128, "SwiGLU hidden width", POSITIVE)
+    max_position: int = doc(64, "longest sequence the model handles", POSITIVE)
     init_seed: int = doc(0, "seed of the random initialisation")
     checkpoint: str = doc(
         "", "a Hugging Face checkpoint folder to start from (its shape and tokenizer); empty: a random model"
@@ -188,103 +233,9 @@ class ModelConfigSection:
 
 
 @dataclass(frozen=True)
-class GspoConfig:
-    """GSPO's own clip range (`trainer.objective = "gspo"`): it clips a sequence-level ratio, the
-    geometric mean of the token ratios, which stays much closer to 1 than a token's."""
-
-    clip_low: float = doc(3e-4, "lower clip bound of the sequence ratio: s >= 1 - clip_low")
-    clip_high: float = doc(4e-4, "upper clip bound of the sequence ratio: s <= 1 + clip_high")
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    learner: Literal["torch", "simulated"] = doc(
-        "torch", "what trains: the real model or a timed stand-in (bench)"
-    )
-    lr: float = doc(1e-3, "AdamW learning rate (the peak, with a schedule)")
-    lr_schedule: Literal["constant", "linear", "cosine"] = doc(
-        "constant",
-        "learning rate after the warmup, stepped once per optimizer step: constant, or decaying linearly"
-        " or along a half cosine to lr x min_lr_ratio at the run's last step",
-    )
-    warmup_periods: int = doc(
-        0, "periods over which the learning rate rises linearly from lr / warmup steps to lr"
-    )
-    min_lr_ratio: float = doc(0.0, "linear and cosine schedules: the last step's lr as a share of lr")
-    weight_decay: float = doc(0.0, "AdamW weight decay")
-    objective: Literal["dapo", "grpo", "dr_grpo", "gspo"] = doc(
-        "dapo",
-        "the policy loss (docs/objectives.md): dapo (token-level sum over the step's batch / its tokens),"
-        " grpo (each sample's token-mean, averaged over samples), dr_grpo (no std scaling of advantages,"
-        " / max_new_tokens x samples), gspo (sequence-level ratio and clip, settings in [trainer.gspo])",
-    )
-    clip_low: float = doc(0.2, "lower clip bound of a token's ratio: r >= 1 - clip_low (not gspo)")
-    clip_high: float = doc(0.28, "upper clip bound of a token's ratio: r <= 1 + clip_high (not gspo)")
-    gspo: GspoConfig = field(default_factory=GspoConfig, metadata={"doc": "the gspo objective's clip range"})
-    kl_beta: float = doc(0.0, "weight of the k3 KL penalty to the frozen reference; 0 skips the reference")
-    packing: Literal["shared_prompt", "prefix_cache", "padded"] = doc(
-        "shared_prompt",
-        "shared_prompt: a group as one row, its prompt once (bool mask); prefix_cache: the prompt once"
-        " through the KV cache, then the responses as a batch; padded: each sample its own row",
-    )
-    micro_batch_tokens: int = doc(
-        4096,
-        "packed tokens a forward may hold: groups that have arrived are trained together up to this"
-        " budget (a larger group alone); 0 trains each group on its own",
-    )
-    steps_per_period: int = doc(
-        1,
-        "optimizer steps a period, each after B/steps groups; above 1 the old-policy log-probs are the"
-        " engine's sampling log-probs, and later steps train on slightly off-policy samples",
-    )
-    max_grad_norm: float = doc(1.0, "gradient norm clip applied after normalising; 0 disables")
-    threads: int = doc(
-        0,
-        "torch threads of each trainer rank; 0: automatic, in sync mode this host's cores shared between"
-        " the ranks (workers idle while it trains), in periodic mode the cores the workers' threads leave",
-    )
-    normaliser: Literal["tokens", "samples"] = doc(
-        "tokens",
-        "dapo: each step's summed loss is divided by its response tokens or its samples (the other"
-        " objectives fix their own)",
-    )
-    checkpoint_every: int = doc(0, "save a resumable checkpoint every N periods (0: only the final weights)")
-    on_loss: Literal["fail", "wait"] = doc(
-        "fail",
-        "when the trainer (or its publisher) is lost: fail the run, or wait with the workers held until a"
-        " trainer resumed from its checkpoint (`cadence trainer --resume`) registers again; wait needs"
-        " trainer.checkpoint_every > 0",
-    )
-    ranks: int = doc(
-        1,
-        "data-parallel ranks of the trainer: each trains its share of every micro-batch and the gradients"
-        " are summed before the step; above 1 the trainer runs under torchrun (`cadence run` starts it so)",
-    )
-    sharding: Literal["none", "fsdp2"] = doc(
-        "none",
-        "how the ranks hold the policy: none (each the whole model and AdamW state, gradients all-reduced"
-        " at the step) or fsdp2 (torch's fully_shard per transformer block: parameters, gradients and"
-        " AdamW state split over the ranks; needs trainer.ranks > 1 and packing = 'shared_prompt')",
-    )
-    device: Literal["cpu", "cuda", "npu"] = doc(
-        "cpu",
-        "where the trainer computes: cpu (collectives over gloo), cuda (each rank its LOCAL_RANK GPU, nccl)"
-        " or npu (Ascend through torch_npu, hccl)",
-    )
-    collective_timeout_s: float = doc(
-        300.0,
-        "seconds a rank waits in one collective (or an idle follower for its next command) before it"
-        " fails naming the rank",
-    )
-    precision: Literal["fp32", "bf16"] = doc(
-        "fp32",
-        "the forward and backward (the reference's too): fp32, or bf16 autocast with float32 master"
-        " weights, gradients and AdamW state, and the log-probs' softmax and the loss in float32",
-    )
-
-
-@dataclass(frozen=True)
 class SimulatedConfig:
+    """The costs of the timed stand-ins for the engine and the learner (`cadence bench`)."""
+
     gen_s_per_token: float = doc(
         0.0008, "simulated engine: seconds per generated token of the longest sample"
     )
@@ -298,6 +249,8 @@ class SimulatedConfig:
 
 @dataclass(frozen=True)
 class WeightsConfig:
+    """How each new version of the weights reaches the rollout workers."""
+
     transport: Literal["zmq", "gloo", "nccl", "hccl"] = doc(
         "zmq",
         "how each new version reaches the workers: zmq (pulled from the publisher in checksummed"
@@ -306,25 +259,33 @@ class WeightsConfig:
         " pull that version over ZeroMQ and take the broadcasts from the next one",
     )
     chunk_bytes: int = doc(
-        4 << 20, "weights travel in chunks of at most this many bytes (at most transport.max_frame_bytes)"
+        4 << 20,
+        "weights travel in chunks of at most this many bytes (at most transport.max_frame_bytes)",
+        POSITIVE,
     )
-    keep_versions: int = doc(2, "versions the publisher keeps for late pullers")
+    keep_versions: int = doc(2, "versions the publisher keeps for late pullers", POSITIVE)
     max_upload_bytes: int = doc(
         64 << 30,
         "a separate publisher (`cadence publisher`) refuses an upload announcing more bytes, and holds"
         " partial uploads to this many bytes together (each freed after a liveness timeout of silence)",
+        POSITIVE,
     )
-    bucket_bytes: int = doc(64 << 20, "broadcast: tensors are flattened into buckets of at most this size")
+    bucket_bytes: int = doc(
+        64 << 20, "broadcast: tensors are flattened into buckets of at most this size", POSITIVE
+    )
     broadcast_timeout_s: float = doc(
         30.0,
         "broadcast: longest wait of any step (forming the group, a bucket, the confirmations); a member"
         " out of time is named, dropped from the group, and pulls over ZeroMQ instead",
+        POSITIVE,
     )
     broadcast_port: int = doc(0, "broadcast: port of the group's rendezvous store on the trainer (0: any)")
 
 
 @dataclass(frozen=True)
 class TransportConfig:
+    """The sockets between the actors, their encryption, and how a silent peer is found."""
+
     host: str = doc(
         "127.0.0.1", "interface servers bind to (0.0.0.0: all) and, unless advertise_host, advertise"
     )
@@ -333,9 +294,13 @@ class TransportConfig:
     )
     trainer_port: int = doc(0, "port the trainer binds (0: any free one); a fixed one for firewalls and NAT")
     publisher_port: int = doc(0, "port the weight publisher binds (0: any free one)")
-    heartbeat_s: float = doc(0.5, "seconds between heartbeats")
-    liveness: int = doc(20, "missed heartbeats after which a peer is declared dead")
-    max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused")
+    heartbeat_s: float = doc(0.5, "seconds between heartbeats", POSITIVE)
+    liveness: int = doc(
+        20,
+        "missed heartbeats after which a peer is declared dead (silent for heartbeat_s x liveness)",
+        POSITIVE,
+    )
+    max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused", POSITIVE)
     keys: str = doc(
         "",
         "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"

@@ -11,6 +11,7 @@ import pytest
 
 import cadence.config.run as config_module
 import cadence.config.sections as config_sections
+import cadence.config.trainer as config_trainer
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
@@ -24,7 +25,7 @@ def config_error(overrides: list[str], path: Path | None = None) -> str:
 
 def config_dataclasses() -> list[type]:
     """Every dataclass defined in the config modules (the run and its sections)."""
-    modules = (config_module.__name__, config_sections.__name__)
+    modules = (config_module.__name__, config_sections.__name__, config_trainer.__name__)
     return [
         obj
         for obj in vars(config_module).values()
