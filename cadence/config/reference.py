@@ -37,7 +37,8 @@ stop the command with the full key named (`cadence: configuration error: trainer
 and positive, got -1.0`). The rules that span several keys follow the sections. B is
 `task.prompts_per_period`, G is `rollout.group_size`; [`objectives.md`](objectives.md) has the
 losses' formulas, [`architecture.md`](architecture.md) the actors that read these keys, and the
-README shows them at work (tasks and rewards, evaluation, weights, resuming, several devices).
+pages of [`index.md`](index.md) show them at work (tasks and rewards, evaluation, weights, resuming,
+several devices); [`configuration.md`](configuration.md) is the guide to a run's file and `--set`.
 """
 
 HEADER = "| key | type | default | allowed | description |\n|---|---|---|---|---|"
