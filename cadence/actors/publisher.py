@@ -19,10 +19,11 @@ trainer; a request for a version not held gets `available=False`, never partial 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
 
@@ -33,6 +34,7 @@ from cadence.wire.meaning import upload_problem
 from cadence.wire.messages import (
     BroadcastJoin,
     Envelope,
+    Message,
     Payload,
     TrainerKey,
     WeightChunkRequest,
@@ -72,6 +74,11 @@ class _Partial:
 class Publisher:
     """`session`: with the dispatcher, registered as "publisher" at `server`'s address."""
 
+    HANDLERS: ClassVar[Mapping[type[Message], Callable[[Publisher, bytes, str, Any], Awaitable[None]]]]
+    """The handler of every message type its server takes (set below the class)."""
+    SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[Publisher, Any], None]]]
+    """What it takes from the dispatcher on its session, beside `Session.TAKES`."""
+
     def __init__(
         self,
         server: Server,
@@ -89,7 +96,8 @@ class Publisher:
         self.clock = clock
         self.trainer_key = ""  # told by the dispatcher: uploads must carry tickets made with it
         self._uploads: dict[int, _Partial] = {}
-        session.on(TrainerKey, self._told)
+        for kind, handler in self.SESSION_HANDLERS.items():
+            session.on(kind, functools.partial(handler, self))
 
     def _told(self, msg: TrainerKey) -> None:
         if msg.key != self.trainer_key:
@@ -122,26 +130,33 @@ class Publisher:
 
     async def _handle(self, peer: bytes, env: Envelope) -> None:
         msg = env.message
-        if isinstance(msg, WeightQuery):
-            await self.server.send(peer, self.store.meta(msg.version))
-        elif isinstance(msg, WeightChunkRequest):
-            chunk = self.store.chunk(msg.version, msg.index)
-            if chunk is None:
-                log.warning("chunk_unavailable", peer=env.sender, version=msg.version, index=msg.index)
-                await self.server.send(peer, self.store.meta(msg.version))
-            else:
-                await self.server.send(peer, chunk)
-        elif isinstance(msg, WeightUpload):
-            self._upload(env.sender, msg)
-        elif isinstance(msg, BroadcastJoin):
-            if self.broadcaster is None:
-                log.warning("broadcast_not_offered", peer=env.sender)
-            else:
-                await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
-        else:
+        handler = self.HANDLERS.get(type(msg))
+        if handler is None:
             self.server.refuse(
                 env.sender, "stranger", msg, f"a stranger may not send {msg.TAG} to the publisher"
             )
+            return
+        await handler(self, peer, env.sender, msg)
+
+    async def _on_query(self, peer: bytes, sender: str, msg: WeightQuery) -> None:
+        await self.server.send(peer, self.store.meta(msg.version))
+
+    async def _on_chunk_request(self, peer: bytes, sender: str, msg: WeightChunkRequest) -> None:
+        chunk = self.store.chunk(msg.version, msg.index)
+        if chunk is None:
+            log.warning("chunk_unavailable", peer=sender, version=msg.version, index=msg.index)
+            await self.server.send(peer, self.store.meta(msg.version))
+        else:
+            await self.server.send(peer, chunk)
+
+    async def _on_join(self, peer: bytes, sender: str, msg: BroadcastJoin) -> None:
+        if self.broadcaster is None:
+            log.warning("broadcast_not_offered", peer=sender)
+        else:
+            await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
+
+    async def _on_upload(self, peer: bytes, sender: str, msg: WeightUpload) -> None:
+        self._upload(sender, msg)
 
     def _upload(self, sender: str, msg: WeightUpload) -> None:
         if not valid_ticket(self.trainer_key, msg.ticket, "upload", msg.version, msg.chunks, msg.digest):
@@ -193,3 +208,12 @@ class Publisher:
                         of=partial.chunks,
                         nbytes=partial.nbytes,
                     )
+
+
+Publisher.HANDLERS = {
+    WeightQuery: Publisher._on_query,
+    WeightChunkRequest: Publisher._on_chunk_request,
+    WeightUpload: Publisher._on_upload,
+    BroadcastJoin: Publisher._on_join,
+}
+Publisher.SESSION_HANDLERS = {TrainerKey: Publisher._told}

@@ -22,10 +22,11 @@ assignment is not: its round may outlive its period); an eval answer never goes 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import structlog
 
@@ -36,11 +37,12 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import span
 from cadence.tasks.base import Score
+from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
-from cadence.transport.weights import WeightError, pull_weights
-from cadence.wire.messages import Assignment, EvalResult, GroupResult, Welcome, WorkRequest
+from cadence.transport.weights import PULL_REPLIES, WeightError, pull_weights
+from cadence.wire.messages import Assignment, EvalResult, GroupResult, Message, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -89,6 +91,11 @@ class RolloutWorker:
     assembled, each in the buffer of one loaded before (the engine may compute with the bytes of the
     version it holds: the pool hands that buffer out only once nothing views it)."""
 
+    SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[RolloutWorker, Any], None]]]
+    """What it takes from the dispatcher on its session, beside `Session.TAKES` (set below the class)."""
+    FROM_PUBLISHER: ClassVar[tuple[type[Message], ...]] = PULL_REPLIES + MEMBER_TAKES
+    """What it takes from the publisher: the replies of its pulls, and a broadcast member's messages."""
+
     def __init__(
         self,
         settings: WorkerSettings,
@@ -125,8 +132,8 @@ class RolloutWorker:
         self.loaded: int | None = None
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
-        session.on(Assignment, self._assigned)
-        session.on(Welcome, self._welcomed)
+        for kind, handler in self.SESSION_HANDLERS.items():
+            session.on(kind, functools.partial(handler, self))
 
     async def run(self) -> None:
         await self.session.run(self._work())
@@ -376,3 +383,6 @@ class RolloutWorker:
             ticket=job.ticket,
             following=following,
         )
+
+
+RolloutWorker.SESSION_HANDLERS = {Assignment: RolloutWorker._assigned, Welcome: RolloutWorker._welcomed}

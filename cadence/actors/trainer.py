@@ -26,10 +26,11 @@ and nowhere else. Step j of period k runs at the learning rate of the run's step
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import structlog
 
@@ -45,7 +46,7 @@ from cadence.training.resume import load_resume, save_resume
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.wire.meaning import group_problem
-from cadence.wire.messages import Consumed, Envelope, GroupResult, RunDone, Shutdown, VersionReady
+from cadence.wire.messages import Consumed, Envelope, GroupResult, Message, RunDone, Shutdown, VersionReady
 from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
@@ -102,6 +103,12 @@ class Trainer:
     `threads_alone`), called in the worker thread before each computation; `alloc(nbytes)`: the
     buffer a version's weights are serialised into (a `BufferPool`'s `take`)."""
 
+    CHECKS: ClassVar[Mapping[type[Message], Callable[[Trainer, str, Any], tuple[str, str] | None]]]
+    """The check of every message type its server takes: the problem, with the role the sender
+    proved, or None (set below the class); what passes goes to the period loop."""
+    SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[Trainer, Any], None]]]
+    """What it takes from the dispatcher on its session, beside `Session.TAKES`."""
+
     def __init__(
         self,
         settings: TrainerSettings,
@@ -139,7 +146,8 @@ class Trainer:
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
-        session.on(Shutdown, self._stop)
+        for kind, handler in self.SESSION_HANDLERS.items():
+            session.on(kind, functools.partial(handler, self))
 
     async def run(self) -> None:
         first, row = await self._resume() if self.resume else (0, {})
@@ -169,15 +177,14 @@ class Trainer:
         """Why the trainer may not take `env`, with the role its sender proved, or None: a group must show
         the dispatcher's ticket for its (period, prompt id) and its sender (`cadence.wire.roles`)."""
         msg = env.message
-        if not isinstance(msg, GroupResult):
+        check = self.CHECKS.get(type(msg))
+        if check is None:
             return "stranger", f"a stranger may not send {msg.TAG} to the trainer"
-        if not valid_ticket(
-            self.session.key, msg.ticket, "assignment", msg.period, msg.prompt_id, env.sender
-        ):
-            return (
-                "stranger",
-                f"no assignment of prompt {msg.prompt_id} of period {msg.period} to {env.sender}",
-            )
+        return check(self, env.sender, msg)
+
+    def _group_problem(self, sender: str, msg: GroupResult) -> tuple[str, str] | None:
+        if not valid_ticket(self.session.key, msg.ticket, "assignment", msg.period, msg.prompt_id, sender):
+            return "stranger", f"no assignment of prompt {msg.prompt_id} of period {msg.period} to {sender}"
         problem = group_problem(msg, self.settings.vocab_size)
         return None if problem is None else ("rollout", problem)
 
@@ -376,3 +383,7 @@ class Trainer:
             version_digest = await self.publish(version, data)
         log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
         return publishing.end, version_digest, len(data)
+
+
+Trainer.CHECKS = {GroupResult: Trainer._group_problem}
+Trainer.SESSION_HANDLERS = {Shutdown: Trainer._stop}

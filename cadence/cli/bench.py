@@ -10,7 +10,7 @@ from cadence.cli.common import Subparsers
 
 def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements of the README's performance section")
-    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e", "signing"])
+    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e", "signing", "wire"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -42,6 +42,10 @@ def bench_handler(args: argparse.Namespace) -> int:
         from cadence.bench.signing import bench_signing
 
         return bench_signing(args.json)
+    if args.name == "wire":
+        from cadence.bench.wire import bench_wire
+
+        return bench_wire(args.json)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 

@@ -94,6 +94,8 @@ def _follow_remote(args: argparse.Namespace, where: Filter) -> int:
         keys = keys or (Path(cfg.transport.keys) if cfg.transport.keys else None)
     if not run_id:
         return refuse("--connect needs the run's id: --run-id ID or --config FILE")
+    if args.backlog < 0:
+        return refuse(f"--backlog is a number of earlier events, 0 or more, got {args.backlog}")
     try:
         return asyncio.run(
             follow_remote(

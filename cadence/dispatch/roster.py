@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -32,13 +32,23 @@ class Peer:
     key: str = ""  # a trainer's: assignment tickets are made with it
     local: str = ""  # a publisher's ipc:// address, for workers on its host
     host: str = ""
-    credits: int = 0
     welcomed: bool = False
     told: str = ""  # a publisher's: the trainer key it was told
-    outstanding: set[int] = field(default_factory=set)
     proof: str = ""  # the session's secret it registered with
     pid: int = 0
     announced: int = -1  # a trainer's: the last version it announced
+
+
+def joined(name: str, msg: Register) -> Peer:
+    """The peer `msg` registers under `name` (its registration's checks passed), logged."""
+    local = msg.local if msg.role == "publisher" else ""
+    key = msg.key if msg.role == "trainer" else ""
+    log.info(
+        "peer_joined", peer=name, role=msg.role, address=msg.address, peer_pid=msg.pid, peer_host=msg.host
+    )
+    return Peer(
+        name, msg.role, msg.address, key=key, local=local, host=msg.host, proof=msg.proof, pid=msg.pid
+    )
 
 
 def holding(peers: Mapping[bytes, Peer], name: str) -> tuple[bytes, Peer] | None:

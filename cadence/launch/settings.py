@@ -10,11 +10,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from cadence.actors.dispatcher import DispatcherSettings
 from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
+from cadence.dispatch.settings import DispatcherSettings
 from cadence.launch.threads import (
     rollout_threads,
     trainer_threads,

@@ -47,7 +47,7 @@ from cadence.transport.groups import (
     send_buckets,
     wait_keys,
 )
-from cadence.wire.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan
+from cadence.wire.messages import BroadcastDropped, BroadcastJoin, BroadcastJoined, BroadcastPlan, Message
 
 log = structlog.get_logger()
 
@@ -201,6 +201,10 @@ def _local_host(remote: str, port: int) -> str:
 
 def _layout(msg: BroadcastPlan) -> BucketPlan:
     return plan_from_layout(msg.names, msg.dtypes, msg.shapes, msg.buckets, msg.offsets, msg.sizes)
+
+
+MEMBER_TAKES: tuple[type[Message], ...] = (BroadcastJoined, BroadcastDropped, BroadcastPlan)
+"""What a member takes from the publisher (`BroadcastMember.run`)."""
 
 
 class BroadcastMember:

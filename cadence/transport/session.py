@@ -32,7 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import structlog
 
@@ -73,6 +73,9 @@ class Paused(RuntimeError):
 class Session:
     """The session of actor `role` (serving at `address`, if anywhere) with the dispatcher behind
     `dispatcher`; `liveness` decides how often to beat and how long the dispatcher may be silent."""
+
+    TAKES: ClassVar[tuple[type[Message], ...]] = (Heartbeat, Shutdown)
+    """What every session takes from the dispatcher itself; an actor adds its own handlers (`on`)."""
 
     def __init__(
         self,
@@ -149,8 +152,14 @@ class Session:
                     handler(msg)
                 except Exception as exc:  # contained to this message: the session goes on
                     log.error("message_failed", peer=env.sender, type=msg.TAG, error=repr(exc), exc_info=True)
-            elif not isinstance(msg, Heartbeat):
-                log.warning("unexpected_message", peer=env.sender, type=msg.TAG)
+            elif not isinstance(msg, Heartbeat):  # nothing here acts on it: said, never dropped silently
+                log.warning(
+                    "unexpected_message",
+                    channel=self.role,
+                    peer=env.sender,
+                    type=msg.TAG,
+                    reason=f"this {self.role} has no handler for {msg.TAG}",
+                )
 
 
 async def first_of(*coros: Coroutine[Any, Any, Any]) -> Any:

@@ -19,6 +19,7 @@ import xxhash
 from cadence.transport.endpoint import Client
 from cadence.wire.digest import digest
 from cadence.wire.messages import (
+    Message,
     Payload,
     WeightChunk,
     WeightChunkRequest,
@@ -204,6 +205,10 @@ class _Assembly:
                 self._hash_next()
             else:
                 return self._hash.hexdigest()
+
+
+PULL_REPLIES: tuple[type[Message], ...] = (WeightMeta, WeightChunk)
+"""What a pull (or an upload) takes from the publisher: a version's description and its chunks."""
 
 
 async def _expect(client: Client, kind: type[T], version: int, timeout_s: float) -> T:

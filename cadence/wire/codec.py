@@ -1,30 +1,37 @@
 """The codec of the wire: the message base, the registry of types, and frames to messages and back.
 
 Invariant: a frame either decodes into exactly one declared message whose every field has its
-declared type, or raises `DecodeError` saying what was wrong. Nothing else leaves `decode`.
+declared type and lies in its declared range, or raises `DecodeError` saying what was wrong. Nothing
+else leaves `decode`.
+
+A message type is a msgspec struct: frozen, tagged with its wire name, refusing unknown fields, with
+the range a field's values have by their nature declared on the field (`Annotated[int, Meta(ge=0)]`).
+Declaring it registers it under its tag: `class WorkRequest(Message, tag="work_request")`.
 
 A message is one header frame, a msgpack map ``{"type": tag, "proto": PROTOCOL_VERSION, "run": run
-id, "sender": actor name, "body": {field: value}}``, and for a type that declares a `PAYLOAD` field
-(weight chunks) a second, raw frame holding that field's bytes: the header then says
+id, "sender": actor name, "body": {"type": tag, field: value, …}}``, and for a type that declares a
+`PAYLOAD` field (weight chunks) a second, raw frame holding that field's bytes: the header then says
 ``"payload": n`` and leaves the field out of its body, the second frame must have exactly n bytes,
 and both frames are bounded by the same limit. The payload is never copied by the codec: it is sent
-from the caller's buffer and decoded as a view of the received frame. The message types themselves
+from the caller's buffer and decoded as a view of the received frame.
+
+Decoding reads the envelope first, key by key, so that each fault has a reason of its own that names
+the type and the sender as soon as they are known; the body, still undecoded, then goes to its type's
+typed decoder, which checks every field and every item of every list in one pass in C and names the
+first one wrong: "work_request: Expected `int` >= 0 - at `$.credits`". The message types themselves
 are declared in `cadence.wire.messages`, which is where everyone imports both from. This module imports
 nothing of cadence.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, TypeAlias, dataclass_transform
 
-import msgpack
+import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 Payload: TypeAlias = bytes | memoryview
@@ -42,31 +49,59 @@ class DecodeError(ValueError):
         self.sender = sender
 
 
-class Message:
-    """Base of all message types; subclasses are frozen dataclasses with a `TAG`. A subclass whose
-    `PAYLOAD` names one of its fields (typed `Payload`) carries that field as a frame of its own."""
+REGISTRY: dict[str, type[Message]] = {}
+_BODIES: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+"""Each type's body decoder: of the type itself, or of its fields but its payload."""
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(msgspec.field,))
+class _Declared(msgspec.StructMeta):
+    """The metaclass of messages: a struct declared with a `tag` is registered under it."""
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], /, **kwargs: Any
+    ) -> _Declared:
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        if "tag" in kwargs:
+            _register(cls, kwargs["tag"])
+        return cls
+
+
+class Message(msgspec.Struct, metaclass=_Declared, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+    """Base of all message types: `class Name(Message, tag="name")` declares one under its wire tag.
+    A subclass whose `PAYLOAD` names one of its fields (typed `Payload`) carries that field as a frame
+    of its own."""
 
     TAG: ClassVar[str] = ""
     PAYLOAD: ClassVar[str] = ""
 
 
-M = TypeVar("M", bound=type[Message])
-REGISTRY: dict[str, type[Message]] = {}
-
-
-def message(tag: str) -> typing.Callable[[M], M]:
-    """Declare a message type under `tag` (once)."""
-
-    def register(cls: M) -> M:
-        if tag in REGISTRY:
-            raise ValueError(f"message tag {tag!r} declared twice")
-        if cls.PAYLOAD and typing.get_type_hints(cls).get(cls.PAYLOAD) != Payload:
+def _register(cls: Any, tag: object) -> None:
+    if not isinstance(tag, str):
+        raise TypeError(f"{cls.__name__}: a message's tag is its wire name, a str, not {tag!r}")
+    if tag in REGISTRY:
+        raise ValueError(f"message tag {tag!r} declared twice")
+    body = cls
+    if cls.PAYLOAD:
+        fields = {f.name: f for f in msgspec.structs.fields(cls)}
+        if cls.PAYLOAD not in fields or fields[cls.PAYLOAD].type != Payload:
             raise TypeError(f"{tag}: payload field {cls.PAYLOAD!r} must be declared as Payload")
-        cls.TAG = tag
-        REGISTRY[tag] = cls
-        return cls
+        rest = [_spec(f) for name, f in fields.items() if name != cls.PAYLOAD]
+        body = msgspec.defstruct(
+            f"{cls.__name__}Body", rest, tag=tag, tag_field="type", frozen=True, forbid_unknown_fields=True
+        )
+    cls.TAG = tag
+    REGISTRY[tag] = cls
+    _BODIES[tag] = msgspec.msgpack.Decoder(body)
 
-    return register
+
+def _spec(f: msgspec.structs.FieldInfo) -> tuple[str, Any] | tuple[str, Any, Any]:
+    """A field of a message as `defstruct` declares it again."""
+    if f.default_factory is not msgspec.NODEFAULT:
+        return (f.name, f.type, msgspec.field(default_factory=f.default_factory))
+    if f.default is not msgspec.NODEFAULT:
+        return (f.name, f.type, f.default)
+    return (f.name, f.type)
 
 
 # ---------------------------------------------------------------- codec
@@ -81,15 +116,33 @@ class Envelope:
     run: str
 
 
+class _Header(msgspec.Struct):
+    """A header frame as received: every key is checked in `decode_frames`, one by one; the body is
+    left undecoded until the envelope holds."""
+
+    type: Any = None
+    proto: Any = None
+    run: Any = None
+    sender: Any = None
+    body: msgspec.Raw = msgspec.Raw()
+    payload: Any = msgspec.UNSET
+
+
+_HEADER = msgspec.msgpack.Decoder(_Header)
+_ENCODER = msgspec.msgpack.Encoder()
+_MAP_FORMATS = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})  # fixmap, map 16, map 32
+
+
 def encode_frames(msg: Message, sender: str, run: str = "") -> list[Payload]:
     """The frames of `msg`: its header, then its payload (not copied) if its type declares one."""
-    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}  # type: ignore[arg-type]
-    frame: dict[str, Any] = {"type": msg.TAG, "proto": PROTOCOL_VERSION, "run": run, "sender": sender}
+    header: dict[str, Any] = {"type": msg.TAG, "proto": PROTOCOL_VERSION, "run": run, "sender": sender}
     if not msg.PAYLOAD:
-        return [msgpack.packb({**frame, "body": body}, use_bin_type=True)]
-    payload = body.pop(msg.PAYLOAD)
-    frame["payload"] = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-    return [msgpack.packb({**frame, "body": body}, use_bin_type=True), payload]
+        header["body"] = msg
+        return [_ENCODER.encode(header)]
+    payload: Payload = getattr(msg, msg.PAYLOAD)
+    header["body"] = msgspec.structs.replace(msg, **{msg.PAYLOAD: msgspec.UNSET})  # left out
+    header["payload"] = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    return [_ENCODER.encode(header), payload]
 
 
 def encode(msg: Message, sender: str, run: str = "") -> bytes:
@@ -114,46 +167,69 @@ def decode_frames(frames: Sequence[Payload], max_bytes: int = DEFAULT_MAX_FRAME_
     if len(header) > max_bytes:
         raise DecodeError(f"frame of {len(header)} bytes exceeds the limit of {max_bytes}")
     try:
-        raw = msgpack.unpackb(header, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated exception types
-        raise DecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise DecodeError(f"frame is a msgpack {type(raw).__name__}, not a map")
-    sender = raw.get("sender")
-    sender = sender if isinstance(sender, str) else None
-    tag = raw.get("type")
+        head = _HEADER.decode(header)
+    except msgspec.ValidationError as exc:  # not a map of str keys (seen before the rest was read), or worse
+        raise DecodeError(_shapeless(header, exc)) from None
+    except Exception as exc:  # malformed, text that is not UTF-8, nested too deep
+        raise DecodeError(_not_msgpack(exc)) from None
+    sender = head.sender if isinstance(head.sender, str) else None
+    tag = head.type
     if not isinstance(tag, str):
         raise DecodeError("frame has no string 'type'", sender=sender)
-    proto = raw.get("proto")
-    if type(proto) is not int or proto != PROTOCOL_VERSION:
-        raise DecodeError(f"protocol version {raw.get('proto')!r}, expected {PROTOCOL_VERSION}", tag, sender)
+    if type(head.proto) is not int or head.proto != PROTOCOL_VERSION:
+        raise DecodeError(f"protocol version {head.proto!r}, expected {PROTOCOL_VERSION}", tag, sender)
     cls = REGISTRY.get(tag)
     if cls is None:
         raise DecodeError(f"unknown message type {tag!r}", tag, sender)
     if sender is None:
         raise DecodeError("frame has no string 'sender'", tag)
-    run = raw.get("run")
-    if not isinstance(run, str):
+    if not isinstance(head.run, str):
         raise DecodeError("frame has no string 'run'", tag, sender)
-    body = raw.get("body")
-    if not isinstance(body, dict):
+    body = memoryview(head.body)
+    if not body.nbytes or body[0] not in _MAP_FORMATS:
         raise DecodeError("frame has no map 'body'", tag, sender)
-    kwargs = _fields(cls, body, tag, sender)
+    try:
+        msg = _BODIES[tag].decode(body)
+    except msgspec.ValidationError as exc:  # names the field: "Expected `int`, got `str` - at `$.credits`"
+        raise DecodeError(f"{tag}: {exc}", tag, sender) from None
+    except Exception as exc:
+        raise DecodeError(f"{tag}: {_not_msgpack(exc)}", tag, sender) from None
     if cls.PAYLOAD:
-        kwargs[cls.PAYLOAD] = _payload(raw.get("payload"), frames, max_bytes, tag, sender)
+        data = _payload(head.payload, frames, max_bytes, tag, sender)
+        msg = cls(**msgspec.structs.asdict(msg), **{cls.PAYLOAD: data})
     elif len(frames) != 1:
         raise DecodeError(f"{tag}: expected 1 frame, got {len(frames)}", tag, sender)
-    elif "payload" in raw:
+    elif head.payload is not msgspec.UNSET:
         raise DecodeError(f"{tag}: announces a payload, which this type does not carry", tag, sender)
-    return Envelope(cls(**kwargs), sender, run)
+    return Envelope(msg, sender, head.run)
+
+
+def _shapeless(header: Payload, exc: msgspec.ValidationError) -> str:
+    """Why `header`, which the envelope's decoder refused with `exc`, is refused: it is no msgpack at
+    all, or msgpack of another shape (read whole, on this path only, to tell which)."""
+    try:
+        raw = msgspec.msgpack.decode(header)
+    except Exception as err:
+        return _not_msgpack(err)
+    if not isinstance(raw, dict):
+        return f"frame is a msgpack {type(raw).__name__}, not a map"
+    keys = sorted({type(k).__name__ for k in raw if not isinstance(k, str)})
+    return f"frame is a map with keys of type {', '.join(keys)}, not str" if keys else f"frame: {exc}"
+
+
+def _not_msgpack(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "not msgpack: nested too deep"
+    return f"not msgpack: {type(exc).__name__}: {exc}"
 
 
 def _payload(announced: Any, frames: Sequence[Payload], max_bytes: int, tag: str, sender: str) -> memoryview:
     if len(frames) != 2:
         raise DecodeError(f"{tag}: expected 2 frames, a header and its payload, got 1", tag, sender)
     if type(announced) is not int or not 0 <= announced <= max_bytes:
+        shown = None if announced is msgspec.UNSET else announced
         raise DecodeError(
-            f"{tag}: header announces a payload of {announced!r}, not a size within {max_bytes}", tag, sender
+            f"{tag}: header announces a payload of {shown!r}, not a size within {max_bytes}", tag, sender
         )
     data = memoryview(frames[1]).cast("B")
     if data.nbytes > max_bytes:
@@ -165,67 +241,3 @@ def _payload(announced: Any, frames: Sequence[Payload], max_bytes: int, tag: str
             f"{tag}: payload frame of {data.nbytes} bytes, the header announced {announced}", tag, sender
         )
     return data.toreadonly()
-
-
-def _fields(cls: type[Message], body: dict[str, Any], tag: str, sender: str) -> dict[str, Any]:
-    """The body's values by field name, each checked against its declared type; the payload field
-    is not in the body."""
-    hints = _hints(cls)
-    declared = [f for f in dataclasses.fields(cls) if f.name != cls.PAYLOAD]  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for f in declared:
-        if f.name not in body:
-            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-            if has_default:
-                continue
-            raise DecodeError(f"{tag}: missing field {f.name!r}", tag, sender)
-        value = body[f.name]
-        if not _matches(value, hints[f.name]):
-            raise DecodeError(
-                f"{tag}: field {f.name!r} should be {_name(hints[f.name])}, got {type(value).__name__}",
-                tag,
-                sender,
-            )
-        kwargs[f.name] = float(value) if hints[f.name] is float else value
-    extra = set(body) - {f.name for f in declared}
-    if extra:
-        raise DecodeError(f"{tag}: unknown fields {sorted(map(str, extra))}", tag, sender)
-    return kwargs
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    origin = get_origin(hint)
-    if hint is Any:
-        return True
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint in (str, bytes, bool):
-        return isinstance(value, hint)
-    if origin is list:
-        (item,) = get_args(hint)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if origin is dict:
-        key, item = get_args(hint)
-        return isinstance(value, dict) and all(
-            _matches(k, key) and _matches(v, item) for k, v in value.items()
-        )
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in get_args(hint))
-    if hint is type(None):
-        return value is None
-    raise TypeError(f"unsupported field type {hint!r}")
-
-
-def _name(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint)

@@ -3,7 +3,8 @@
 Invariant: each check is a pure function of the message and the limits its actor knows (the run's
 periods, the model's vocabulary, the upload bounds); it returns None for a message that may be
 handled, else the reason it may not, and never raises. The codec has already checked every field's
-type (`cadence.wire.codec`).
+type and the range its type declares (a version, a count, a size, an index, a token id: never
+negative; `cadence.wire.messages`); what is checked here depends on the run or on the other fields.
 """
 
 from __future__ import annotations
@@ -42,15 +43,13 @@ def _in_vocab(tokens: list[int], vocab_size: int) -> bool:
 
 
 def version_ready_problem(msg: VersionReady, periods: int, published: int, first: bool) -> str | None:
-    """A version names a period of the run (0 … periods), with a size, and metrics of plain JSON; and
+    """A version names a period of the run (0 … periods), and metrics of plain JSON; and
     it follows the last one announced (`published`, -1 before any): a trainer announces exactly the
     next version, or the same again. Its `first` announcement (a trainer resumed from its checkpoint)
     may go back to any earlier version, never beyond the next; any, to a dispatcher that has seen
     none (a run resumed as a whole)."""
     if not 0 <= msg.version <= periods:
         return f"version {msg.version} outside the run's 0..{periods}"
-    if msg.nbytes < 0:
-        return f"negative size {msg.nbytes}"
     if not plain_json(msg.metrics):
         return "metrics are not plain JSON (numbers, strings, lists and maps)"
     if published >= 0 and msg.version > published + 1:
@@ -102,8 +101,6 @@ def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
             return f"completion {i}: a log-prob that is not finite"
     if not _in_vocab(msg.prompt_tokens, vocab_size):
         return f"prompt: a token id outside the vocabulary of {vocab_size}"
-    if msg.following < 0:
-        return f"following = {msg.following}: a count of groups, at least 0"
     numbers = [*msg.rewards, *msg.correct, msg.gen_s, msg.load_s, msg.finished_at]
     if not _finite(numbers) or not all(_finite(v) for v in msg.reward_parts.values()):
         return "a reward, correctness value or time that is not finite"
@@ -126,8 +123,6 @@ def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
         return f"{samples} samples expected but {wrong}"
     if not _finite([*msg.rewards, *msg.correct, msg.gen_s]):
         return "a reward, correctness value or time that is not finite"
-    if any(t < 0 for t in msg.tokens):
-        return "a negative completion length"
     return None
 
 
@@ -135,8 +130,6 @@ def upload_problem(msg: WeightUpload, chunk_bytes: int, max_bytes: int) -> str |
     """A chunk of an upload: its index among its chunks, the count within `max_bytes` of chunks of
     `chunk_bytes`, and every chunk but the last exactly `chunk_bytes` long (the last at most)."""
     most = max(1, -(-max_bytes // chunk_bytes))
-    if msg.version < 0:
-        return f"version {msg.version}"
     if not 1 <= msg.chunks <= most:
         return f"{msg.chunks} chunks, at most {most} of {chunk_bytes} bytes fit the limit of {max_bytes}"
     if not 0 <= msg.index < msg.chunks:

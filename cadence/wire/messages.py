@@ -1,16 +1,18 @@
 """The wire contract: every message type and its fields; the codec they travel by is `cadence.wire.codec`,
 re-exported here so that actors and tests import the whole contract from one place.
 
-Invariant: every type here is a frozen dataclass declared once under its tag (`@message`), its fields
-typed so the codec can check them; tensors never travel as pickles: weights are safetensors bytes in
-`WeightChunk` payloads, or broadcast tensors laid out by `BroadcastPlan`. This module imports nothing
-of cadence but the codec.
+Invariant: every type here is a frozen msgspec struct declared once under its wire tag
+(`class Name(Message, tag="name")`), its fields typed, and ranged where their values have a range by
+nature (a version, a count, a size, an index: never negative), so that the codec refuses anything
+else; tensors never travel as pickles: weights are safetensors bytes in `WeightChunk` payloads, or
+broadcast tensors laid out by `BroadcastPlan`. This module imports nothing of cadence but the codec.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from msgspec import Meta, field
 
 from cadence.wire.codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -24,7 +26,6 @@ from cadence.wire.codec import (
     decode_frames,
     encode,
     encode_frames,
-    message,
 )
 
 __all__ = [
@@ -39,16 +40,24 @@ __all__ = [
     "decode_frames",
     "encode",
     "encode_frames",
-    "message",
 ]
+
+Version = Annotated[int, Meta(ge=0)]
+"""A version of the weights, or a period (version k = period k): 0 up to the run's periods."""
+Count = Annotated[int, Meta(ge=0)]
+"""How many of something, a size in bytes, a position among others: never negative."""
+AtLeastOne = Annotated[int, Meta(ge=1)]
+"""How many of something there is at least one of."""
+TokenId = Annotated[int, Meta(ge=0)]
+"""A position in the vocabulary (whose size the trainer checks: `cadence.wire.meaning`)."""
+Port = Annotated[int, Meta(ge=0, le=65535)]
+"""A TCP port."""
 
 
 # ---------------------------------------------------------------- roster and liveness
 
 
-@message("register")
-@dataclass(frozen=True)
-class Register(Message):
+class Register(Message, tag="register"):
     """An actor announces itself to the dispatcher. `address` is where it serves, if it does; `key`:
     the trainer's key, which the dispatcher makes assignment tickets with and checks the trainer's
     signed messages against (`cadence.wire.roles`); `proof`: a secret of this session, new at every
@@ -57,47 +66,39 @@ class Register(Message):
 
     role: str
     address: str = ""
-    pid: int = 0
+    pid: Count = 0
     host: str = ""
     key: str = ""
     local: str = ""  # an ipc:// address it also serves at, for peers on its own host
     proof: str = ""  # the session's random secret: only a registration showing it again takes its place
 
 
-@message("welcome")
-@dataclass(frozen=True)
-class Welcome(Message):
+class Welcome(Message, tag="welcome"):
     """The dispatcher's answer to a rollout worker: where the trainer and publisher are;
     `publisher_local`: the publisher's ipc:// address, for a worker on `publisher_host` (a version's
     bytes through a Unix socket instead of TCP loopback)."""
 
     trainer_address: str
     publisher_address: str
-    version: int
+    version: Version
     publisher_local: str = ""
     publisher_host: str = ""
 
 
-@message("trainer_key")
-@dataclass(frozen=True)
-class TrainerKey(Message):
+class TrainerKey(Message, tag="trainer_key"):
     """The dispatcher tells the publisher the key of the registered trainer: only a `WeightUpload`
     whose ticket was made with it is taken."""
 
     key: str
 
 
-@message("heartbeat")
-@dataclass(frozen=True)
-class Heartbeat(Message):
+class Heartbeat(Message, tag="heartbeat"):
     """I am alive. Sent every `transport.heartbeat_s` in both directions."""
 
     role: str = ""
 
 
-@message("shutdown")
-@dataclass(frozen=True)
-class Shutdown(Message):
+class Shutdown(Message, tag="shutdown"):
     """The run is over (or failed): stop after finishing nothing further. `stopped`: its user ended it
     before its last period (`cadence slurm stop`): no failure, and the trainer ends cleanly.
     `refused`: the registration it answers was refused (`reason` says why): the actor fails."""
@@ -110,9 +111,7 @@ class Shutdown(Message):
 # ---------------------------------------------------------------- logs
 
 
-@message("log_batch")
-@dataclass(frozen=True)
-class LogBatch(Message):
+class LogBatch(Message, tag="log_batch"):
     """Log events of one actor, each a JSON object text, sent to the dispatcher and on to followers.
     `path` is the file the actor writes them to itself; `dropped` counts events lost to a full buffer."""
 
@@ -120,32 +119,26 @@ class LogBatch(Message):
     host: str
     path: str
     lines: list[str]
-    dropped: int = 0
+    dropped: Count = 0
 
 
-@message("subscribe")
-@dataclass(frozen=True)
-class Subscribe(Message):
+class Subscribe(Message, tag="subscribe"):
     """A follower asks the dispatcher for the run's log events (the last `backlog` first); sent again
     every heartbeat to stay subscribed."""
 
-    backlog: int = 0
+    backlog: Count = 0
 
 
 # ---------------------------------------------------------------- work
 
 
-@message("work_request")
-@dataclass(frozen=True)
-class WorkRequest(Message):
+class WorkRequest(Message, tag="work_request"):
     """A rollout worker grants the dispatcher `credits` more prompt groups."""
 
-    credits: int
+    credits: Count
 
 
-@message("assignment")
-@dataclass(frozen=True)
-class Assignment(Message):
+class Assignment(Message, tag="assignment"):
     """Generate `group_size` completions of one prompt with weights `version`. `ticket`: the
     dispatcher's proof of this assignment to this worker, which its `GroupResult` shows the trainer.
     `batch`: how many assignments the dispatcher sent this worker together, this one among them
@@ -153,42 +146,38 @@ class Assignment(Message):
     (`period` = `version`): generated with the eval sampling settings and answered to the dispatcher
     with an `EvalResult`, never to the trainer; a batch is all eval or all training."""
 
-    period: int
-    version: int
+    period: Version
+    version: Version
     prompt_id: int
     prompt: str
     answer: str
-    group_size: int
+    group_size: AtLeastOne
     ticket: str = ""
-    batch: int = 1
+    batch: AtLeastOne = 1
     eval: bool = False
 
 
-@message("eval_result")
-@dataclass(frozen=True)
-class EvalResult(Message):
+class EvalResult(Message, tag="eval_result"):
     """A worker's answer to an eval assignment, sent to the dispatcher (never trained): the prompt's
     samples with their rewards and correctness from the run's reward functions, and their texts."""
 
-    version: int
+    version: Version
     prompt_id: int
     rewards: list[float]
     correct: list[float]
     responses: list[str]
-    tokens: list[int]  # each sample's completion length in tokens
+    tokens: list[Count]  # each sample's completion length in tokens
     gen_s: float = 0.0
 
 
-@message("group_result")
-@dataclass(frozen=True)
-class GroupResult(Message):
+class GroupResult(Message, tag="group_result"):
     """A finished, scored group, pushed to the trainer as soon as it is done."""
 
-    period: int
-    version: int
+    period: Version
+    version: Version
     prompt_id: int
-    prompt_tokens: list[int]
-    completions: list[list[int]]
+    prompt_tokens: list[TokenId]
+    completions: list[list[TokenId]]
     logprobs: list[list[float]]
     rewards: list[float]
     correct: list[float]
@@ -200,41 +189,35 @@ class GroupResult(Message):
     answer: str = ""
     responses: list[str] = field(default_factory=list)
     ticket: str = ""  # the assignment's ticket: without the right one the trainer refuses the group
-    following: int = (
+    following: Count = (
         0  # groups of the same batch sent right after this one (the trainer trains them together)
     )
 
 
-@message("consumed")
-@dataclass(frozen=True)
-class Consumed(Message):
+class Consumed(Message, tag="consumed"):
     """The trainer has taken these prompt groups of `period` into the gradient."""
 
-    period: int
+    period: Version
     prompt_ids: list[int]
     mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
 
 
-@message("version_ready")
-@dataclass(frozen=True)
-class VersionReady(Message):
+class VersionReady(Message, tag="version_ready"):
     """Weights `version` are published; period `version` may start. Carries the last period's metrics
     as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run).
     `digest`: the xxh3-128 of the version's bytes, the one every pull is verified against."""
 
-    version: int
+    version: Version
     digest: str
-    nbytes: int
+    nbytes: Count
     metrics: dict[str, Any] = field(default_factory=dict)
     mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
 
 
-@message("run_done")
-@dataclass(frozen=True)
-class RunDone(Message):
+class RunDone(Message, tag="run_done"):
     """The trainer has finished the last period and saved the final weights."""
 
-    version: int
+    version: Version
     sha256: str
     checkpoint: str
     mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
@@ -243,106 +226,88 @@ class RunDone(Message):
 # ---------------------------------------------------------------- weights
 
 
-@message("weight_query")
-@dataclass(frozen=True)
-class WeightQuery(Message):
+class WeightQuery(Message, tag="weight_query"):
     """Ask the publisher for the size and checksum of `version`."""
 
-    version: int
+    version: Version
 
 
-@message("weight_meta")
-@dataclass(frozen=True)
-class WeightMeta(Message):
+class WeightMeta(Message, tag="weight_meta"):
     """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
     xxh3-128, which a puller checks the whole against."""
 
-    version: int
+    version: Version
     available: bool
-    nbytes: int
+    nbytes: Count
     digest: str
-    chunk_bytes: int
-    chunks: int
+    chunk_bytes: Count
+    chunks: Count
 
 
-@message("weight_chunk_request")
-@dataclass(frozen=True)
-class WeightChunkRequest(Message):
-    version: int
-    index: int
+class WeightChunkRequest(Message, tag="weight_chunk_request"):
+    version: Version
+    index: Count
 
 
-@message("weight_chunk")
-@dataclass(frozen=True)
-class WeightChunk(Message):
+class WeightChunk(Message, tag="weight_chunk"):
     """Chunk `index` of `version`; `data` travels as the payload frame."""
 
     PAYLOAD: ClassVar[str] = "data"
 
-    version: int
-    index: int
+    version: Version
+    index: Count
     data: Payload
 
 
-@message("weight_upload")
-@dataclass(frozen=True)
-class WeightUpload(Message):
+class WeightUpload(Message, tag="weight_upload"):
     """The trainer hands a version to a publisher in another process, chunk by chunk; `data` travels
     as the payload frame."""
 
     PAYLOAD: ClassVar[str] = "data"
 
-    version: int
-    index: int
-    chunks: int
+    version: Version
+    index: Count
+    chunks: Count
     digest: str  # xxh3-128 of the whole version
     data: Payload
     ticket: str = ""  # made with the trainer's key: without the right one the publisher refuses the chunk
 
 
-@message("broadcast_join")
-@dataclass(frozen=True)
-class BroadcastJoin(Message):
+class BroadcastJoin(Message, tag="broadcast_join"):
     """A worker asks the publisher to take it into the weight broadcasts (again, after a failure)."""
 
     worker: str  # the worker's name (its broadcast channel has a name of its own)
 
 
-@message("broadcast_joined")
-@dataclass(frozen=True)
-class BroadcastJoined(Message):
+class BroadcastJoined(Message, tag="broadcast_joined"):
     """The publisher's answer: broadcasts reach the worker from `from_version` on; earlier ones it pulls."""
 
-    from_version: int
+    from_version: Version
 
 
-@message("broadcast_dropped")
-@dataclass(frozen=True)
-class BroadcastDropped(Message):
+class BroadcastDropped(Message, tag="broadcast_dropped"):
     """The publisher took the worker out of the broadcasts at `version` (it did not confirm in time):
     it pulls until it has joined again."""
 
-    version: int
+    version: Version
 
 
-@message("broadcast_plan")
-@dataclass(frozen=True)
-class BroadcastPlan(Message):
+class BroadcastPlan(Message, tag="broadcast_plan"):
     """Version `version` is about to be broadcast in group `generation` (formed anew when it is new):
     join it at `store_host:store_port` as `rank` of `world` and receive the buckets laid out here."""
 
-    version: int
-    generation: int
-    rank: int
-    world: int
+    version: Version
+    generation: Count
+    rank: Count
+    world: AtLeastOne
     backend: str
     store_host: str
-    store_port: int
+    store_port: Port
     prefix: str
     timeout_s: float
     names: list[str]
     dtypes: list[str]
-    shapes: list[list[int]]
-    buckets: list[int]
-    offsets: list[int]
-    sizes: list[int]
+    shapes: list[list[Count]]
+    buckets: list[Count]
+    offsets: list[Count]
+    sizes: list[Count]

@@ -22,12 +22,13 @@ knows the run id, not one that reads the network.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
 import secrets
 from typing import TypeVar
+
+import msgspec
 
 from cadence.wire.messages import REGISTRY, Message
 
@@ -120,13 +121,14 @@ before the dispatcher acts on it."""
 def _signed_text(msg: Message) -> str:
     """Every field of `msg` but its MAC, as one canonical text (sorted keys, floats as Python writes
     them: the same on both sides of a msgpack round trip)."""
-    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg) if f.name != "mac"}  # type: ignore[arg-type]
+    fields = msgspec.structs.asdict(msg)
+    fields.pop("mac", None)
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 def sign(key: str, msg: S) -> S:
     """`msg` with its MAC under `key` (a message of `SIGNED`)."""
-    return dataclasses.replace(msg, mac=ticket(key, msg.TAG, _signed_text(msg)))  # type: ignore[type-var]
+    return msgspec.structs.replace(msg, mac=ticket(key, msg.TAG, _signed_text(msg)))
 
 
 def signed(key: str, msg: Message) -> bool:

@@ -211,10 +211,10 @@ async def test_only_the_registered_trainer_announces_versions_and_ends_the_run(
     with structlog.testing.capture_logs() as logs:
         await trainer.send(VersionReady(0, "sha0", 10, {}))
         await trainer.send(VersionReady(1, "sha1", 10, row))
-        for forged in (RunDone(2, "forged", "/x"), VersionReady(-1, "s", 1, {}), Consumed(1, [0, 1])):
+        for forged in (RunDone(2, "forged", "/x"), VersionReady(0, "s", 1, {}), Consumed(1, [0, 1])):
             await forger.send(forged)  # a worker may send none of these
         second = await join(network, "second", "trainer", "inproc://elsewhere")  # the run has its trainer
-        await trainer.send(VersionReady(-1, "s", 1, {}))  # the trainer itself, out of the run's range
+        await trainer.send(VersionReady(3, "s", 1, {}))  # the trainer itself, out of the run's range
         await trainer.send(RunDone(2, "early", "/x"))  # before version 2 was announced
         await trainer.send(VersionReady(2, "sha2", 10, {**row, "period": 1, "fn": msgpack.ExtType(1, b"x")}))
         await forger.send(WorkRequest(1))  # the dispatcher still answers: it went on
@@ -229,7 +229,7 @@ async def test_only_the_registered_trainer_announces_versions_and_ends_the_run(
         ("trainer", "trainer", "run_done"),
         ("trainer", "trainer", "version_ready"),
     ]
-    assert dispatcher.server.refused == 7 and dispatcher.period == 1 and not dispatcher.done.is_set()
+    assert dispatcher.server.refused == 7 and dispatcher.core.period == 1 and not dispatcher.done.is_set()
     assert [line["period"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0]  # nothing rewound
     assert "the run has its trainer already (trainer)" in (await expect(second, Shutdown)).reason
     task.cancel()
@@ -274,7 +274,7 @@ async def test_a_message_that_fails_its_handler_is_contained(network: InprocNetw
         assert (await expect(worker, Assignment)).period == 0  # period 1 never started
     failed = [e for e in logs if e["event"] == "message_failed"]
     assert len(failed) == 1 and failed[0]["type"] == "version_ready" and "TypeError" in failed[0]["error"]
-    assert not task.done() and dispatcher.period == 0
+    assert not task.done() and dispatcher.core.period == 0
     task.cancel()
 
 
@@ -365,7 +365,9 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     samples = read_jsonl(tmp_path / "samples" / "eval-period-0.jsonl")
     assert [s["prompt_id"] for s in samples] == [-1, -2, -3, -4, -5]
     await other.send(WorkRequest(4))  # the worker gives back what its eval batch took
-    await _until(lambda: [p.credits for p in dispatcher.peers.values() if p.name == "w1"] == [1])
+    await _until(
+        lambda: [dispatcher.core.credits.get(k) for k, p in dispatcher.peers.items() if p.name == "w1"] == [1]
+    )
     # version 1 is not due; the final version 2 is, and the run ends only once it is answered
     await trainer.send(VersionReady(1, "digest", 10, {"period": 0}))
     await trainer.send(VersionReady(2, "digest", 10, {"period": 1}))
@@ -381,7 +383,7 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     beating.cancel()
     rows = read_jsonl(tmp_path / "eval.jsonl")
     assert [r["period"] for r in rows] == [0, 2] and rows[1]["eval_accuracy"] == 1.0
-    assert dispatcher.evals.open == []
+    assert dispatcher.core.rounds.open == []
 
 
 async def test_the_rest_of_an_eval_round_goes_out_before_the_next_periods_prompts(
@@ -474,7 +476,7 @@ async def test_a_peer_that_borrows_a_registered_name_takes_nothing_over(
         await trainer.send(VersionReady(3, "sha3", 10, {}))  # the trainer itself may not jump ahead
         while dispatcher.server.refused < 6:  # polled, ended by the test's timeout
             await asyncio.sleep(0.01)
-    assert dispatcher.period == 1 and dispatcher.run_done is None and not dispatcher.done.is_set()
+    assert dispatcher.core.period == 1 and dispatcher.run_done is None and not dispatcher.done.is_set()
     strangers = [(e["peer"], e["type"]) for e in logs if e["event"] == "message_from_unregistered_peer"]
     assert strangers == [("trainer", "version_ready"), ("trainer", "run_done"), ("rollout-0", "work_request")]
     refused = [

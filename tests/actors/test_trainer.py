@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 import structlog
 from torch import Tensor
@@ -118,7 +119,7 @@ class Worker:
 
     async def send(self, msg: GroupResult) -> None:
         shown = assignment_ticket(self.key, msg.period, msg.prompt_id, self.client.name)
-        await self.client.send(dataclasses.replace(msg, ticket=shown))
+        await self.client.send(msgspec.structs.replace(msg, ticket=shown))
 
 
 async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
@@ -315,13 +316,13 @@ async def test_a_group_whose_batch_follows_waits_for_it(network: InprocNetwork, 
     the rest (`following`) are in, so the batch is trained as one micro-batch."""
     cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
     await expect(dispatcher, VersionReady, skip=(Register,))
-    await worker.send(dataclasses.replace(group(0, 0, tag=0.0), following=1))
+    await worker.send(msgspec.structs.replace(group(0, 0, tag=0.0), following=1))
     held = until(lambda: len(trainer._micro) == 1 and trainer.arrivals.empty())  # held, not trained
     await asyncio.wait_for(held, 10)
     assert learner.micro == []
     await worker.send(group(0, 1, tag=1.0))
     await until(lambda: len(learner.micro) == 1)
-    await worker.send(dataclasses.replace(group(0, 2, tag=2.0), following=1))
+    await worker.send(msgspec.structs.replace(group(0, 2, tag=2.0), following=1))
     await worker.send(group(0, 3, tag=3.0))
     await expect(dispatcher, VersionReady, skip=(Consumed,))
     assert learner.micro == [[0.0, 1.0], [2.0, 3.0]]
@@ -346,7 +347,7 @@ async def test_groups_that_carry_their_texts_are_kept_as_samples(
 ) -> None:
     cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
     await expect(dispatcher, VersionReady, skip=(Register,))
-    kept = dataclasses.replace(
+    kept = msgspec.structs.replace(
         group(0, 1, tag=1.0),
         prompt="53",
         answer="5",
@@ -373,15 +374,15 @@ async def test_groups_without_their_assignment_or_without_meaning_are_refused(
     trainer.server.refusals = RefusalLog("trainer", per_second=100)  # log every one of them
     await expect(dispatcher, VersionReady, skip=(Register,))
     stranger = network.connect("stranger", "inproc://trainer")
-    nan = dataclasses.replace(group(0, 1), rewards=[math.nan, 0.0])
+    nan = msgspec.structs.replace(group(0, 1), rewards=[math.nan, 0.0])
     with structlog.testing.capture_logs() as logs:
         await stranger.send(group(0, 0))  # no ticket at all
         await stranger.send(
-            dataclasses.replace(group(0, 0), ticket=assignment_ticket(worker.key, 0, 0, "w0"))
+            msgspec.structs.replace(group(0, 0), ticket=assignment_ticket(worker.key, 0, 0, "w0"))
         )
         await worker.send(nan)
-        await worker.send(dataclasses.replace(group(0, 1), completions=[[5, 2], [6, 7, VOCAB]]))
-        await worker.send(dataclasses.replace(group(0, 1), rewards=[0.0]))
+        await worker.send(msgspec.structs.replace(group(0, 1), completions=[[5, 2], [6, 7, VOCAB]]))
+        await worker.send(msgspec.structs.replace(group(0, 1), rewards=[0.0]))
         await stranger.send(Consumed(0, [1]))
         for pid in (0, 1, 2, 3):
             await worker.send(group(0, pid))
@@ -409,7 +410,7 @@ async def test_eval_work_never_reaches_the_gradient(network: InprocNetwork, tmp_
     eval_answer = EvalResult(0, -1, [1.0, 1.0], [1.0, 1.0], ["7", "7"], [2, 2])
     with structlog.testing.capture_logs() as logs:
         # an eval assignment carries no ticket: a group of it is no assignment the trainer knows
-        await worker.client.send(dataclasses.replace(group(0, 0), prompt_id=-1, ticket=""))
+        await worker.client.send(msgspec.structs.replace(group(0, 0), prompt_id=-1, ticket=""))
         await worker.client.send(eval_answer)  # an eval answer sent to the trainer instead of the dispatcher
         for pid in (0, 1, 2, 3):
             await worker.send(group(0, pid))

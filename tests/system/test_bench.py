@@ -45,6 +45,17 @@ def test_bench_signing_prints_the_cost_of_each_signed_message() -> None:
     )
 
 
+def test_bench_wire_prints_what_each_message_costs_the_codec() -> None:
+    lines = cadence("bench", "wire", "--json").stdout.strip().splitlines()
+    assert len(lines) == 1  # nothing but the figures on stdout
+    figures = json.loads(lines[0])
+    assert figures["bench"] == "wire" and figures["protocol"] >= 1 and len(figures["load_avg"]) == 3
+    for tag in ("group_result", "weight_chunk", "heartbeat"):
+        for name in ("header_bytes", "encode_us", "decode_us"):
+            assert figures[f"{tag}_{name}"] > 0, (tag, name)
+    assert figures["chunk_bytes"] == 4 << 20 and figures["group_size"] * figures["tokens"] > 0
+
+
 def test_bench_logs_counts_every_event_through_both_paths() -> None:
     proc = cadence("bench", "logs", "--json")
     lines = proc.stdout.strip().splitlines()

@@ -136,7 +136,7 @@ def forge_to_dispatcher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], addr
     wait_until(joined, 60, "the forger registered", run.proc)
     forger.send(RunDone(PERIODS, "f" * 64, str(out / "nowhere")))
     refused_by(run, "dispatcher", "forger", "run_done")
-    forger.send(VersionReady(-1, "f" * 64, 1))
+    forger.send(VersionReady(0, "f" * 64, 1))
     refused_by(run, "dispatcher", "forger", "version_ready")
     header = msgpack.unpackb(bytes(encode_frames(VersionReady(3, "f" * 64, 1), "forger", RUN_ID)[0]))
     header["body"]["metrics"] = {"reward_mean": msgpack.ExtType(3, b"\x00")}

@@ -88,7 +88,9 @@ def test_garbage_to_every_socket_is_refused_and_the_run_completes(tmp_path: Path
         assert {e["channel"] for e in refused} == channels, actor
         assert len(refused) == len(GARBAGE) * len(channels)
         reasons = " ".join(e["reason"] for e in refused)
-        assert "not msgpack" in reasons and "protocol version" in reasons and "missing field" in reasons
+        assert (
+            "not msgpack" in reasons and "protocol version" in reasons and "missing required field" in reasons
+        )
 
 
 def _flood_frames(run_id: str) -> tuple[list[list[bytes]], list[list[bytes]]]:

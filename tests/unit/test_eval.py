@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from cadence.config import ConfigError, load_config
+from cadence.dispatch.rounds import EvalRound, EvalRounds
 from cadence.launch.build import make_tokenizer
-from cadence.monitor.evaluation import EvalRound, EvalRounds, eval_figures, pass_at_k
+from cadence.monitor.evaluation import eval_figures, pass_at_k
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.base import Prompt
 from cadence.tasks.heldout import eval_prompts, held_out
 from cadence.tasks.registry import make_task
 from cadence.wire.meaning import eval_result_problem
-from cadence.wire.messages import EvalResult, decode_frames, encode_frames
+from cadence.wire.messages import DecodeError, EvalResult, decode_frames, encode_frames
 
 
 def test_pass_at_k_against_enumerating_every_draw() -> None:
@@ -151,12 +152,13 @@ def test_an_eval_answer_must_make_sense() -> None:
         (EvalResult(3, -2, [0.5], [0.0, 1.0], ["1", "2"], [2, 1]), "rewards"),
         (EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1"], [2, 1]), "responses"),
         (EvalResult(3, -2, [0.5, math.nan], [0.0, 1.0], ["1", "2"], [2, 1]), "finite"),
-        (EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1", "2"], [2, -1]), "negative"),
     ]
     rng.shuffle(bad)
     for msg, reason in bad:
         problem = eval_result_problem(wire(msg), 2)
         assert problem is not None and reason in problem, (msg, problem)
+    with pytest.raises(DecodeError, match=r"at `\$\.tokens\[1\]`"):  # a length is never negative
+        wire(EvalResult(3, -2, [0.5, 1.0], [0.0, 1.0], ["1", "2"], [2, -1]))
 
 
 class Scalars:

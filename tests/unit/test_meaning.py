@@ -1,13 +1,14 @@
 """The meaning checks after the codec: each well-formed but meaningless message gets a reason; every
-sound one gets None. The values are run through the codec first, as an actor would see them."""
+sound one gets None. The values are run through the codec first, as an actor would see them: a value
+outside its type's own range (a negative version, count or token id) never gets past the codec."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 
 from cadence.wire.meaning import (
@@ -20,6 +21,7 @@ from cadence.wire.meaning import (
     work_request_problem,
 )
 from cadence.wire.messages import (
+    DecodeError,
     GroupResult,
     Message,
     RunDone,
@@ -59,7 +61,7 @@ def group(**changes: Any) -> GroupResult:
         reward_parts={"task": [1.0, 0.0]},
         responses=["a", "b"],
     )
-    return dataclasses.replace(sound, **changes)
+    return msgspec.structs.replace(sound, **changes)
 
 
 def test_a_sound_group_passes() -> None:
@@ -78,20 +80,36 @@ def test_a_sound_group_passes() -> None:
         ({"responses": ["a"]}, "'responses': 1"),
         ({"logprobs": [[-0.5], [-2.0]]}, "completion 0: 2 tokens but 1 log-probs"),
         ({"completions": [[4, 12], [5]]}, "completion 0: a token id outside the vocabulary of 12"),
-        ({"completions": [[4, 11], [-1]]}, "completion 1: a token id outside"),
         ({"prompt_tokens": [1, 99]}, "prompt: a token id outside the vocabulary"),
         ({"logprobs": [[-0.5, math.nan], [-2.0]]}, "completion 0: a log-prob that is not finite"),
         ({"logprobs": [[-0.5, -1.0], [-math.inf]]}, "completion 1: a log-prob that is not finite"),
         ({"rewards": [math.nan, 0.0]}, "not finite"),
         ({"correct": [math.inf, 0.0]}, "not finite"),
         ({"reward_parts": {"task": [1.0, math.nan]}}, "not finite"),
-        ({"following": -1}, "following = -1"),
         ({"gen_s": math.nan}, "not finite"),
     ],
 )
 def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
     problem = group_problem(wire(group(**changes)), VOCAB)
     assert problem is not None and reason in problem
+
+
+@pytest.mark.parametrize(
+    ("msg", "field"),
+    [
+        (group(completions=[[4, 11], [-1]]), "completions[1][0]"),
+        (group(following=-1), "following"),
+        (VersionReady(-1, "s", 1), "version"),
+        (VersionReady(1, "s", -3), "nbytes"),
+        (WorkRequest(-1), "credits"),
+        (WeightUpload(1, -1, 3, "d", b"x" * 4), "index"),
+        (WeightUpload(-2, 0, 1, "d", b"x"), "version"),
+    ],
+)
+def test_a_value_outside_its_types_range_is_refused_by_the_codec(msg: Message, field: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        wire(msg)
+    assert info.value.reason.endswith(f"at `$.{field}`") and info.value.type_tag == msg.TAG
 
 
 def test_versions_are_in_the_run_and_metrics_plain_json() -> None:
@@ -102,9 +120,7 @@ def test_versions_are_in_the_run_and_metrics_plain_json() -> None:
 
     assert problem(VersionReady(4, "s", 10, row)) is None
     assert problem(VersionReady(5, "s", 10)) is None  # the last one
-    assert problem(VersionReady(-1, "s", 1)) == "version -1 outside the run's 0..5"
-    assert "version 6 outside" in str(problem(VersionReady(6, "s", 1)))
-    assert "negative size" in str(problem(VersionReady(1, "s", -3)))
+    assert problem(VersionReady(6, "s", 1)) == "version 6 outside the run's 0..5"
     ext = msgpack.ExtType(5, b"\x00\x01")
     frames = encode_frames(VersionReady(1, "s", 1), "trainer", "run")
     header = msgpack.unpackb(frames[0])
@@ -146,13 +162,12 @@ def test_the_run_is_done_only_at_its_last_version_announced_by_the_same_trainer(
 
 def test_credits_are_bounded() -> None:
     assert work_request_problem(wire(WorkRequest(4))) is None
-    assert work_request_problem(wire(WorkRequest(-1))) is not None
     assert work_request_problem(wire(WorkRequest(MAX_CREDITS + 1))) is not None
 
 
 def test_uploads_fit_the_limits_and_their_chunks() -> None:
-    def upload(index: int, chunks: int, size: int, version: int = 1) -> str | None:
-        msg = wire(WeightUpload(version, index, chunks, "d", b"x" * size))
+    def upload(index: int, chunks: int, size: int) -> str | None:
+        msg = wire(WeightUpload(1, index, chunks, "d", b"x" * size))
         return upload_problem(msg, chunk_bytes=10, max_bytes=100)
 
     assert upload(0, 3, 10) is None and upload(2, 3, 4) is None and upload(0, 1, 0) is None
@@ -160,7 +175,5 @@ def test_uploads_fit_the_limits_and_their_chunks() -> None:
     assert "1099511627776 chunks, at most 10" in str(upload(0, 1 << 40, 10))
     assert "0 chunks" in str(upload(0, 0, 0))
     assert "chunk 3 of 3" in str(upload(3, 3, 4))
-    assert "chunk -1 of 3" in str(upload(-1, 3, 4))
     assert "chunk 0 of 4 bytes" in str(upload(0, 3, 4))  # only the last may be short
     assert "chunk 2 of 11 bytes" in str(upload(2, 3, 11))
-    assert "version -2" in str(upload(0, 1, 1, version=-2))

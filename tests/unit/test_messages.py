@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from typing import Any, get_args, get_origin
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,7 +57,7 @@ def sample(hint: Any, salt: int = 0) -> Any:
 
 def build(cls: type[Message]) -> Message:
     hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = msgspec.structs.fields(cls)
     return cls(**{f.name: sample(hints[f.name], i) for i, f in enumerate(fields)})
 
 
@@ -97,13 +97,7 @@ def test_every_message_round_trips(tag: str) -> None:
 
 def required_fields(cls: type[Message]) -> list[str]:
     """Required fields of the header's body (a payload travels in a frame of its own)."""
-    return [
-        f.name
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-        and f.name != cls.PAYLOAD
-    ]
+    return [f.name for f in msgspec.structs.fields(cls) if f.required and f.name != cls.PAYLOAD]
 
 
 @pytest.mark.parametrize("tag", sorted(t for t, c in REGISTRY.items() if required_fields(c)))
@@ -116,7 +110,7 @@ def test_every_message_refuses_a_missing_required_field(tag: str) -> None:
         with pytest.raises(DecodeError) as info:
             decode_frames([msgpack.packb(raw), *payload])
         err = info.value
-        assert f"missing field {name!r}" in err.reason
+        assert f"{tag}: Object missing required field `{name}`" in err.reason
         assert err.type_tag == tag and err.sender == "s"
 
 
@@ -187,7 +181,7 @@ def test_refuses_a_missing_run_and_a_missing_body() -> None:
 
 def test_refuses_a_missing_field() -> None:
     err = refusal(frame({}))
-    assert "missing field 'credits'" in err.reason
+    assert "missing required field `credits`" in err.reason
 
 
 @pytest.mark.parametrize(
@@ -209,22 +203,22 @@ def test_refuses_a_missing_field() -> None:
             "version_ready",
             {"version": 1, "digest": "", "nbytes": 0, "metrics": [1]},
             "metrics",
-            "dict",
-            "list",
+            "object",
+            "array",
         ),
         pytest.param(
             "consumed",
             {"period": 1, "prompt_ids": [1, "2", 3]},
-            "prompt_ids",
-            "list[int]",
-            "list",
+            "prompt_ids[1]",
+            "int",
+            "str",
         ),
         pytest.param(
             "consumed",
             {"period": 1, "prompt_ids": [1, False]},
-            "prompt_ids",
-            "list[int]",
-            "list",
+            "prompt_ids[1]",
+            "int",
+            "bool",
         ),
     ],
 )
@@ -232,33 +226,86 @@ def test_refuses_a_mistyped_field(
     tag: str, body: dict[str, Any], field: str, declared: str, got: str
 ) -> None:
     err = refusal(frame(body, type=tag))
-    assert f"field {field!r} should be {declared}" in err.reason
-    assert err.reason.endswith(f"got {got}")
+    assert err.reason == f"{tag}: Expected `{declared}`, got `{got}` - at `$.{field}`"
     assert err.type_tag == tag and err.sender == "w1"
 
 
 def test_refuses_a_list_with_an_item_of_the_wrong_type() -> None:
     for items in ([1, "2", 3], [1, False], [[1]]):
         err = refusal(frame({"period": 1, "prompt_ids": items}, type="consumed"))
-        assert "field 'prompt_ids' should be" in err.reason
+        assert "at `$.prompt_ids[" in err.reason
 
     body = msgpack.unpackb(encode(build(REGISTRY["group_result"]), "s"), raw=False)["body"]
     body["logprobs"] = [[0.5], [0.5, "x"]]
-    assert "field 'logprobs' should be" in refusal(frame(body, type="group_result")).reason
+    assert "at `$.logprobs[1][1]`" in refusal(frame(body, type="group_result")).reason
     body["logprobs"] = [[0.5]]
     body["rewards"] = 1.0
     assert (
-        "field 'rewards' should be list[float], got float" in refusal(frame(body, type="group_result")).reason
+        "Expected `array`, got `float` - at `$.rewards`" in refusal(frame(body, type="group_result")).reason
     )
+
+
+def sound_body(tag: str) -> dict[str, Any]:
+    """The body of a message of type `tag` that decodes, to change one field of."""
+    body: dict[str, Any] = msgpack.unpackb(encode_frames(build(REGISTRY[tag]), "s")[0], raw=False)["body"]
+    return body
+
+
+@pytest.mark.parametrize(
+    ("tag", "changes", "field", "declared"),
+    [
+        ("work_request", {"credits": -1}, "credits", "int` >= 0"),
+        ("version_ready", {"version": -1}, "version", "int` >= 0"),
+        ("version_ready", {"nbytes": -3}, "nbytes", "int` >= 0"),
+        ("consumed", {"period": -2}, "period", "int` >= 0"),
+        ("weight_chunk_request", {"index": -1}, "index", "int` >= 0"),
+        ("eval_result", {"tokens": [3, -1]}, "tokens[1]", "int` >= 0"),
+        ("assignment", {"group_size": 0}, "group_size", "int` >= 1"),
+        ("group_result", {"completions": [[1, 2, -3]]}, "completions[0][2]", "int` >= 0"),
+        ("group_result", {"following": -1}, "following", "int` >= 0"),
+        ("broadcast_plan", {"store_port": 1 << 16}, "store_port", "int` <= 65535"),
+    ],
+)
+def test_refuses_a_value_outside_its_declared_range(
+    tag: str, changes: dict[str, Any], field: str, declared: str
+) -> None:
+    err = refusal(frame({**sound_body(tag), **changes}, type=tag))
+    assert err.reason.startswith(f"{tag}: Expected `{declared}")
+    assert err.reason.endswith(f"at `$.{field}`")
+    assert err.type_tag == tag and err.sender == "w1"
+
+
+def test_refuses_a_body_tagged_as_another_type() -> None:
+    err = refusal(frame({"type": "consumed", "credits": 1}))
+    assert err.reason == "work_request: Invalid value 'consumed' - at `$.type`"
 
 
 def test_refuses_an_unknown_extra_field() -> None:
     err = refusal(frame({"credits": 1, "bonus": 2}))
-    assert "unknown fields ['bonus']" in err.reason
+    assert "unknown field `bonus`" in err.reason
 
 
 def test_refuses_unknown_fields_of_mixed_key_types() -> None:
     refusal(frame({"credits": 1, "extra": 1, b"raw": 2}))
+
+
+def test_refuses_text_that_is_not_utf8_and_a_malformed_timestamp() -> None:
+    not_utf8 = b"\xa1\x80"  # a str of one byte that begins no UTF-8 character
+    assert "not msgpack" in refusal(msgpack.packb({"type": None})[:-1] + not_utf8).reason
+    err = refusal(frame({"reason": None}, type="shutdown")[:-1] + not_utf8)
+    assert err.reason.startswith("shutdown: not msgpack") and err.type_tag == "shutdown"
+    bad_timestamp = b"\xd5\xff\x00\x00"  # ext -1 of 2 bytes: no timestamp has that size
+    assert refusal(msgpack.packb({"type": None})[:-1] + bad_timestamp).reason
+    body = {"version": 1, "digest": "", "nbytes": 0, "metrics": {"x": None}}
+    err = refusal(frame(body, type="version_ready")[:-1] + bad_timestamp)
+    assert err.reason.startswith("version_ready: ") and "timestamp" in err.reason
+
+
+@pytest.mark.parametrize("key", ["type", "body"])
+def test_refuses_a_frame_nested_too_deep(key: str) -> None:
+    deep = b"\x91" * 200_000 + b"\xc0"  # an array in an array in … nil
+    err = refusal(msgpack.packb({key: None})[:-1] + deep)
+    assert "nested too deep" in err.reason
 
 
 def test_refuses_an_oversized_frame() -> None:
@@ -289,7 +336,7 @@ def test_a_payload_travels_uncopied_in_its_own_frame() -> None:
     header, payload = encode_frames(WeightChunk(3, 1, view), "s", "r")
     assert payload is view
     raw = msgpack.unpackb(header, raw=False)
-    assert raw["payload"] == 200 and raw["body"] == {"version": 3, "index": 1}
+    assert raw["payload"] == 200 and raw["body"] == {"type": "weight_chunk", "version": 3, "index": 1}
     env = decode_frames([header, data[100:300]])
     assert env == Envelope(WeightChunk(3, 1, data[100:300]), "s", "r")
     got = env.message.data  # type: ignore[attr-defined]
@@ -334,7 +381,7 @@ def test_refuses_a_payload_message_without_its_payload_frame() -> None:
 
 def test_refuses_a_payload_inside_the_header_body() -> None:
     err = frames_refusal([chunk_header({"version": 1, "index": 0, "data": b"abcd"}), b"abcd"])
-    assert "unknown fields ['data']" in err.reason
+    assert "unknown field `data`" in err.reason
 
 
 def test_refuses_a_payload_for_a_type_without_one() -> None:
@@ -360,7 +407,7 @@ _values = st.recursive(
     ),
     max_leaves=20,
 )
-_field_names = st.sampled_from(sorted({f.name for c in REGISTRY.values() for f in dataclasses.fields(c)}))  # type: ignore[arg-type]
+_field_names = st.sampled_from(sorted({name for c in REGISTRY.values() for name in c.__struct_fields__}))
 # Bodies with real field names and arbitrary values, so the schema checks are exercised, not just the envelope.
 _bodies = st.dictionaries(_field_names | st.text(max_size=8), _values, max_size=8)
 _frames = st.fixed_dictionaries(
@@ -421,11 +468,12 @@ def test_headers_with_payload_frames_decode_or_refuse(
 
 
 _i64 = st.integers(-(2**63), 2**63 - 1)
+_versions = st.integers(0, 2**63 - 1)  # a version or a period: never negative
 
 
 @settings(max_examples=100, deadline=None, database=None)
 @given(
-    st.builds(Assignment, _i64, _i64, _i64, st.text(), st.text(), _i64),
+    st.builds(Assignment, _versions, _versions, _i64, st.text(), st.text(), st.integers(1, 2**63 - 1)),
     st.text(max_size=16),
     st.text(max_size=16),
 )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Any
 
+import msgspec
 import pytest
 
 from cadence.wire.messages import (
@@ -128,7 +128,7 @@ def test_the_trainers_word_is_signed_field_by_field(msg: VersionReady | RunDone 
     good = sign(key, msg)
     assert signed(key, _on_the_wire(good))  # a msgpack round trip keeps the MAC valid
     assert not signed(key, msg) and not signed(new_key(), good) and not signed("", good)
-    for name, value in dataclasses.asdict(good).items():  # any field changed: no longer signed
+    for name, value in msgspec.structs.asdict(good).items():  # any field changed: no longer signed
         if name == "mac":
             continue
         changed: Any = (
@@ -140,6 +140,6 @@ def test_the_trainers_word_is_signed_field_by_field(msg: VersionReady | RunDone 
             if isinstance(value, list)
             else {**value, "forged": 1}
         )
-        assert not signed(key, dataclasses.replace(good, **{name: changed})), name
+        assert not signed(key, msgspec.structs.replace(good, **{name: changed})), name
     flipped = good.mac[:-1] + ("0" if good.mac[-1] != "0" else "1")
-    assert not signed(key, dataclasses.replace(good, mac=flipped))
+    assert not signed(key, msgspec.structs.replace(good, mac=flipped))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from cadence.actors.rollout import pull_address
-from cadence.actors.roster import Peer, claim_problem, welcome_message
+from cadence.dispatch.roster import Peer, claim_problem, welcome_message
 from cadence.wire.messages import Register, Welcome
 
 TRAINER = Peer("trainer", "trainer", "tcp://a:1", key="k")

@@ -1,0 +1,199 @@
+"""The dispatcher's core: the period's prompts, the eval rounds, the workers' credits, and what to
+send whom. Synchronous and without sockets: `cadence.actors.dispatcher` feeds it what the peers say
+and sends the assignments it returns.
+
+```
+ announce(k) ──────────────► period k: B prompts of period k queued (the ledger); a period announced
+                             again starts over with fresh prompts; k = periods: nothing more queued
+ announce(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
+ credit(worker, n) ────────► credits += n
+ assign(workers, key) ─────► the queued prompts shared out by the policy within the credits
+                             (most_credits_first), each an Assignment with the ticket HMAC(trainer
+                             key, period, prompt id, worker); the m a worker gets at once say
+                             batch=m: it generates them together
+ queue empty ──────────────► eval prompts to workers with credits left (a credit: G / eval samples
+                             prompts), as batches of their own (Assignment eval=True, version v)
+ round v with prompts not handed out at announce(v+1) ─► that rest goes out first, before period
+                             v+1's prompts, to workers still holding v (eval_rest_first)
+ round v unanswered at announce(v + weights.keep_versions) ─► eval_abandoned (no row)
+ consume(k, ids) ──────────► consumed (from the queue too: a lost worker's group the trainer took)
+ leave(worker) / restart ──► what it held back to the front of the queue, in prompt order
+ answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
+```
+
+Invariant: a prompt of period k is held by at most one worker (`Ledger`) until the trainer consumes
+it; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
+only while no training prompt is queued, except the rest of an older round, which goes before the new
+period's prompts; a worker never gets more prompts than it has credits, save the eval prompts one
+credit buys (`group_size // eval_samples`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from cadence.dispatch.ledger import Ledger
+from cadence.dispatch.policy import Policy, most_credits_first
+from cadence.dispatch.rounds import EvalRounds
+from cadence.tasks.base import Prompt, Task
+from cadence.wire.messages import Assignment, EvalResult
+from cadence.wire.roles import assignment_ticket
+
+log = structlog.get_logger()
+
+Sends = list[tuple[bytes, Assignment]]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker that may get work: its route, and the name its tickets are made out to."""
+
+    route: bytes
+    name: str
+
+
+class DispatchCore:
+    """`periods` periods of `prompts_per_period` prompts of `task`, each a group of `group_size`;
+    `rounds`: the eval rounds; `policy`: how queued prompts are shared out between workers."""
+
+    def __init__(
+        self,
+        task: Task,
+        periods: int,
+        prompts_per_period: int,
+        group_size: int,
+        rounds: EvalRounds,
+        policy: Policy = most_credits_first,
+    ) -> None:
+        self.task = task
+        self.periods = periods
+        self.B = prompts_per_period
+        self.group_size = group_size
+        self.rounds = rounds
+        self.policy = policy
+        self.ledger = Ledger()
+        self.credits: dict[bytes, int] = {}
+        self.period = -1  # the period whose prompts are out
+        self.published = -1  # the last version announced
+
+    # ------------------------------------------------------------------ what the peers say
+
+    def announce(self, version: int, now: float) -> None:
+        """Version `version` is published: its eval round opens if due, and period `version` starts
+        (with a fresh set of prompts: a period announced again starts over), unless it is the last."""
+        self.published = version
+        self.rounds.announce(version, now)
+        if version >= self.periods:
+            log.info("periods_complete", version=version)
+            self.ledger.close()
+            return
+        self.period = version
+        self.ledger.open(version, self.task.prompts(version, self.B))
+        log.info("period_started", period=version, version=version, prompts=self.ledger.queued)
+
+    def consume(self, period: int, prompt_ids: Sequence[int]) -> None:
+        self.ledger.consume(period, prompt_ids)
+
+    def credit(self, worker: bytes, count: int) -> None:
+        self.credits[worker] = self.credits.get(worker, 0) + count
+
+    def restart(self, worker: bytes) -> int:
+        """`worker` (welcomed again) drops what it held and asks afresh: its prompts back to the front
+        of the queue, its credits 0. How many training prompts went back."""
+        self.credits[worker] = 0
+        self.rounds.requeue(worker)
+        return self.ledger.requeue(worker)
+
+    def leave(self, worker: bytes) -> int:
+        """`worker` is gone: what it held goes back to the front of the queue; how many prompts."""
+        self.credits.pop(worker, None)
+        self.rounds.requeue(worker)
+        return self.ledger.requeue(worker)
+
+    def trainer_lost(self) -> None:
+        """Nothing is handed out until a trainer announces a version again."""
+        self.rounds.open.clear()
+        self.ledger.close()
+
+    def eval_problem(self, worker: bytes, msg: EvalResult) -> str | None:
+        return self.rounds.problem(worker, msg.version, msg.prompt_id)
+
+    def answer(self, msg: EvalResult, now: float) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """Take an eval answer `eval_problem` found nothing wrong with; the row and samples of the
+        round it completes, or None."""
+        record = {"rewards": msg.rewards, "correct": msg.correct, "responses": msg.responses}
+        done = self.rounds.answer(msg.version, msg.prompt_id, record, now)
+        if done is not None:
+            row = done[0]
+            log.info(
+                "eval_done",
+                version=msg.version,
+                accuracy=round(row["eval_accuracy"], 4),
+                reward=round(row["eval_reward"], 4),
+                eval_s=round(row["eval_s"], 3),
+            )
+        return done
+
+    @property
+    def waiting(self) -> bool:
+        """Prompts (training or eval) wait to be handed out."""
+        return bool(self.ledger.queued or self.rounds.pending)
+
+    # ------------------------------------------------------------------ what to send
+
+    def assign(self, workers: Sequence[Worker], key: str) -> Sends:
+        """The assignments to send now to `workers` (in roster order), within their credits: the rest
+        of an older eval round first, then the period's prompts by the policy, then the open round's
+        eval prompts to the credits left. `key`: the trainer's, which tickets are made with."""
+        sends: Sends = []
+        if self.rounds.behind(self.published):
+            sends += self._assign_eval(workers)
+        if self.rounds.behind(self.published):  # some of that rest waits for credits
+            return sends
+        counts = self.policy([max(self.credits.get(w.route, 0), 0) for w in workers], self.ledger.queued)
+        for worker, count in zip(workers, counts, strict=True):
+            prompts = self.ledger.assign(worker.route, count)
+            self.credits[worker.route] = self.credits.get(worker.route, 0) - len(prompts)
+            sends += [(worker.route, self._assignment(p, worker, key, len(prompts))) for p in prompts]
+        if not self.ledger.queued and self.rounds.pending:
+            sends += self._assign_eval(workers)
+        return sends
+
+    def _assignment(self, prompt: Prompt, worker: Worker, key: str, batch: int) -> Assignment:
+        ticket = assignment_ticket(key, self.period, prompt.prompt_id, worker.name)
+        k = self.period
+        return Assignment(k, k, prompt.prompt_id, prompt.text, prompt.answer, self.group_size, ticket, batch)
+
+    def _assign_eval(self, workers: Sequence[Worker]) -> Sends:
+        """Eval prompts to the workers' credits left, each worker's as one batch of its own (a training
+        batch sent before it stays whole). A credit stands for a group of `group_size` samples, so it
+        buys group_size / eval samples eval prompts: a batch costs what the training groups of those
+        credits would."""
+        per_credit = max(1, self.group_size // self.rounds.samples)
+        sends: Sends = []
+        for w in workers:
+            left = self.credits.get(w.route, 0)
+            batch = self.rounds.give(w.route, max(left, 0) * per_credit, self.published)
+            self.credits[w.route] = left - len(batch)  # below 0 until the worker's WorkRequest(len(batch))
+            for r, p in batch:
+                n = len(batch)
+                sends.append(
+                    (
+                        w.route,
+                        Assignment(
+                            r.version,
+                            r.version,
+                            p.prompt_id,
+                            p.text,
+                            p.answer,
+                            self.rounds.samples,
+                            batch=n,
+                            eval=True,
+                        ),
+                    )
+                )
+        return sends

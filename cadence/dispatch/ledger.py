@@ -1,0 +1,104 @@
+"""The ledger of one period's prompts: where each prompt is, and the transitions between.
+
+```
+            assign(worker)              consume(period, ids)
+  QUEUED ─────────────────► ASSIGNED ─────────────────────► CONSUMED
+    ▲                          │
+    └──────────────────────────┘
+       requeue(worker): back to the front of the queue, in prompt order
+  QUEUED ─── consume ──► CONSUMED  (a group the trainer took from a worker declared lost meanwhile)
+```
+
+Invariant: every prompt of the open period is in exactly one state, an assigned one held by exactly
+one worker; the queue holds exactly the queued prompts, in the order they go out; a `consume` of
+another period changes nothing; nothing survives `open` or `close` of a period.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cadence.tasks.base import Prompt
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    ASSIGNED = "assigned"
+    CONSUMED = "consumed"
+
+
+@dataclass
+class Entry:
+    prompt: Prompt
+    state: State = State.QUEUED
+    worker: bytes | None = None  # the route of the worker holding it, while assigned
+
+
+class Ledger:
+    """The prompts of the open period (none before the first and after `close`)."""
+
+    def __init__(self) -> None:
+        self.period = -1
+        self._entries: dict[int, Entry] = {}
+        self._queue: deque[int] = deque()
+
+    def open(self, period: int, prompts: Sequence[Prompt]) -> None:
+        """Period `period` starts with `prompts`, all queued in their order; the last one's are gone."""
+        self.period = period
+        self._entries = {p.prompt_id: Entry(p) for p in prompts}
+        if len(self._entries) != len(prompts):
+            raise ValueError(f"period {period}: prompt ids repeat")
+        self._queue = deque(p.prompt_id for p in prompts)
+
+    def close(self) -> None:
+        """Nothing is handed out any more: the periods are complete, or the trainer is gone."""
+        self._entries.clear()
+        self._queue.clear()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def state(self, prompt_id: int) -> State | None:
+        entry = self._entries.get(prompt_id)
+        return None if entry is None else entry.state
+
+    def held_by(self, worker: bytes) -> list[int]:
+        """The ids `worker` holds, in prompt order."""
+        return sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.worker == worker)
+
+    def assign(self, worker: bytes, count: int) -> list[Prompt]:
+        """The first `count` queued prompts (fewer when fewer are queued), now held by `worker`."""
+        given: list[Prompt] = []
+        while self._queue and len(given) < count:
+            entry = self._entries[self._queue.popleft()]
+            entry.state, entry.worker = State.ASSIGNED, worker
+            given.append(entry.prompt)
+        return given
+
+    def consume(self, period: int, prompt_ids: Iterable[int]) -> int:
+        """The trainer took these prompts of `period`: consumed, wherever they were. How many changed."""
+        if period != self.period:
+            return 0
+        taken = 0
+        for pid in prompt_ids:
+            entry = self._entries.get(pid)
+            if entry is None or entry.state is State.CONSUMED:
+                continue
+            if entry.state is State.QUEUED:
+                self._queue.remove(pid)
+            entry.state, entry.worker = State.CONSUMED, None
+            taken += 1
+        return taken
+
+    def requeue(self, worker: bytes) -> int:
+        """What `worker` holds goes back to the front of the queue, in prompt order; how many."""
+        back = self.held_by(worker)
+        for pid in back:
+            entry = self._entries[pid]
+            entry.state, entry.worker = State.QUEUED, None
+        self._queue.extendleft(reversed(back))
+        return len(back)

@@ -1,0 +1,26 @@
+"""What the dispatcher reads of the run's configuration (built by `cadence.launch.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class DispatcherSettings:
+    """What the dispatcher reads of the run's configuration (built by `launch/settings.py`).
+
+    `on_trainer_loss`: "fail" ends the run when the trainer or its publisher is lost; "wait" holds
+    the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
+    how long prompts may wait with no rollout worker left before the run fails. `eval_every`: the
+    versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt;
+    `keep_versions`: the versions the publisher keeps (an eval round lasts that long)."""
+
+    periods: int
+    prompts_per_period: int
+    group_size: int
+    on_trainer_loss: Literal["fail", "wait"]
+    wait_for_workers_s: float = 300.0
+    eval_every: int = 0
+    eval_samples: int = 1
+    keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later

@@ -1,0 +1,202 @@
+"""The dispatcher's core without sockets: the ledger's transitions, the policy, and what the core
+assigns to whom."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cadence.dispatch.core import DispatchCore, Worker
+from cadence.dispatch.ledger import Ledger, State
+from cadence.dispatch.policy import most_credits_first
+from cadence.dispatch.rounds import EvalRounds
+from cadence.tasks.base import Prompt
+from cadence.wire.messages import Assignment, EvalResult
+from cadence.wire.roles import assignment_ticket, valid_ticket
+
+A, B = b"route-a", b"route-b"
+
+
+def prompts(period: int, count: int) -> list[Prompt]:
+    return [Prompt(period * count + i, f"q{period}.{i}", str(i)) for i in range(count)]
+
+
+class Numbered:
+    alphabet = "0123456789"
+
+    def prompts(self, period: int, count: int) -> list[Prompt]:
+        return prompts(period, count)
+
+    def score(self, prompt: str, response: str, answer: str, finished: bool) -> object:
+        raise NotImplementedError
+
+
+def core(
+    periods: int = 3, per_period: int = 4, eval_set: Sequence[Prompt] = (), every: int = 0, samples: int = 1
+) -> DispatchCore:
+    rounds = EvalRounds(eval_set, every, periods, samples, keep_versions=2)
+    return DispatchCore(Numbered(), periods, per_period, group_size=4, rounds=rounds)  # type: ignore[arg-type]
+
+
+def ids(sends: list[tuple[bytes, Assignment]], route: bytes | None = None) -> list[int]:
+    return [a.prompt_id for r, a in sends if route is None or r == route]
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+def test_ledger_walks_each_prompt_through_its_states() -> None:
+    ledger = Ledger()
+    ledger.open(0, prompts(0, 4))
+    assert ledger.queued == 4 and all(ledger.state(i) is State.QUEUED for i in range(4))
+    assert [p.prompt_id for p in ledger.assign(A, 3)] == [0, 1, 2]
+    assert ledger.held_by(A) == [0, 1, 2] and ledger.queued == 1
+    assert ledger.consume(0, [1]) == 1 and ledger.state(1) is State.CONSUMED
+    assert ledger.requeue(A) == 2  # 0 and 2 go back to the front, in order, before 3
+    assert [p.prompt_id for p in ledger.assign(B, 4)] == [0, 2, 3]
+    assert ledger.held_by(A) == [] and ledger.held_by(B) == [0, 2, 3]
+
+
+def test_ledger_ignores_another_periods_consumed_and_a_repeat() -> None:
+    ledger = Ledger()
+    ledger.open(1, prompts(1, 2))
+    ledger.assign(A, 2)
+    assert ledger.consume(0, [2, 3]) == 0  # period 0's: stale
+    assert ledger.consume(1, [2, 2, 99]) == 1  # once, and an id it never had changes nothing
+    assert ledger.state(3) is State.ASSIGNED
+
+
+def test_a_queued_prompt_the_trainer_took_is_not_handed_out_again() -> None:
+    ledger = Ledger()
+    ledger.open(0, prompts(0, 3))
+    ledger.assign(A, 3)
+    ledger.requeue(A)  # A declared lost, but its group of prompt 1 reached the trainer
+    assert ledger.consume(0, [1]) == 1
+    assert [p.prompt_id for p in ledger.assign(B, 3)] == [0, 2]
+
+
+def test_opening_a_period_forgets_the_last_and_refuses_repeated_ids() -> None:
+    ledger = Ledger()
+    ledger.open(0, prompts(0, 2))
+    ledger.assign(A, 1)
+    ledger.open(1, prompts(1, 2))
+    assert ledger.held_by(A) == [] and ledger.queued == 2 and ledger.state(0) is None
+    with pytest.raises(ValueError, match="repeat"):
+        ledger.open(2, [Prompt(7, "a", "1"), Prompt(7, "b", "2")])
+
+
+# ---------------------------------------------------------------- the policy
+
+
+def test_most_credits_first_evens_out_and_prefers_the_first_of_equals() -> None:
+    assert most_credits_first([3, 1], 2) == [2, 0]
+    assert most_credits_first([3, 3], 3) == [2, 1]
+    assert most_credits_first([0, 2], 5) == [0, 2]
+    assert most_credits_first([], 5) == []
+    assert most_credits_first([4], 0) == [0]
+
+
+@given(st.lists(st.integers(0, 20), max_size=6), st.integers(0, 60))
+def test_a_policy_never_gives_more_than_asked_or_queued(credits: list[int], queued: int) -> None:
+    given_ = most_credits_first(credits, queued)
+    assert len(given_) == len(credits)
+    assert all(0 <= g <= c for g, c in zip(given_, credits, strict=True))
+    assert sum(given_) == min(queued, sum(credits))  # nothing held back while asked for
+
+
+# ---------------------------------------------------------------- the core
+
+
+def test_nothing_goes_out_before_a_version_and_never_beyond_credits() -> None:
+    c = core()
+    workers = [Worker(A, "a"), Worker(B, "b")]
+    c.credit(A, 3)
+    assert c.assign(workers, "key") == []  # no period yet
+    c.announce(0, 0.0)
+    sends = c.assign(workers, "key")
+    assert ids(sends, A) == [0, 1, 2] and ids(sends, B) == []
+    assert all(a.batch == 3 and a.period == a.version == 0 for _, a in sends)
+    assert all(valid_ticket("key", a.ticket, "assignment", 0, a.prompt_id, "a") for _, a in sends)
+    assert c.assign(workers, "key") == []  # its credits are spent
+    c.credit(B, 5)
+    assert ids(c.assign(workers, "key"), B) == [3]
+    assert sends[0][1].ticket == assignment_ticket("key", 0, 0, "a")
+
+
+def test_a_lost_workers_prompts_go_to_the_next_that_asks() -> None:
+    c = core()
+    c.announce(0, 0.0)
+    c.credit(A, 2)
+    c.assign([Worker(A, "a")], "k")
+    assert c.leave(A) == 2 and A not in c.credits
+    c.credit(B, 4)
+    assert ids(c.assign([Worker(B, "b")], "k")) == [0, 1, 2, 3]
+
+
+def test_a_restarted_worker_asks_afresh() -> None:
+    c = core()
+    c.announce(0, 0.0)
+    c.credit(A, 3)
+    c.assign([Worker(A, "a")], "k")
+    c.credit(A, 2)
+    assert c.restart(A) == 3 and c.credits[A] == 0
+    c.credit(A, 1)
+    assert ids(c.assign([Worker(A, "a")], "k")) == [0]
+
+
+def test_the_next_version_starts_over_and_the_last_queues_nothing() -> None:
+    c = core(periods=2, per_period=2)
+    c.announce(0, 0.0)
+    c.credit(A, 1)
+    c.assign([Worker(A, "a")], "k")
+    c.announce(1, 1.0)
+    assert c.ledger.queued == 2 and c.ledger.held_by(A) == [] and c.period == 1
+    c.announce(2, 2.0)
+    assert not c.waiting and c.period == 1 and c.published == 2
+
+
+def test_eval_prompts_go_out_once_the_period_is_handed_out() -> None:
+    evals = [Prompt(-1 - i, f"e{i}", "0") for i in range(6)]
+    c = core(periods=2, per_period=2, eval_set=evals, every=1, samples=2)
+    c.announce(0, 0.0)
+    c.credit(A, 3)
+    sends = c.assign([Worker(A, "a")], "k")
+    training = [a for _, a in sends if not a.eval]
+    eval_ = [a for _, a in sends if a.eval]
+    assert [a.prompt_id for a in training] == [0, 1]
+    # the credit left buys group_size / samples = 2 eval prompts, a batch of its own
+    assert [a.prompt_id for a in eval_] == [-1, -2] and all(a.batch == 2 for a in eval_)
+    assert c.credits[A] == -1
+    assert c.eval_problem(A, result(0, -1)) is None
+    assert c.eval_problem(B, result(0, -1)) is not None  # not given to B
+    assert c.answer(result(0, -1), 1.0) is None
+
+
+def test_the_rest_of_an_older_round_goes_before_the_new_period() -> None:
+    evals = [Prompt(-1 - i, f"e{i}", "0") for i in range(3)]
+    c = core(periods=3, per_period=2, eval_set=evals, every=1, samples=4)
+    c.announce(0, 0.0)
+    c.credit(A, 2)
+    c.assign([Worker(A, "a")], "k")  # period 0's two prompts, no credit left for round 0
+    c.announce(1, 1.0)
+    c.credit(A, 2)
+    sends = c.assign([Worker(A, "a")], "k")
+    assert all(a.eval and a.version == 0 for _, a in sends)  # round 0's rest first, nothing of period 1
+    assert ids(sends) == [-1, -2]
+    c.credit(A, 2)
+    sends = c.assign([Worker(A, "a")], "k")  # the round's last prompt, then period 1 with the credit left
+    assert [(a.prompt_id, a.eval, a.version) for _, a in sends] == [(-3, True, 0), (2, False, 1)]
+    c.credit(A, 3)
+    sends = c.assign([Worker(A, "a")], "k")  # period 1's last, then round 1 to the credits left
+    assert [(a.prompt_id, a.eval, a.version) for _, a in sends] == [
+        (3, False, 1),
+        (-1, True, 1),
+        (-2, True, 1),
+    ]
+
+
+def result(version: int, prompt_id: int) -> EvalResult:
+    return EvalResult(version, prompt_id, [1.0, 0.0], [1.0, 0.0], ["a", "b"], [3, 4])
