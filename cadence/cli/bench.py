@@ -1,4 +1,4 @@
-"""`cadence bench NAME`: the measurements behind the README's performance section."""
+"""`cadence bench NAME`: the measurements of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from cadence.cli.common import Subparsers
 
 
 def add(sub: Subparsers) -> None:
-    bench = sub.add_parser("bench", help="measurements of the README's performance section")
+    bench = sub.add_parser("bench", help="measurements printed as text or JSON (docs/benchmarks.md)")
     bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e", "signing", "wire"])
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
