@@ -1,1 +1,3 @@
-"""The four actors: dispatcher, rollout worker, trainer, weight publisher. One actor a file."""
+"""The four actors: dispatcher, rollout worker, trainer, weight publisher, one actor a file; and
+`episodes.py`, which joins the multi-turn episode runner (`cadence.tasks.environments`) to the
+built-in engine."""

@@ -1,0 +1,106 @@
+"""What an environment is: one episode's other side, from its first message to its score.
+
+An episode is made for one prompt and one sample seed (`EnvironmentFactory`); `start` gives the first
+user message; `step` answers each model turn (its text) with the next message (a tool's result, a
+game's feedback, a user's reply), whether the episode is done, and optionally a reward for that turn;
+`score` judges the whole episode with the task's `Score` (reward, correctness, reward parts). Every
+method is `async`, so an environment may await a tool, a sandbox or a judge.
+
+How the names map onto other frameworks' (see docs/environments.md for an adapter sketch):
+
+| here | verifiers (`MultiTurnEnv`) | SkyRL-gym (`BaseTextEnv`) |
+|---|---|---|
+| `start()` | the dataset row's prompt (and `setup_state`) | `init(prompt)` |
+| `step(text)` | `env_response(messages, state)` | `step(action)` |
+| `Reply.done` | `is_completed(messages, state)` | `done` of the step output |
+| `Reply.reward` | a per-turn reward kept in `state` | `reward` of the step output |
+| `score(transcript)` | the rubric's reward functions | the reward of the last step |
+| `close()` | (cleanup of `state`) | `close()` |
+
+Invariant: an environment never sees token ids, only text; it is driven by one runner at a time, one
+call after another (`start`, then `step` per model turn, then `score`, then `close`), never two at once.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from cadence.tasks.base import Prompt, Score
+
+Author = Literal["environment", "model"]
+
+# why an episode ended: the environment said so (done), a bound was reached (max_turns, token_budget,
+# episode_timeout; context: the engine's positions are full), or the environment failed (error)
+Ending = Literal["done", "max_turns", "token_budget", "episode_timeout", "context", "error"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An environment's answer to one model turn."""
+
+    message: str  # what the model reads next (tool result, feedback, user reply); unused when done
+    done: bool = False  # the episode is over: no further model turn
+    reward: float | None = None  # this turn's own reward, recorded beside the episode's score
+    tool_calls: int = 0  # tool calls the turn made
+    tool_errors: int = 0  # of which the tool answered with an error
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of an episode: who wrote it, its text, and how many tokens it took."""
+
+    author: Author
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What `score` judges: the episode's messages in order (the first message, then model and
+    environment turns alternating) and why it ended."""
+
+    turns: tuple[Turn, ...]
+    ended: Ending
+
+    @property
+    def responses(self) -> list[str]:
+        """The model's turns, in order."""
+        return [turn.text for turn in self.turns if turn.author == "model"]
+
+    @property
+    def last_response(self) -> str | None:
+        """The model's last turn, or None when it made none."""
+        responses = self.responses
+        return responses[-1] if responses else None
+
+
+class Environment(abc.ABC):
+    """One episode's environment. Subclass it and give `start`, `step` and `score`; `close` frees
+    what the episode held (a sandbox, a connection). `name` names it in logs."""
+
+    name: str = "environment"
+
+    @abc.abstractmethod
+    async def start(self) -> str:
+        """The first user message (SkyRL-gym: `init`)."""
+
+    @abc.abstractmethod
+    async def step(self, response: str) -> Reply:
+        """The answer to the model's turn `response` (verifiers: `env_response` and `is_completed`;
+        SkyRL-gym: `step`). CPU-bound work must be bounded by construction or run where the step's
+        timeout can stop it (a subprocess): a timeout cancels the coroutine, it cannot stop a thread."""
+
+    @abc.abstractmethod
+    async def score(self, transcript: Transcript) -> Score:
+        """The episode's score, also when it ended at a bound (`transcript.ended`)."""
+
+    async def close(self) -> None:
+        """Free what the episode held (most environments hold nothing); called once, after `score`."""
+        return None
+
+
+# makes the environment of one episode: (the prompt, the sample seed) -> a fresh environment
+EnvironmentFactory = Callable[[Prompt, int], Environment]

@@ -1,0 +1,65 @@
+"""What the episode runner asks of the rest: an engine that continues token ids, and the chat
+template's turn boundaries as token ids. Both are Protocols: the tasks layer imports no model code;
+`cadence.model.turns.ChatTurns` is the template side, `cadence.actors.episodes.EngineGenerate` the
+built-in engine's side.
+
+Invariant (token in, token out): the runner never decodes and re-encodes what it already holds; an
+episode's context is the prompt's ids, then each turn's ids exactly as sampled or as `encode_reply`
+gave them. `turn_seed(seed, 0) == seed`, so an episode's first turn is the single-turn sample of seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One model turn: the sampled ids (with the final end-of-turn id if it stopped there) and the
+    log-prob of each, as the sampling distribution gave it."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finished: bool  # ended on its end-of-turn (eos) token, not at its token limit
+
+
+class Generate(Protocol):
+    @property
+    def max_context(self) -> int:
+        """The ids a context may hold, the prompt's and the sampled ones together (the model's positions)."""
+        ...
+
+    async def __call__(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: Sequence[int]
+    ) -> list[Generated]:
+        """One continuation of each prompt, sample i drawn from `seeds[i]` alone, at most
+        `max_new_tokens[i]` tokens (the runner keeps prompt and new tokens within `max_context`)."""
+        ...
+
+
+class TurnCodec(Protocol):
+    def encode_prompt(self, text: str) -> list[int]:
+        """The first user message in the chat template, ready for the model's first turn."""
+        ...
+
+    def encode_reply(self, message: str, finished: bool) -> list[int]:
+        """The ids between the model's turn and its next one around `message`: the template's end of
+        the model's turn (less its eos when `finished`: the model sampled it), the message's header,
+        the message, its end, the next model turn's header."""
+        ...
+
+    def decode_response(self, ids: Sequence[int]) -> str:
+        """A model turn as the text the environment reads (its final eos dropped)."""
+        ...
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of model turn `turn` (0-based) of an episode of sample seed `seed`: `seed` itself for
+    the first, a stable 63-bit hash of (seed, turn) after it."""
+    if turn == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=8, person=b"cadence-turn").digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

@@ -1,0 +1,98 @@
+"""Calls into an environment, each under a timeout, a failure contained to its episode.
+
+```
+ start() / step(text) / score(t) / close()
+   │ wait_for(step_timeout_s, or the time left to the episode if less: start and step only)
+   ├─ value      ─► Called(value)
+   ├─ timed out  ─► environment_timed_out(environment, prompt_id, stage, timeout_s); Called(timed_out,
+   │                past_deadline when the episode's own time ran out)
+   └─ raised     ─► environment_failed(environment, prompt_id, stage, why, traceback); Called(failed)
+```
+
+Invariant: every call's time is added to the episode's `env_seconds` and every cut call to its
+`timeouts`; nothing an environment raises (an `Exception`) leaves `call`. A timeout cancels the
+call's coroutine: it stops code that awaits, never CPU-bound code running on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import structlog
+
+from cadence.tasks.environments.episode import Episode
+
+log = structlog.get_logger()
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Called(Generic[T]):
+    value: T | None = None
+    timed_out: bool = False
+    past_deadline: bool = False  # timed out because the episode's own time ran out
+    failed: bool = False  # raised (logged with its traceback)
+
+
+async def call(
+    episode: Episode,
+    stage: str,
+    make: Callable[[], Awaitable[T]],
+    timeout_s: float,
+    clock: Callable[[], float],
+    within_episode: bool = True,
+) -> Called[T]:
+    """`await make()` within `timeout_s` (and, `within_episode`, the episode's time left)."""
+    limit = min(timeout_s, episode.deadline - clock()) if within_episode else timeout_s
+    if limit <= 0:
+        episode.timeouts += 1
+        _timed_out(episode, stage, 0.0)
+        return Called(timed_out=True, past_deadline=True)
+    started = clock()
+    try:
+        value = await asyncio.wait_for(make(), limit)
+    except TimeoutError:
+        episode.timeouts += 1
+        _timed_out(episode, stage, limit)
+        return Called(timed_out=True, past_deadline=limit < timeout_s)
+    except Exception as exc:
+        failed(episode, stage, f"{type(exc).__name__}: {exc}", exc_info=True)
+        return Called(failed=True)
+    finally:
+        episode.env_seconds += clock() - started
+    return Called(value)
+
+
+def failed(episode: Episode, stage: str, why: str, exc_info: bool = False) -> None:
+    """Log an environment's failure (call it inside the `except` to log the traceback)."""
+    log.warning(
+        "environment_failed",
+        environment=episode.name,
+        prompt_id=episode.prompt.prompt_id,
+        seed=episode.seed,
+        stage=stage,
+        turn=episode.model_turns,
+        why=why,
+        exc_info=exc_info,
+    )
+
+
+def _timed_out(episode: Episode, stage: str, timeout_s: float) -> None:
+    log.warning(
+        "environment_timed_out",
+        environment=episode.name,
+        prompt_id=episode.prompt.prompt_id,
+        seed=episode.seed,
+        stage=stage,
+        turn=episode.model_turns,
+        timeout_s=round(timeout_s, 3),
+    )
+
+
+def timeout_message(timeout_s: float) -> str:
+    """What the model reads in place of a step's answer that did not come in time."""
+    return f"[tool timed out after {timeout_s:.1f} s]"

@@ -1,0 +1,43 @@
+"""Environments by name: a built-in one ("calculator", "guess_number") or a user's factory named
+"package.module:factory" in the user's own module, as reward functions come from `rewards.modules`;
+cadence never needs to be edited to add one.
+
+Invariant: a name that cannot be loaded raises `ConfigError` naming the key, the name and why (the
+module that does not import, the attribute it lacks, the value that is not callable), so a bad name
+fails a run at its start, never in the middle of a period.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import cast
+
+from cadence.config import ConfigError
+from cadence.tasks.environments.base import EnvironmentFactory
+
+BUILT_IN = {
+    "calculator": "cadence.tasks.environments.calculator:Calculator",
+    "guess_number": "cadence.tasks.environments.guess:GuessNumber",
+}
+
+
+def load_environment(name: str, key: str = "environment.name") -> EnvironmentFactory:
+    """The factory `name` stands for: `factory(prompt, seed)` makes one episode's `Environment`."""
+    target = BUILT_IN.get(name, name)
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ConfigError(
+            f"{key}: {name!r} is neither a built-in environment ({', '.join(sorted(BUILT_IN))})"
+            " nor 'package.module:factory'"
+        )
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ConfigError(f"{key}: {module_name!r} has no {attribute!r}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise ConfigError(f"{key}: {name!r} is a {type(found).__name__}, not a callable factory")
+    return cast(EnvironmentFactory, found)
