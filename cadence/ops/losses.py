@@ -6,6 +6,10 @@ batch; `weights` [N], where given, multiply each sample's term and statistics (a
 for `weights[i]` identical ones, ops/distinct.py). The trainer divides the step's summed gradient by
 `step_normaliser` once, before clipping and the step, so neither the order in which groups arrive nor the micro-batch split can change the
 result beyond floating-point summation order. The formulas are in docs/objectives.md.
+
+`mask` [N, T] marks the tokens that enter: each sample's sampled response tokens, neither padding nor
+an environment's tokens (ops/sampled.py). Every term, statistic and sample length (grpo's mean, gspo's
+sequence ratio) counts those alone, and an old log-prob off the mask is never read (whatever it holds).
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ def _masked(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), values, torch.zeros_like(values))
 
 
+def _old_on_mask(old_logp: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """The old log-probs on `mask`, the policy's own (detached: ratio 1) off it, so that no value
+    there (an environment token's 0, an inf, a nan) reaches a term or a gradient."""
+    return torch.where(mask.bool(), old_logp, logp.detach())
+
+
 def _token_terms(
     logp: Tensor,
     old_logp: Tensor,
@@ -58,6 +68,7 @@ def _token_terms(
     both weighted by `weights` [N] where given."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)
+    old_logp = _old_on_mask(old_logp, logp, mask)
     per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     w = _sample_weights(weights, logp)
     stats: dict[str, float] = {}
@@ -137,7 +148,7 @@ def gspo_loss_sum(
     if advantages.dim() != 1:
         raise ValueError("gspo takes one advantage per sample, [N]")
     lengths = mask.sum(dim=-1).clamp_min(1).to(logp.dtype)
-    log_ratio = _masked(logp - old_logp, mask).sum(dim=-1) / lengths
+    log_ratio = _masked(logp - _old_on_mask(old_logp, logp, mask), mask).sum(dim=-1) / lengths
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_sample = -torch.minimum(ratio * advantages, clipped * advantages)
@@ -180,9 +191,10 @@ def objective_loss_sum(
 
 
 def step_normaliser(objective: str, normaliser: str, lengths: Sequence[int], max_new_tokens: int) -> float:
-    """What one optimizer step divides its summed gradient by, from the lengths of its completions:
-    dapo the response tokens (or, `normaliser = "samples"`, the samples), grpo and gspo the samples,
-    dr_grpo the constant max_new_tokens x samples; at least 1."""
+    """What one optimizer step divides its summed gradient by, from the lengths of its completions
+    (their sampled tokens: ops/sampled.py `sampled_lengths`): dapo the response tokens (or, `normaliser
+    = "samples"`, the samples), grpo and gspo the samples, dr_grpo the constant max_new_tokens x
+    samples; at least 1."""
     if objective == "dapo":
         total = sum(lengths) if normaliser == "tokens" else len(lengths)
     elif objective == "dr_grpo":

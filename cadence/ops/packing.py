@@ -19,6 +19,9 @@ Invariant: every packed position's next-token target lies in its own sequence, s
 log-probs that ``pad_group`` selects with its mask, equal to the unpacked computation up to float
 summation order. A group alone costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an empty response
 none); groups together cost that sum less L for every group but one.
+
+A completion's environment tokens (its mask's 0s, ops/sampled.py) are packed, attended and count in
+the row as its sampled tokens do; they are only never read: no loss position, no head, no log-prob.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from torch import Tensor
 
 from cadence.ops.logprobs import token_logprobs
+from cadence.ops.sampled import Masks, check_masks, sampled_rows
 
 Group = tuple[list[int], list[list[int]]]
 
@@ -42,10 +46,11 @@ class PackedBatch:
     position_ids: Tensor  # [1, T] long, restarting from 0 at each group's prompt
     attn_mask: Tensor  # [1, 1, T, T] bool, True = may attend
     targets: Tensor  # [1, T] long, the next token of a loss position; pad_id elsewhere
-    loss_mask: Tensor  # [1, T] bool, True where a response token's log-prob is read
+    loss_mask: Tensor  # [1, T] bool, True where a sampled response token's log-prob is read
     sample_index: Tensor  # [1, T] long, the sample read at a loss position; -1 elsewhere
     group_index: Tensor  # [1, T] long, the group each position belongs to; -1 on the shared trunk
-    lengths: list[int]  # response length of each sample
+    read: Tensor  # [S, R_max] bool, True at each sample's sampled tokens (by position in its response)
+    lengths: list[int]  # response length of each sample, environment tokens included
     group_sizes: list[int]  # samples in each group
 
     @property
@@ -87,12 +92,22 @@ def shared_trunk(prompts: Sequence[Sequence[int]]) -> int:
     return max(length, 0)
 
 
-def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
-    """Pack whole groups into one row after the trunk their prompts share; each group attends only
-    the trunk and itself."""
-    for g, (prompt, _) in enumerate(groups):
+def _checked(groups: Sequence[Group], masks: Sequence[Masks] | None) -> list[Masks]:
+    """Each group's masks (None where it has none), once every prompt and mask is found sound."""
+    marks: list[Masks] = list(masks) if masks is not None else [None] * len(groups)
+    if len(marks) != len(groups):
+        raise ValueError(f"{len(marks)} group masks for {len(groups)} groups")
+    for g, (prompt, completions) in enumerate(groups):
         if not prompt:
             raise ValueError(f"group {g} has an empty prompt; a response needs a token to be read from")
+        check_masks(completions, marks[g])
+    return marks
+
+
+def pack_groups(groups: Sequence[Group], pad_id: int, masks: Sequence[Masks] | None = None) -> PackedBatch:
+    """Pack whole groups into one row after the trunk their prompts share; each group attends only
+    the trunk and itself. `masks`, one a group (None: sampled whole), mark the tokens read."""
+    marks = _checked(groups, masks)
     trunk = shared_trunk([prompt for prompt, _ in groups])
     ids: list[int] = list(groups[0][0][:trunk]) if groups else []
     pos: list[int] = list(range(trunk))
@@ -101,8 +116,9 @@ def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
     group: list[int] = [-1] * trunk  # -1 on the trunk, which every group attends
     segment: list[int] = [-1] * trunk  # -1 on the trunk and a prompt body, else the sample of the segment
     lengths: list[int] = []
+    reads: list[Sequence[int]] = []  # each sample's mask
     s = 0
-    for g, (prompt, completions) in enumerate(groups):
+    for g, ((prompt, completions), group_masks) in enumerate(zip(groups, marks, strict=True)):
         body = len(prompt) - 1
         ids += prompt[trunk:-1]
         pos += range(trunk, body)
@@ -110,12 +126,14 @@ def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
         sample += [-1] * (body - trunk)
         group += [g] * (body - trunk)
         segment += [-1] * (body - trunk)
-        for completion in completions:
+        for i, completion in enumerate(completions):
             n = len(completion)
+            read = group_masks[i] if group_masks is not None else [1] * n
             ids += [prompt[-1], *completion[:-1]][:n]
             pos += range(body, body + n)
-            tgt += completion
-            sample += [s] * n
+            tgt += [t if r else pad_id for t, r in zip(completion, read, strict=True)]
+            sample += [s if r else -1 for r in read]
+            reads.append(read)
             group += [g] * n
             segment += [s] * n
             lengths.append(n)
@@ -138,36 +156,38 @@ def pack_groups(groups: Sequence[Group], pad_id: int) -> PackedBatch:
         loss_mask=sample_index >= 0,
         sample_index=sample_index,
         group_index=grp.unsqueeze(0),
+        read=sampled_rows([c for _, cs in groups for c in cs], reads),
         lengths=lengths,
         group_sizes=[len(c) for _, c in groups],
     )
 
 
 def packed_logprobs(logits: Tensor, batch: PackedBatch) -> Tensor:
-    """Flat [N] log-probs of every response token: groups, samples, tokens in order (differentiable)."""
+    """Flat [N] log-probs of every sampled response token: groups, samples, tokens in order
+    (differentiable)."""
     return token_logprobs(logits, batch.targets)[batch.loss_mask]
 
 
 def per_sample(values: Tensor, batch: PackedBatch) -> list[Tensor]:
-    """Split flat [N] per-token values into one [|Ri|] tensor per sample."""
-    return list(torch.split(values, batch.lengths))
+    """Split flat [N] per-token values into one tensor per sample, of its sampled tokens."""
+    return list(torch.split(values, batch.read.sum(dim=1).tolist()))
 
 
 def to_padded(values: Tensor, batch: PackedBatch, fill: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Flat [N] values as [S, R_max] right-padded with ``fill``, and the bool mask of real tokens.
+    """Flat [N] values as [S, R_max] (column j: response token j) filled with ``fill`` at environment
+    tokens and past each response, and the bool mask of the sampled tokens (``batch.read``).
 
     The pair feeds ``grpo_loss_sum(logp, old_logp, advantages [S], mask)`` as ``pad_group``'s does.
     """
-    lengths = torch.tensor(batch.lengths, device=values.device)
-    width = max(batch.lengths, default=0)
-    mask = torch.arange(width, device=values.device).unsqueeze(0) < lengths.unsqueeze(1)
-    padded = values.new_full((len(batch.lengths), width), fill)
+    mask = batch.read.to(values.device)
+    padded = values.new_full(mask.shape, fill)
     return padded.masked_scatter(mask, values), mask
 
 
 def micro_batches(groups: Sequence[Group], token_budget: int) -> list[list[int]]:
     """Indices of whole groups, in order, filled into micro-batches of at most ``token_budget`` packed
-    tokens; a group larger than the budget goes alone."""
+    tokens (environment tokens count: the forward takes them); a group larger than the budget goes
+    alone."""
     if token_budget <= 0:
         raise ValueError(f"token_budget must be positive, got {token_budget}")
     return fill_in_order([packed_length(prompt, completions) for prompt, completions in groups], token_budget)

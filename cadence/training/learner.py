@@ -12,6 +12,10 @@ reference. With
 Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
 `"shared_prompt"` the beginning the prompts of a micro-batch share is computed once in its row.
 
+A completion's environment tokens (a group's `masks`, ops/sampled.py) are in every forward, as
+context; every packing reads log-probs, entropies and the loss at its sampled tokens only, and
+`tokens` (the statistics' count) counts those.
+
 Invariant: `train_groups` only adds to the gradients (a summed loss, never a mean); `step` divides
 them by the step's normaliser once, clips, steps (at the schedule's rate) and clears them. Between
 two steps the weights do not change, so the old-policy log-probs are the detached policy log-probs
@@ -23,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -35,50 +38,21 @@ from cadence.model.config import ModelConfig
 from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
-from cadence.ops.advantages import group_advantages
 from cadence.ops.clipping import normalise_and_clip
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
 from cadence.ops.packing import PackedBatch, pack_groups, to_padded
+from cadence.ops.sampled import Masks, sampled_rows
+from cadence.training.groups import TrainGroup, sampled_tokens
 from cadence.training.state import read_state, write_checkpoint, write_state
 
 
-@dataclass(frozen=True)
-class TrainGroup:
-    """One GRPO group as the learner needs it; `old_logprobs` are the sampler's, one list a completion,
-    or None to take the detached policy's; `advantages`, one a completion, when these completions are a
-    share of a larger group (whose rewards they come from), or None to compute them from `rewards`."""
-
-    prompt: list[int]
-    completions: list[list[int]]
-    rewards: list[float]
-    old_logprobs: list[list[float]] | None = None
-    advantages: list[float] | None = None
-
-    def advantage_list(self, scale: bool) -> list[float]:
-        """The given advantages, or the group's own from its rewards (`scale`: divided by their std)."""
-        if self.advantages is not None:
-            return list(self.advantages)
-        return group_advantages(torch.tensor(self.rewards, dtype=torch.float32), scale=scale).tolist()
-
-    def pick(self, index: Sequence[int], advantages: Sequence[float]) -> TrainGroup:
-        """The completions at `index` (in that order) as a group of their own, with `advantages`
-        (those of the whole group) made explicit."""
-        old = self.old_logprobs
-        return TrainGroup(
-            self.prompt,
-            [self.completions[i] for i in index],
-            [self.rewards[i] for i in index],
-            [old[i] for i in index] if old is not None else None,
-            [advantages[i] for i in index],
-        )
-
-
 class PolicyPass(NamedTuple):
-    """The policy's forward over a micro-batch's samples: log-probs [S, R_max] with gradient, their
-    bool mask, the reference's log-probs (or None), the policy's entropy [S, R_max] at every trained
-    token (detached, 0 off the mask), and the token positions the forward took (`computed`)."""
+    """The policy's forward over a micro-batch's samples: log-probs [S, R_max] with gradient, the
+    bool mask of their sampled tokens (the loss's; neither padding nor an environment's token), the
+    reference's log-probs (or None), the policy's entropy [S, R_max] at every trained token (detached,
+    0 off the mask), and the token positions the forward took (`computed`, environment tokens too)."""
 
     logp: Tensor
     mask: Tensor
@@ -121,15 +95,18 @@ def _widen(values: Tensor, width: int) -> Tensor:
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
-def pad_group(prompt: list[int], completions: list[list[int]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """Inputs, targets and response mask for one group, right-padded: [G, P + R_max - 1]."""
+def pad_group(
+    prompt: list[int], completions: list[list[int]], pad_id: int, masks: Masks = None
+) -> tuple[torch.Tensor, ...]:
+    """Inputs, targets and response mask for one group, right-padded: [G, P + R_max - 1]; the mask
+    is set at the sampled tokens (`masks`' 1s, every response token without), never at an
+    environment's."""
     longest = max(len(c) for c in completions)
     rows = [prompt + c + [pad_id] * (longest - len(c)) for c in completions]
     ids = torch.tensor(rows, dtype=torch.long)
     inputs, targets = ids[:, :-1], ids[:, 1:]
     mask = torch.zeros_like(targets, dtype=torch.bool)
-    for i, c in enumerate(completions):
-        mask[i, len(prompt) - 1 : len(prompt) - 1 + len(c)] = True
+    mask[:, len(prompt) - 1 : len(prompt) - 1 + longest] = sampled_rows(completions, masks, longest)
     return inputs, targets, mask
 
 
@@ -207,9 +184,10 @@ class TorchLearner:
         completions: list[list[int]],
         rewards: list[float],
         old_logprobs: list[list[float]] | None = None,
+        masks: list[list[int]] | None = None,
     ) -> dict[str, float]:
         """`train_groups` of this one group."""
-        return self.train_groups([TrainGroup(prompt, completions, rewards, old_logprobs)])
+        return self.train_groups([TrainGroup(prompt, completions, rewards, old_logprobs, None, masks)])
 
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
         """Add the micro-batch's summed loss to the gradients. Old-policy log-probs: the detached
@@ -225,7 +203,7 @@ class TorchLearner:
             stats |= self._train(kept, torch.tensor(weights, dtype=torch.float32, device=self.device))
         else:
             self._train_nothing()
-        stats["tokens"] = float(sum(len(c) for g in groups for c in g.completions))
+        stats["tokens"] = float(sum(sampled_tokens(groups)))
         for key, value in stats.items():
             self._sums[key] = self._sums.get(key, 0.0) + value
         return stats
@@ -238,7 +216,8 @@ class TorchLearner:
         weights: list[int] = []
         for g in groups:
             advantages = g.advantage_list(scale)
-            picks = distinct_samples(g.completions, advantages, g.old_logprobs, self.reference is None)
+            drop_zero = self.reference is None
+            picks = distinct_samples(g.completions, advantages, g.old_logprobs, drop_zero, g.masks)
             if picks:
                 kept.append(g.pick([i for i, _ in picks], advantages))
                 weights += [count for _, count in picks]
@@ -302,7 +281,8 @@ class TorchLearner:
     def _logprobs_as_set(self, groups: Sequence[TrainGroup]) -> PolicyPass:
         t = self.temperature
         if self.packing == "shared_prompt":
-            batch = pack_groups([(g.prompt, g.completions) for g in groups], self.tokenizer.pad_id)
+            pad = self.tokenizer.pad_id
+            batch = pack_groups([(g.prompt, g.completions) for g in groups], pad, [g.masks for g in groups])
             batch = batch.to(self.device)
             entropy: list[Tensor] = []
             logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
@@ -312,7 +292,7 @@ class TorchLearner:
             with torch.no_grad():
                 ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
             return PolicyPass(logp, mask, ref_logp, spread, batch.num_tokens)
-        parts = [self._group_logprobs(g.prompt, g.completions) for g in groups]
+        parts = [self._group_logprobs(g.prompt, g.completions, g.masks) for g in groups]
         width = max(p.logp.shape[1] for p in parts)
         logp = torch.cat([_widen(p.logp, width) for p in parts])
         mask = torch.cat([_widen(p.mask, width) for p in parts])
@@ -321,8 +301,8 @@ class TorchLearner:
         computed = sum(p.computed for p in parts)
         return PolicyPass(logp, mask, torch.cat(refs) if refs else None, spread, computed)
 
-    def _group_logprobs(self, prompt: list[int], completions: list[list[int]]) -> PolicyPass:
-        """One group's pass, [G, R] aligned to the responses."""
+    def _group_logprobs(self, prompt: list[int], completions: list[list[int]], masks: Masks) -> PolicyPass:
+        """One group's pass, [G, R] aligned to the responses, read at their sampled tokens."""
         t, pad = self.temperature, self.tokenizer.pad_id
         entropy: list[Tensor] = []
         ref_logp: Tensor | None = None
@@ -332,8 +312,12 @@ class TorchLearner:
                 with torch.no_grad():
                     ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
             computed = len(prompt) + len(completions) * max(logp.shape[1] - 1, 0)  # P, then [G, R - 1]
-            return PolicyPass(logp, mask, ref_logp, entropy[0], computed)
-        inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad))
+            read = sampled_rows(completions, masks, logp.shape[1]).to(mask.device)  # within `mask`
+            spread = torch.where(read, entropy[0], torch.zeros_like(entropy[0]))
+            return PolicyPass(
+                torch.where(read, logp, torch.zeros_like(logp)), read, ref_logp, spread, computed
+            )
+        inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad, masks))
         start = len(prompt) - 1
         logp = masked_logprobs(self.model, inputs, targets, mask, t, entropy)[:, start:]
         spread = torch.zeros(mask.shape, device=logp.device).masked_scatter(mask, entropy[0])[:, start:]
@@ -397,10 +381,11 @@ class TorchLearner:
 
 def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
     """A step's statistics from its micro-batches' sums: the loss and the other sums divided by the
-    normaliser (as the gradient was), and means over the trained tokens: `clip_fraction` (tokens whose
-    clip is active) and, with a reference, `kl` (k3); `entropy` (of the tempered policy) over the
-    tokens computed (a sample with advantage 0 is not, ops/distinct.py); `computed_tokens`: the packed
-    tokens the step's forwards and backwards took."""
+    normaliser (as the gradient was), and means over the trained tokens (`tokens`: the sampled ones,
+    never an environment's): `clip_fraction` (tokens whose clip is active) and, with a reference, `kl`
+    (k3); `entropy` (of the tempered policy) over the sampled tokens computed (a sample with advantage
+    0 is not, ops/distinct.py); `computed_tokens`: the packed tokens the step's forwards and backwards
+    took, environment tokens included."""
     per_token = ("tokens", "entropy_sum", "entropy_tokens", "computed_tokens")
     info = {k: round(v / normaliser, 6) for k, v in sums.items() if k not in per_token}
     if "computed_tokens" in sums:

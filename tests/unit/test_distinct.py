@@ -46,6 +46,20 @@ def test_the_same_tokens_with_another_advantage_or_old_log_probs_stay_apart() ->
     assert distinct_samples([[4, 4], [4, 4]], [1.0, 1.0], same, drop_zero=True) == [(0, 2)]
 
 
+def test_the_same_tokens_with_other_masks_stay_apart() -> None:
+    """A token the model sampled in one sample and an environment wrote in the other: two samples. An
+    environment token's old log-prob is never read, so it tells no samples apart; a sample whose every
+    token is an environment's has no term and is not computed."""
+    tokens = [[4, 2, 4], [4, 2, 4], [4, 2, 4], [4, 2, 4]]
+    masks = [[1, 0, 1], [1, 1, 1], [1, 0, 1], [0, 0, 0]]
+    assert distinct_samples(tokens, [1.0] * 4, None, drop_zero=True, masks=masks) == [(0, 2), (1, 1)]
+    old = [[-0.5, 0.0, -0.25], [-0.5, -0.1, -0.25], [-0.5, -9.0, -0.25], [-0.5, 0.0, -0.25]]
+    assert distinct_samples(tokens, [1.0] * 4, old, drop_zero=False, masks=masks) == [(0, 2), (1, 1)]
+    assert distinct_samples([[], []], [1.0, 1.0], None, drop_zero=True, masks=[[], []]) == [(0, 2)]
+    with pytest.raises(ValueError, match="mask 1 has 2 entries for a completion of 3 tokens"):
+        distinct_samples(tokens[:2], [1.0, 1.0], None, drop_zero=True, masks=[[1, 0, 1], [1, 1]])
+
+
 def test_lists_of_other_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="2 advantages for 3 completions"):
         distinct_samples([[1], [2], [3]], [1.0, -1.0], None, drop_zero=True)

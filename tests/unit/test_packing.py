@@ -25,6 +25,7 @@ from cadence.ops.packing import (
     shared_trunk,
     to_padded,
 )
+from cadence.ops.sampled import sampled_rows
 from cadence.training.learner import pad_group
 
 PAD = 0
@@ -241,3 +242,56 @@ def test_runs_keep_the_order_and_the_budget() -> None:
     assert fill_in_order([2, 3, 1, 5, 4], 4) == [[0], [1, 2], [3], [4]]
     assert fill_in_order([1, 1, 1], 8) == [[0, 1, 2]]
     assert fill_in_order([], 8) == []
+
+
+def masks_for(groups: list[Group], seed: int) -> list[list[list[int]] | None]:
+    """Random masks (about a third of the tokens an environment's) for every group but the second."""
+    rng = random.Random(seed)
+    return [
+        None if g == 1 else [[int(rng.random() > 0.35) for _ in c] for c in completions]
+        for g, (_, completions) in enumerate(groups)
+    ]
+
+
+@pytest.mark.parametrize("make", [make_groups, groups_with_a_trunk])
+def test_environment_tokens_are_packed_and_attended_but_never_read(make: Callable[[], list[Group]]) -> None:
+    """The row, its positions and its attention are those without masks; only the sampled tokens are
+    read, and their log-probs are the unpacked ones (the environment's tokens in the forward)."""
+    groups = make()
+    masks = masks_for(groups, seed=8)
+    plain, masked = pack_groups(groups, PAD), pack_groups(groups, PAD, masks)
+    for name in ("input_ids", "position_ids", "attn_mask", "group_index"):
+        assert torch.equal(getattr(plain, name), getattr(masked, name)), name
+    assert masked.lengths == plain.lengths and masked.num_tokens == packed_row_length(groups)
+    completions = [c for _, cs in groups for c in cs]
+    flat = [m for (_, cs), ms in zip(groups, masks, strict=True) for m in (ms or [[1] * len(c) for c in cs])]
+    sampled = torch.tensor([bit for m in flat for bit in m], dtype=torch.bool)
+    assert 0 < int(sampled.sum()) < len(sampled)  # the check has environment tokens and sampled ones
+    assert torch.equal(masked.loss_mask[plain.loss_mask], sampled)
+    assert not (masked.loss_mask & ~plain.loss_mask).any()
+    assert torch.equal(masked.targets[masked.loss_mask], plain.targets[plain.loss_mask][sampled])
+    model = init_model(CFG, seed=3)
+    with torch.no_grad():
+        got = packed_logprobs(model(masked.input_ids, masked.position_ids, masked.attn_mask), masked)
+        want = unpacked_logprobs(model, groups)[sampled]
+        by_row = torch.cat(
+            [
+                token_logprobs(model(inputs), targets)[mask]
+                for (prompt, cs), ms in zip(groups, masks, strict=True)
+                for inputs, targets, mask in [pad_group(prompt, cs, PAD, ms)]
+            ]
+        )
+    assert got.shape == want.shape == by_row.shape and (got - want).abs().max() <= 1e-5
+    assert (by_row - want).abs().max() <= 1e-5
+    assert [len(p) for p in per_sample(got, masked)] == [sum(m) for m in flat]
+    padded, read = to_padded(got, masked)
+    assert torch.equal(read, sampled_rows(completions, flat)) and torch.equal(padded[read], got)
+    assert float(padded[~read].abs().max()) == 0.0
+
+
+def test_masks_that_do_not_line_up_with_the_groups_are_refused() -> None:
+    groups = make_groups()
+    with pytest.raises(ValueError, match="2 group masks for 3 groups"):
+        pack_groups(groups, PAD, [None, None])
+    with pytest.raises(ValueError, match="mask 0 has 0 entries"):
+        pack_groups(groups, PAD, [[[] for _ in groups[0][1]], None, None])

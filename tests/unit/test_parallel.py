@@ -3,12 +3,14 @@ dies fails naming itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 import torch
 from safetensors.torch import load as load_bytes
@@ -20,6 +22,7 @@ from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
 from cadence.training.collectives import CollectiveError, Collectives, local_device
+from cadence.training.groups import sampled_tokens
 from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.parallel import DistributedLearner, follow, share
 from cadence.training.ranks import Ranks, free_port, ranks_from_env
@@ -33,18 +36,16 @@ TIMEOUT_S = 4.0  # the collectives' limit; rank 0 idles longer than it once (the
 
 
 def groups() -> list[TrainGroup]:
-    """Unequal groups (4, 4, 3 and 4 completions), a 1-completion one, one with the sampler's log-probs;
-    every prompt begins with the same tokens (the trunk a step's micro-batches share)."""
+    """Unequal groups (4, 4, 3 and 4 completions), a 1-completion one, one with the sampler's log-probs
+    and environment tokens (each completion's mask its own); every prompt begins with the same tokens
+    (the trunk a step's micro-batches share)."""
     system = [3, 1, 4, 1, 5]
     base = [TrainGroup(system + p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
     single = TrainGroup([*system, 4, 5, 6], [[7, 8]], [1.0])
     prompt, completions = make_groups(8)[0]
-    sampled = TrainGroup(
-        system + prompt,
-        completions,
-        [0.0, 1.0, 1.0, 0.5],
-        [[-1.5 - 0.1 * i] * len(c) for i, c in enumerate(completions)],
-    )
+    masks = [[int(t == 0 or t % 3 != i % 3) for t in range(len(c))] for i, c in enumerate(completions)]
+    old = [[-1.5 - 0.1 * i if sampled else 0.0 for sampled in m] for i, m in enumerate(masks)]
+    sampled = TrainGroup(system + prompt, completions, [0.0, 1.0, 1.0, 0.5], old, masks=masks)
     return [*base, single, sampled]
 
 
@@ -56,7 +57,7 @@ def schedule() -> list[list[list[TrainGroup]]]:
 
 
 def normaliser(step: list[list[TrainGroup]]) -> float:
-    return float(sum(len(c) for batch in step for group in batch for c in group.completions))
+    return float(sum(sampled_tokens([group for batch in step for group in batch])))
 
 
 def drive(trainer: TorchLearner | DistributedLearner, save: Path, idle: float = 0.0) -> None:
@@ -163,6 +164,22 @@ def test_the_share_of_every_rank_covers_each_completion_once_with_the_group_adva
     # dr_grpo's advantages are not divided by the group's std: r - mean of the whole group, 0 and 1
     unscaled = [share(g, rank, 2, scale=False) for rank in range(2)]
     assert unscaled[1][1].advantages == pytest.approx([-0.5, 0.5])
+
+
+def test_a_share_keeps_each_completion_with_its_mask_and_crosses_as_msgpack() -> None:
+    """A completion goes to its rank with its own old log-probs and mask; the share, sent as rank 0's
+    "train" command sends it, arrives whole."""
+    masked = groups()[-1]
+    assert masked.masks is not None and masked.old_logprobs is not None
+    assert len({tuple(m) for m in masked.masks}) > 1  # the masks differ: a shift would show
+    for rank in range(2):
+        (part,) = share([masked], rank, 2)
+        index = range(rank, len(masked.completions), 2)
+        assert part.completions == [masked.completions[i] for i in index]
+        assert part.masks == [masked.masks[i] for i in index]
+        assert part.old_logprobs == [masked.old_logprobs[i] for i in index]
+        assert TrainGroup(**msgpack.unpackb(msgpack.packb(dataclasses.asdict(part)))) == part
+    assert sum(sampled_tokens(share([masked], 0, 2) + share([masked], 1, 2))) == sum(sampled_tokens([masked]))
 
 
 @pytest.mark.parametrize("sharding", ["none", "fsdp2"])
