@@ -1,44 +1,58 @@
-"""Episodes on the built-in engine: the episode runner's `Generate` (`cadence.tasks.environments`)
-made of a `TorchEngine`, and the runner a worker would make of an engine, a tokenizer and an
-environment. Here because it joins two sibling layers, the model and the tasks.
+"""Episodes on a worker's engine: the episode runner's `Generate` (`cadence.tasks.environments`) made of
+a `TurnEngine`, what a worker needs to run an assignment's samples as episodes (`Episodes`), and a
+group's episodes as a `GroupResult` carries them (`episode_group`). Here because it joins two sibling
+layers, the model and the tasks.
 
 ```
- runner: generate(contexts, turn seeds, room) ─► a thread: per distinct room (clipped to the model's
-   max_position) one engine.generate_many([(context, [seed]), ...]) ─► Generated(ids, log-probs, eos?)
+ runner: generate(contexts, turn seeds, room) ─► a thread: hold() (the worker's engine lock, thread
+   budget, version check) ─► per distinct room (clipped to the model's positions) one
+   engine.generate_many([(context, [seed]), ...], temperature, room) ─► Generated(ids, log-probs, eos?)
+ a group's EpisodeResults ─► one prompt (what every episode's first message shares) and per sample
+   the ids after it, a mask (0 where the environment wrote), log-probs (0.0 there), score, figures
 ```
 
 Invariant: each turn is sampled with the weights the engine holds now, so a caller loads no other
-version while a batch of episodes runs (a worker loads one only between batches), from its turn seed
-alone, so a sample does not depend on the other episodes of the batch; the event loop is free while
-the engine computes.
+version while a batch of episodes runs (the worker's `hold` refuses a turn when its version changed),
+from its turn seed alone, so a sample does not depend on the other episodes of the batch; the event
+loop is free while the engine computes. A group's completions, masks and log-probs line up token for
+token, and `prompt + completion` is each episode's context exactly as the engine read and wrote it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
-from cadence.model.engine import SamplingParams, TorchEngine
+from cadence.actors.groups import EpisodeFigures, GroupSamples
+from cadence.model.rollout_engine import TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
+from cadence.tasks.base import Prompt
 from cadence.tasks.environments.base import EnvironmentFactory
 from cadence.tasks.environments.bounds import Bounds
-from cadence.tasks.environments.generation import Generated
+from cadence.tasks.environments.episode import EpisodeResult
+from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
 from cadence.tasks.environments.runner import EpisodeRunner
+
+Hold = Callable[[], AbstractContextManager[object]]
 
 
 class EngineGenerate:
-    """The runner's `Generate` on a `TorchEngine`, sampling with `params` (its `max_new_tokens` unused:
-    each call says how many)."""
+    """The runner's `Generate` on `engine`, at `temperature` (None: the engine's own; each call says
+    how many tokens), every call's computation inside `hold()`."""
 
-    def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
+    def __init__(
+        self, engine: TurnEngine, temperature: float | None = None, hold: Hold = nullcontext
+    ) -> None:
         self.engine = engine
-        self.params = params
+        self.temperature = temperature
+        self.hold = hold
 
     @property
     def max_context(self) -> int:
-        return self.engine.model.cfg.max_position
+        return self.engine.max_context
 
     async def __call__(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: Sequence[int]
@@ -51,22 +65,93 @@ class EngineGenerate:
         """The same, on this thread: one `generate_many` for the prompts of each token limit."""
         limits = [min(n, self.max_context - len(p)) for p, n in zip(prompts, max_new_tokens, strict=True)]
         out: list[Generated] = [Generated([], [], False)] * len(prompts)  # no room: nothing sampled
-        for limit in sorted({n for n in limits if n >= 1}):
-            picked = [i for i, n in enumerate(limits) if n == limit]
-            params = replace(self.params, max_new_tokens=limit)
-            groups = self.engine.generate_many([(prompts[i], [seeds[i]]) for i in picked], params)
-            for i, (completion,) in zip(picked, groups, strict=True):
-                out[i] = Generated(completion.tokens, completion.logprobs, completion.finished)
+        with self.hold():
+            for limit in sorted({n for n in limits if n >= 1}):
+                picked = [i for i, n in enumerate(limits) if n == limit]
+                asked = [(list(prompts[i]), [seeds[i]]) for i in picked]
+                groups = self.engine.generate_many(asked, self.temperature, max_new_tokens=limit)
+                for i, (completion,) in zip(picked, groups, strict=True):
+                    out[i] = Generated(completion.tokens, completion.logprobs, completion.finished)
         return out
 
 
+@dataclass(frozen=True)
+class Episodes:
+    """What a worker needs to run an assignment's samples as episodes (`environment.name`)."""
+
+    name: str
+    factory: EnvironmentFactory
+    codec: TurnCodec
+    bounds: Bounds
+
+    def runner(self, generate: Generate) -> EpisodeRunner:
+        return EpisodeRunner(self.factory, generate, self.codec, self.bounds)
+
+
 def episode_runner(
-    engine: TorchEngine,
-    params: SamplingParams,
+    engine: TurnEngine,
     tokenizer: TextTokenizer,
     factory: EnvironmentFactory,
     bounds: Bounds,
     role: str = "user",
+    temperature: float | None = None,
 ) -> EpisodeRunner:
     """The runner of `factory`'s episodes on `engine`, their messages in `tokenizer`'s chat template."""
-    return EpisodeRunner(factory, EngineGenerate(engine, params), ChatTurns(tokenizer, role), bounds)
+    return EpisodeRunner(factory, EngineGenerate(engine, temperature), ChatTurns(tokenizer, role), bounds)
+
+
+def shared_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """The ids every one of `prompts` begins with."""
+    first = list(prompts[0])
+    n = len(first)
+    for prompt in prompts[1:]:
+        n = min(n, len(prompt))
+        n = next((i for i in range(n) if first[i] != prompt[i]), n)
+    return first[:n]
+
+
+def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id: int) -> GroupSamples:
+    """A group's episodes as one prompt and a completion each. The prompt is what the episodes' first
+    messages share (`fallback`, the task's prompt, when no episode got one: every environment failed
+    to start); what an episode's own first message has beyond it begins its completion, with mask 0.
+    An episode that holds no id after the prompt (it ended before the model's first token) becomes
+    one environment token, eos: it counts in its group's rewards and trains nothing."""
+    started = [r.prompt_tokens for r in results if r.prompt_tokens]
+    prompt = shared_prompt(started) if started else list(fallback)
+    if not prompt:
+        raise ValueError("the episodes of a group share no first token: their first messages differ")
+    completions, masks, logprobs = [], [], []
+    for r in results:
+        own = r.prompt_tokens[len(prompt) :]
+        tokens, mask = own + r.tokens, [0] * len(own) + r.mask
+        lps = [0.0] * len(own) + r.logprobs
+        if not tokens:
+            tokens, mask, lps = [eos_id], [0], [0.0]
+        completions.append(tokens)
+        masks.append(mask)
+        logprobs.append(lps)
+    figures = EpisodeFigures(
+        masks=masks,
+        turns=[r.model_turns for r in results],
+        tool_calls=[r.tool_calls for r in results],
+        tool_errors=[r.tool_errors for r in results],
+        env_timeouts=[r.timeouts for r in results],
+        env_s=[r.env_seconds for r in results],
+        endings=[r.ended for r in results],
+        transcripts=[[turn.text for turn in r.turns] for r in results],
+    )
+    texts = [next((t.text for t in reversed(r.turns) if t.author == "model"), "") for r in results]
+    return GroupSamples(prompt, completions, logprobs, texts, [r.score for r in results], figures)
+
+
+async def play(
+    runner: EpisodeRunner, groups: Sequence[tuple[Prompt, list[int], list[int]]], eos_id: int
+) -> list[GroupSamples]:
+    """The episodes of every (prompt, sample seeds, fallback prompt ids) group, run together, one
+    episode a seed; each group's as `episode_group` makes them."""
+    results = await runner.run([(prompt, seed) for prompt, seeds, _ in groups for seed in seeds])
+    out, start = [], 0
+    for _, seeds, fallback in groups:
+        out.append(episode_group(results[start : start + len(seeds)], fallback, eos_id))
+        start += len(seeds)
+    return out

@@ -12,37 +12,44 @@ scores, and pushes every finished group to the trainer at once.
                                prompts decoded together ─► score
                             ─► m GroupResults ─► trainer ; WorkRequest(m) ─► dispatcher
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
+ with environment.name: the G x m samples are episodes (actors/episodes.py), run together turn by
+   turn with version v held (no load until all end) ─► scored by the environment ─► each group: its
+   prompt, the ids after it with their masks (0: the environment's) and figures
 ```
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
-verified by checksum; an assignment of a period older than the newest one seen is skipped (an eval
-assignment is not: its round may outlive its period); an eval answer never goes to the trainer.
+verified by checksum, every turn of every episode too; an assignment of a period older than the
+newest one seen is skipped (an eval assignment is not: its round may outlive its period); an eval
+answer never goes to the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import structlog
 
+from cadence.actors.episodes import EngineGenerate, Episodes, play
+from cadence.actors.groups import GroupSamples, eval_result, group_result
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, sample_seed
-from cadence.model.rollout_engine import RolloutEngine
+from cadence.model.rollout_engine import RolloutEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import span
-from cadence.tasks.base import Score
+from cadence.tasks.base import Prompt, Score
 from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
 from cadence.transport.weights import PULL_REPLIES, WeightError, pull_weights
-from cadence.wire.messages import Assignment, EvalResult, GroupResult, Message, Welcome, WorkRequest
+from cadence.wire.messages import Assignment, GroupResult, Message, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -89,7 +96,8 @@ class RolloutWorker:
     """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
     channel to the trainer or publisher a Welcome names; `buffers`: where pulled versions are
     assembled, each in the buffer of one loaded before (the engine may compute with the bytes of the
-    version it holds: the pool hands that buffer out only once nothing views it)."""
+    version it holds: the pool hands that buffer out only once nothing views it); `episodes`: run each
+    sample as an episode of this environment (`environment.name`; needs a `TurnEngine`), or None."""
 
     SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[RolloutWorker, Any], None]]]
     """What it takes from the dispatcher on its session, beside `Session.TAKES` (set below the class)."""
@@ -108,7 +116,11 @@ class RolloutWorker:
         clock: Callable[[], float],
         use_threads: Callable[[int], None] | None = None,
         buffers: BufferPool | None = None,
+        episodes: Episodes | None = None,
     ) -> None:
+        if episodes is not None and not isinstance(engine, TurnEngine):
+            raise TypeError(f"{type(engine).__name__} runs no episodes (environment.name): not a TurnEngine")
+        self.episodes = episodes
         self.settings = settings
         self.use_threads = use_threads
         # two: the loaded version's (which the engine may compute with) and the one before it (free)
@@ -130,6 +142,7 @@ class RolloutWorker:
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
         self.loaded: int | None = None
+        self.playing: int | None = None  # the version a batch's episodes run with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
         for kind, handler in self.SESSION_HANDLERS.items():
@@ -245,19 +258,34 @@ class RolloutWorker:
         if self.use_threads is not None and self.settings.threads > 0:
             self.use_threads(self.settings.threads)
 
-    def _load(self, data: bytearray) -> None:
+    @contextlib.contextmanager
+    def _computing(self) -> Iterator[None]:
+        """The engine to this thread alone, with the worker's thread budget."""
         with self._engine_lock:
             self._budget()
+            yield
+
+    @contextlib.contextmanager
+    def _turn(self, version: int) -> Iterator[None]:
+        """`_computing` for one turn of the episodes of `version`, refused when another is loaded."""
+        with self._computing():
+            if self.loaded != version:
+                raise RuntimeError(f"episodes of version {version} would go on with {self.loaded} loaded")
+            yield
+
+    def _load(self, data: bytearray) -> None:
+        with self._computing():
             self.engine.load(data)
 
     def _load_state(self, state: Mapping[str, Tensor]) -> None:
-        with self._engine_lock:
-            self._budget()
+        with self._computing():
             self.engine.load_state(state)
 
     async def _fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
         """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
         Where they came from and their size."""
+        if self.playing is not None:
+            raise RuntimeError(f"version {version} asked while the episodes of {self.playing} run")
         if self.member is not None:
             wait = 3 * self.settings.broadcast_timeout_s + self.liveness.timeout_s
             state = await self.member.weights(version, wait)
@@ -272,8 +300,7 @@ class RolloutWorker:
     def _generate(
         self, groups: list[tuple[list[int], list[int]]], evaluation: bool = False
     ) -> list[list[Completion]]:
-        with self._engine_lock:
-            self._budget()
+        with self._computing():
             if evaluation:
                 return self.engine.generate_many(groups, temperature=self.settings.eval_temperature)
             return self.engine.generate_many(groups)
@@ -292,97 +319,81 @@ class RolloutWorker:
             log.warning("eval_weights_unavailable", version=jobs[0].version, error=str(err))
             return
         for job, result in zip(jobs, results, strict=True):
-            await self.session.send(
-                EvalResult(
-                    job.version,
-                    job.prompt_id,
-                    result.rewards,
-                    result.correct,
-                    result.responses,
-                    [len(c) for c in result.completions],
-                    result.gen_s,
-                )
-            )
+            await self.session.send(eval_result(job, result))
 
     async def _rollout(self, jobs: list[Assignment], publisher: Client) -> list[GroupResult]:
         """Generate the groups of `jobs` (one version) together, score them, one result each; each
         result's `gen_s` is its share of the batch's generation time."""
-        version = jobs[0].version
-        load_s = 0.0
-        if version != self.loaded:
-            with span(self.clock, "load", period=jobs[0].period, version=version) as loading:
-                source, nbytes = await self._fetch_and_load(publisher, version)
-                self.loaded = version
-            load_s = loading.duration
-            log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
-        seed = self.settings.seed
+        load_s = await self._ensure(jobs[0], publisher)
         ids = [job.prompt_id for job in jobs]
         with span(self.clock, "generate", period=jobs[0].period, prompt_ids=ids) as generating:
-            prompts = [self.tokenizer.encode_prompt(job.prompt) for job in jobs]
-            seeds = [
-                [sample_seed(seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
-                for job in jobs
-            ]
-            pairs = list(zip(prompts, seeds, strict=True))
-            groups = await asyncio.to_thread(self._generate, pairs, jobs[0].eval)
-            texts = [[self.tokenizer.decode_response(c.tokens) for c in group] for group in groups]
-            scores = [
-                [
-                    await self.scorer.score(job.prompt, text, job.answer, c.finished, job.prompt_id)
-                    for text, c in zip(group_texts, group, strict=True)
-                ]
-                for job, group_texts, group in zip(jobs, texts, groups, strict=True)
-            ]
+            made = await (self._complete(jobs) if self.episodes is None else self._play(jobs))
         share = generating.duration / len(jobs)
         return [
-            self._result(
+            group_result(
                 job,
-                prompt,
-                group,
-                group_texts,
-                group_scores,
+                samples,
+                job.eval or is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction),
                 share,
                 load_s if i == 0 else 0.0,
                 generating.end,
                 len(jobs) - 1 - i,
             )
-            for i, (job, prompt, group, group_texts, group_scores) in enumerate(
-                zip(jobs, prompts, groups, texts, scores, strict=True)
-            )
+            for i, (job, samples) in enumerate(zip(jobs, made, strict=True))
         ]
 
-    def _result(
-        self,
-        job: Assignment,
-        prompt: list[int],
-        completions: list[Completion],
-        texts: list[str],
-        scores: list[Score],
-        gen_s: float,
-        load_s: float,
-        finished_at: float,
-        following: int,
-    ) -> GroupResult:
-        keep = job.eval or is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
-        return GroupResult(
-            period=job.period,
-            version=job.version,
-            prompt_id=job.prompt_id,
-            prompt_tokens=prompt,
-            completions=[c.tokens for c in completions],
-            logprobs=[c.logprobs for c in completions],
-            rewards=[s.reward for s in scores],
-            correct=[s.correct for s in scores],
-            gen_s=gen_s,
-            load_s=load_s,
-            finished_at=finished_at,
-            reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in scores[0].parts},
-            prompt=job.prompt if keep else "",
-            answer=job.answer if keep else "",
-            responses=texts if keep else [],
-            ticket=job.ticket,
-            following=following,
-        )
+    async def _ensure(self, job: Assignment, publisher: Client) -> float:
+        """Load the version `job` names unless it is loaded; the seconds it took."""
+        version = job.version
+        if version == self.loaded:
+            return 0.0
+        with span(self.clock, "load", period=job.period, version=version) as loading:
+            source, nbytes = await self._fetch_and_load(publisher, version)
+            self.loaded = version
+        load_s = loading.duration
+        log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
+        return load_s
+
+    def _seeds(self, job: Assignment) -> list[int]:
+        return [sample_seed(self.settings.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
+
+    async def _complete(self, jobs: list[Assignment]) -> list[GroupSamples]:
+        """One completion a sample, every prompt of the batch decoded together, scored by the scorer."""
+        prompts = [self.tokenizer.encode_prompt(job.prompt) for job in jobs]
+        pairs = [(prompt, self._seeds(job)) for prompt, job in zip(prompts, jobs, strict=True)]
+        groups = await asyncio.to_thread(self._generate, pairs, jobs[0].eval)
+        made = []
+        for job, prompt, group in zip(jobs, prompts, groups, strict=True):
+            texts = [self.tokenizer.decode_response(c.tokens) for c in group]
+            scores = [
+                await self.scorer.score(job.prompt, text, job.answer, c.finished, job.prompt_id)
+                for text, c in zip(texts, group, strict=True)
+            ]
+            made.append(
+                GroupSamples(prompt, [c.tokens for c in group], [c.logprobs for c in group], texts, scores)
+            )
+        return made
+
+    async def _play(self, jobs: list[Assignment]) -> list[GroupSamples]:
+        """One episode a sample, every episode of the batch run together turn by turn, each turn with
+        the version the batch names (none loaded until all have ended), scored by the environment."""
+        assert self.episodes is not None and isinstance(self.engine, TurnEngine)
+        version = jobs[0].version
+        temperature = self.settings.eval_temperature if jobs[0].eval else None
+        generate = EngineGenerate(self.engine, temperature, functools.partial(self._turn, version))
+        groups = [
+            (
+                Prompt(job.prompt_id, job.prompt, job.answer),
+                self._seeds(job),
+                self.tokenizer.encode_prompt(job.prompt),
+            )
+            for job in jobs
+        ]
+        self.playing = version
+        try:
+            return await play(self.episodes.runner(generate), groups, self.tokenizer.eos_id)
+        finally:
+            self.playing = None
 
 
 RolloutWorker.SESSION_HANDLERS = {Assignment: RolloutWorker._assigned, Welcome: RolloutWorker._welcomed}

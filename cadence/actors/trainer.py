@@ -36,10 +36,11 @@ import structlog
 
 from cadence.config import RunConfig
 from cadence.monitor.metrics import PeriodStats
-from cadence.monitor.samples import SampleWriter
+from cadence.monitor.samples import SampleWriter, sample_record
 from cadence.monitor.span import span
 from cadence.ops.losses import step_normaliser
 from cadence.ops.packing import packed_length
+from cadence.ops.sampled import sampled_lengths
 from cadence.ops.schedule import lr_at
 from cadence.training.learner import Learner, TrainGroup
 from cadence.training.resume import load_resume, save_resume
@@ -272,8 +273,9 @@ class Trainer:
                 msg.load_s,
                 msg.reward_parts,
             )
+            stats.episodes(msg)
             if msg.responses and self.samples is not None:
-                self._keep_sample(msg, self.samples)
+                self.samples.write(msg.period, sample_record(msg))
             await self.session.send(Consumed(period, [msg.prompt_id]))
             if self.settings.mode == "periodic":
                 # train now, together with whatever else has arrived meanwhile (up to the budget) and
@@ -284,25 +286,6 @@ class Trainer:
         for msg in held:
             await self._add(msg, stats, flush=False)
         await self._flush(stats)
-
-    def _keep_sample(self, msg: GroupResult, samples: SampleWriter) -> None:
-        responses = [
-            {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
-            | {name: values[i] for name, values in msg.reward_parts.items()}
-            for i, (text, tokens, reward, correct) in enumerate(
-                zip(msg.responses, msg.completions, msg.rewards, msg.correct, strict=True)
-            )
-        ]
-        record = {
-            "period": msg.period,
-            "version": msg.version,
-            "prompt_id": msg.prompt_id,
-            "prompt": msg.prompt,
-            "answer": msg.answer,
-            "reward_mean": sum(msg.rewards) / len(msg.rewards),
-            "responses": responses,
-        }
-        samples.write(msg.period, record)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""
@@ -345,7 +328,13 @@ class Trainer:
         self.alone = self.alone or self._trained == self.B
         steps = self.settings.steps_per_period
         groups = [
-            TrainGroup(m.prompt_tokens, m.completions, m.rewards, m.logprobs if steps > 1 else None)
+            TrainGroup(
+                m.prompt_tokens,
+                m.completions,
+                m.rewards,
+                m.logprobs if steps > 1 else None,
+                masks=m.masks or None,
+            )
             for m in micro
         ]
         with span(self.clock, "train", period=stats.period, groups=len(groups)) as training:
@@ -355,7 +344,7 @@ class Trainer:
         if len(self._batch) < self.B // steps:
             return
         s = self.settings
-        lengths = [len(c) for g in self._batch for c in g.completions]
+        lengths = [n for g in self._batch for n in sampled_lengths(g.completions, g.masks or None)]
         normaliser = step_normaliser(s.objective, s.normaliser, lengths, s.max_new_tokens)
         lr = s.lr_at(stats.period * steps + len(stats.steps))
         with span(self.clock, "step", period=stats.period) as stepping:

@@ -152,6 +152,48 @@ def evaluation_sampling(cfg: RunConfig) -> None:
         )
 
 
+def episodes_need_the_built_in_engine(cfg: RunConfig) -> None:
+    """`environment.name` needs `rollout.engine = "torch"`: only the built-in engine runs episodes (a
+    per-turn token limit, the model's positions); vLLM does not yet."""
+    name, engine = cfg.environment.name, cfg.rollout.engine
+    if name and engine != "torch":
+        raise ConfigError(
+            f"environment.name = {name!r} needs rollout.engine = 'torch' (got {engine!r}): episodes run"
+            " on the built-in engine only, vLLM is not supported for episodes yet"
+        )
+
+
+def episodes_fit_the_positions(cfg: RunConfig) -> None:
+    """`environment.max_turn_tokens` is at most `environment.max_tokens`, and `environment.max_tokens`
+    leaves the first message room in `model.max_position` (with `environment.name`; a
+    `model.checkpoint`'s own positions are checked when a worker builds)."""
+    e = cfg.environment
+    if not e.name:
+        return
+    if e.max_turn_tokens > e.max_tokens:
+        raise ConfigError(
+            f"environment.max_turn_tokens = {e.max_turn_tokens} must be at most environment.max_tokens"
+            f" = {e.max_tokens}: a turn is part of its episode's tokens"
+        )
+    positions = cfg.model.max_position
+    if not cfg.model.checkpoint and e.max_tokens >= positions:
+        raise ConfigError(
+            f"environment.max_tokens = {e.max_tokens} leaves the first message no room in"
+            f" model.max_position = {positions}: the episode's first message and its tokens after it"
+            " share the model's positions; lower environment.max_tokens or raise model.max_position"
+        )
+
+
+def episodes_score_themselves(cfg: RunConfig) -> None:
+    """`environment.name` takes no `rewards.weights`: an episode's reward is its environment's score."""
+    if cfg.environment.name and cfg.rewards.weights:
+        raise ConfigError(
+            f"rewards.weights = {cfg.rewards.weights} with environment.name ="
+            f" {cfg.environment.name!r}: an episode's reward is its environment's score; leave"
+            " rewards.weights empty (score in the environment's `score` instead)"
+        )
+
+
 ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     steps_divide_the_batch,
     warmup_within_the_run,
@@ -164,6 +206,9 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     chunks_fit_a_frame,
     evaluation_has_prompts,
     evaluation_sampling,
+    episodes_need_the_built_in_engine,
+    episodes_fit_the_positions,
+    episodes_score_themselves,
 )
 
 

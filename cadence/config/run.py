@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cadence.config.checks import check_run
+from cadence.config.environment import EnvironmentConfig
 from cadence.config.fields import POSITIVE, ConfigError, doc, section
 from cadence.config.sections import (
     EvalConfig,
@@ -48,6 +49,9 @@ class RunConfig:
     run_id: str = doc("", "identifies the run on the wire; `cadence run` fills it in")
     task: TaskConfig = section(TaskConfig, "the prompt source and its reward")
     rewards: RewardsConfig = section(RewardsConfig, "reward functions by name, and their settings")
+    environment: EnvironmentConfig = section(
+        EnvironmentConfig, "multi-turn episodes: the environment the model acts in, and their bounds"
+    )
     eval: EvalConfig = section(EvalConfig, "held-out evaluation during the run and by `cadence eval`")
     monitor: MonitorConfig = section(MonitorConfig, "samples, log streaming and metric writers")
     rollout: RolloutConfig = section(RolloutConfig, "rollout workers and sampling")

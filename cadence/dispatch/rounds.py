@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from cadence.monitor.evaluation import eval_figures
+from cadence.monitor.samples import turns_of
 from cadence.tasks.base import Prompt
 
 log = structlog.get_logger()
@@ -78,6 +79,8 @@ class EvalRound:
                 {"text": t, "reward": r, "correct": c}
                 for t, r, c in zip(rec["responses"], rec["rewards"], rec["correct"], strict=True)
             ]
+            for response, transcript in zip(responses, rec.get("transcripts") or [], strict=False):
+                response["messages"] = turns_of(transcript)  # an episode's turns
             out.append(
                 {
                     "version": self.version,

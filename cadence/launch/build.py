@@ -7,13 +7,15 @@ so weights published by the trainer always fit every worker's engine.
 from __future__ import annotations
 
 import json
+import string
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cadence.config import RunConfig
+from cadence.actors.episodes import Episodes
+from cadence.config import ConfigError, RunConfig
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
@@ -22,6 +24,8 @@ from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
+from cadence.tasks.environments.bounds import Bounds
+from cadence.tasks.environments.loading import load_environment
 from cadence.tasks.registry import make_task
 from cadence.training.learner import Learner, TorchLearner
 from cadence.training.ranks import Ranks
@@ -43,6 +47,8 @@ def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
 
         extra = {c for p in eval_prompts(cfg.task, cfg.eval, task) for c in p.text + p.answer}
         alphabet += "".join(sorted(extra - set(alphabet)))
+    if cfg.environment.name:  # an environment writes text of its own: printable ASCII, after the rest
+        alphabet += "".join(c for c in string.printable if c not in alphabet and c not in "\t\r\x0b\x0c")
     return CharTokenizer(alphabet)
 
 
@@ -54,11 +60,49 @@ def make_model(cfg: RunConfig, tokenizer: TextTokenizer) -> tuple[Transformer, M
     return init_model(model_cfg, cfg.model.init_seed), model_cfg
 
 
+def checkpoint_config(cfg: RunConfig) -> dict[str, Any]:
+    """The `config.json` of `model.checkpoint`."""
+    config: dict[str, Any] = json.loads((Path(cfg.model.checkpoint).expanduser() / "config.json").read_text())
+    return config
+
+
+def model_positions(cfg: RunConfig) -> int:
+    """The positions of the run's model: its checkpoint's, else `model.max_position`."""
+    if cfg.model.checkpoint:
+        return int(checkpoint_config(cfg).get("max_position_embeddings", 2048))
+    return cfg.model.max_position
+
+
+def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | None:
+    """What a worker runs its samples as episodes with (`environment.name`), or None (single-turn).
+    `ConfigError` naming the key for a name that does not load, a token budget that leaves the first
+    message no room in the model's positions, a chat template whose turns cannot be appended."""
+    from cadence.model.turns import ChatTurns
+
+    e = cfg.environment
+    if not e.name:
+        return None
+    factory = load_environment(e.name)
+    positions = model_positions(cfg)
+    if e.max_tokens >= positions:
+        raise ConfigError(
+            f"environment.max_tokens = {e.max_tokens} leaves the first message no room in the model's"
+            f" {positions} positions: lower it"
+        )
+    try:
+        codec = ChatTurns(tokenizer, e.role)
+    except ValueError as err:
+        raise ConfigError(f"environment.name = {e.name!r}: {err}") from None
+    bounds = Bounds(
+        e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
+    )
+    return Episodes(e.name, factory, codec, bounds)
+
+
 def vocab_limit(cfg: RunConfig, tokenizer: TextTokenizer) -> int:
     """How many token ids a group may use: the model's embedding rows (at least the tokenizer's)."""
     if cfg.model.checkpoint:
-        config = json.loads((Path(cfg.model.checkpoint).expanduser() / "config.json").read_text())
-        rows = int(config.get("vocab_size") or 0)
+        rows = int(checkpoint_config(cfg).get("vocab_size") or 0)
     else:
         rows = make_model_config(cfg, tokenizer).vocab_size
     return max(rows, tokenizer.vocab_size)

@@ -120,6 +120,10 @@ def launch(
     `LaunchError` otherwise."""
     if cfg.model.checkpoint:
         _check_model_checkpoint(Path(cfg.model.checkpoint).expanduser())
+    if cfg.environment.name:  # a name that does not load stops the run here (ConfigError naming it)
+        from cadence.tasks.environments.loading import load_environment
+
+        load_environment(cfg.environment.name)
     if resume:
         config_path, first = prepare_resume(cfg, out)
     else:

@@ -296,7 +296,7 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
 
 async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
-    from cadence.launch.build import make_engine, make_tokenizer
+    from cadence.launch.build import make_engine, make_episodes, make_tokenizer
     from cadence.launch.settings import session, worker_settings
     from cadence.launch.threads import use_threads
     from cadence.rewards.scorer import make_scorer
@@ -307,6 +307,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     net = _network(cfg)
     try:
         tokenizer = make_tokenizer(cfg)
+        episodes = make_episodes(cfg, tokenizer)  # a name that does not load stops the worker here
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
         worker = RolloutWorker(
             worker_settings(cfg),
@@ -318,6 +319,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             tokenizer,
             time.time,
             use_threads=use_threads,
+            episodes=episodes,
         )
         await _with_log_stream(worker.run(), net, name, connect, stream)
     finally:

@@ -71,7 +71,8 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
         objective=t.objective,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        # dr_grpo's constant: the longest a sample's sampled tokens may be (an episode's: its budget)
+        max_new_tokens=cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens,
         lr=t.lr,
         lr_schedule=t.lr_schedule,
         warmup_periods=t.warmup_periods,

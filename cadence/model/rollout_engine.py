@@ -1,4 +1,5 @@
-"""What a rollout worker asks of an engine, and the built-in engine behind that interface.
+"""What a rollout worker asks of an engine (`RolloutEngine`; `TurnEngine` for multi-turn episodes), and
+the built-in engine behind both interfaces.
 
 Invariant: an engine generates only with the weights it was last given (`load` or `load_state`);
 the worker decides which version that is.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -38,8 +39,29 @@ class RolloutEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class TurnEngine(RolloutEngine, Protocol):
+    """An engine that runs episodes' turns: a token limit a call, and how many positions a context
+    (prompt and new tokens) may take. The built-in engine is one; vLLM's is not yet."""
+
+    @property
+    def max_context(self) -> int:
+        """The model's positions: a prompt and the tokens sampled after it together."""
+        ...
+
+    def generate_many(
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[list[Completion]]:
+        """`RolloutEngine.generate_many`, each sample at most `max_new_tokens` long (None: the engine's
+        own limit); every prompt with that many new tokens fits `max_context`."""
+        ...
+
+
 class TorchRolloutEngine:
-    """The built-in engine behind the worker's `RolloutEngine` interface."""
+    """The built-in engine behind the worker's `RolloutEngine` and `TurnEngine` interfaces."""
 
     def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
         self.engine = engine
@@ -55,8 +77,17 @@ class TorchRolloutEngine:
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         return self.engine.generate(prompt, seeds, self.params)
 
+    @property
+    def max_context(self) -> int:
+        return self.engine.model.cfg.max_position
+
     def generate_many(
-        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> list[list[Completion]]:
         params = self.params if temperature is None else replace(self.params, temperature=temperature)
+        if max_new_tokens is not None:
+            params = replace(params, max_new_tokens=max_new_tokens)
         return self.engine.generate_many(groups, params)

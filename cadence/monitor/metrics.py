@@ -10,7 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from cadence.monitor.episodes import episode_metrics
 from cadence.monitor.period_metrics import PeriodMetrics
+from cadence.wire.messages import GroupResult
 
 
 def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -46,6 +48,7 @@ class PeriodStats:
     steps: list[dict[str, float]] = field(default_factory=list)  # each optimizer step's statistics
 
     completions: dict[int, list[list[int]]] = field(default_factory=dict)
+    played: list[GroupResult] = field(default_factory=list)  # accepted groups of episodes
 
     def arrived(
         self,
@@ -71,6 +74,11 @@ class PeriodStats:
         self.gen_s.append(gen_s)
         self.load_s.append(load_s)
 
+    def episodes(self, msg: GroupResult) -> None:
+        """An accepted group, kept for its episode figures when it has them (`monitor/episodes.py`)."""
+        if msg.turns:
+            self.played.append(msg)
+
     def stepped(self, info: dict[str, float]) -> None:
         """An optimizer step of the period was taken; `info`: the learner's statistics of it."""
         self.steps.append(info)
@@ -88,7 +96,8 @@ class PeriodStats:
         n = len(self.rewards)
         mean = sum(self.rewards) / n if n else 0.0
         std = (sum((r - mean) ** 2 for r in self.rewards) / n) ** 0.5 if n else 0.0
-        tokens = sum(self.lengths)
+        played = episode_metrics(self.played)
+        tokens = sum(self.lengths) - played.get("env_tokens", 0)  # the sampled ones
         idle = [max(0.0, period_s - busy) for busy in self.busy.values()]
         return PeriodMetrics(
             period=self.period,
@@ -98,7 +107,7 @@ class PeriodStats:
             reward_mean=mean,
             reward_std=std,
             accuracy=sum(self.correct) / n if n else 0.0,
-            response_len_mean=tokens / n if n else 0.0,
+            response_len_mean=sum(self.lengths) / n if n else 0.0,
             response_len_max=max(self.lengths, default=0),
             tokens_generated=tokens,
             tokens_trained=tokens,
@@ -129,6 +138,7 @@ class PeriodStats:
             clip_fraction=self._mean_of_steps("clip_fraction"),
             kl=self._mean_of_steps("kl"),
             lr=self.steps[-1].get("lr", 0.0) if self.steps else 0.0,
+            **played,
         )
 
 

@@ -4,7 +4,9 @@
 Invariant: `to_row` gives the very keys and values `metrics.jsonl` has always had (a reward
 function's mean as `reward_<name>`, lists for the per-group figures, `workers` and `reassigned` only
 once the dispatcher has added them), and `from_row(row).to_row() == row` for every row it wrote.
-`from_row` takes rows of older runs and resume checkpoints as they are: a missing key gets its
+An episode figure (`turns_mean`, `tool_calls`, ...: a run with `environment.name`) is left out of a
+row while None, and the episodes by ending are written as `ended_<ending>`, so a single-turn run's
+rows keep exactly their keys. `from_row` takes rows of older runs and resume checkpoints as they are: a missing key gets its
 default (0, an empty list or string), an unknown key is kept in `extra` and written back unchanged,
 so nothing a trainer sent is lost. Values are taken as they are, not converted.
 """
@@ -18,10 +20,11 @@ from typing import Any
 
 # fields whose rows hold lists
 _SEQUENCES = ("group_arrival_s", "micro_batch_train_s")
-# fields the dispatcher adds; left out of a row while None
+# fields left out of a row while None: the dispatcher's, and a multi-turn run's episode figures
 _RECORDED = ("workers", "reassigned")
+_EPISODES = ("turns_mean", "tool_calls", "tool_errors", "env_timeouts", "env_s", "env_tokens")
 # fields that are no key of the row themselves
-_NOT_KEYS = ("reward_functions", "extra")
+_NOT_KEYS = ("reward_functions", "endings", "extra")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class PeriodMetrics:
     lr: float = 0.0  # learning rate of the period's last optimizer step
     samples_sha256: str = ""  # checksum of every generated token, independent of arrival order
     reward_functions: dict[str, float] = field(default_factory=dict)  # function -> mean (reward_<name>)
+    turns_mean: float | None = None  # model turns an episode, mean (None: a single-turn run)
+    tool_calls: int | None = None  # tool calls of the period's episodes
+    tool_errors: int | None = None  # of which the tool answered with an error
+    env_timeouts: int | None = None  # environment calls cut at environment.step_timeout_s
+    env_s: float | None = None  # seconds in the environment's calls, summed over the episodes
+    env_tokens: int | None = None  # the environment's tokens in the completions (context, never trained)
+    endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
     reassigned: int | None = None  # prompts handed to another worker so far (the dispatcher's)
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a row this class does not know
@@ -78,9 +88,10 @@ class PeriodMetrics:
         """The `metrics.jsonl` line (and `VersionReady.metrics`) of these figures."""
         row: dict[str, Any] = dict(self.extra)
         row.update({f"reward_{name}": value for name, value in self.reward_functions.items()})
+        row.update({f"ended_{ending}": count for ending, count in self.endings.items()})
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in _NOT_KEYS or (f.name in _RECORDED and value is None):
+            if f.name in _NOT_KEYS or (f.name in _RECORDED + _EPISODES and value is None):
                 continue
             row[f.name] = list(value) if f.name in _SEQUENCES else value
         return row
@@ -91,13 +102,17 @@ class PeriodMetrics:
         known = {f.name for f in dataclasses.fields(cls)} - set(_NOT_KEYS)
         values: dict[str, Any] = {}
         functions: dict[str, float] = {}
+        endings: dict[str, int] = {}
         extra: dict[str, Any] = {}
         for key, value in row.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
             if key in known:
                 values[key] = tuple(value) if key in _SEQUENCES else value
-            elif key.startswith("reward_") and isinstance(value, int | float) and not isinstance(value, bool):
+            elif key.startswith("reward_") and number:
                 functions[key.removeprefix("reward_")] = value
+            elif key.startswith("ended_") and isinstance(value, int) and not isinstance(value, bool):
+                endings[key.removeprefix("ended_")] = value
             else:
                 extra[key] = value
         values.setdefault("version", values.get("period", 0))
-        return cls(**values, reward_functions=functions, extra=extra)
+        return cls(**values, reward_functions=functions, endings=endings, extra=extra)

@@ -1,8 +1,9 @@
 """What `cadence run` shows while it runs: a live status line on a terminal, plain lines elsewhere.
 
 On a terminal one line is redrawn in place (period, groups trained of B in the current period,
-reward, accuracy, tokens/s, elapsed and time left) and a permanent line is printed every twentieth of
-the run; without a terminal every period gets one plain line, as a log would want.
+reward, accuracy, tokens/s, turns an episode in a multi-turn run, elapsed and time left) and a
+permanent line is printed every twentieth of the run; without a terminal every period gets one plain
+line, as a log would want (a multi-turn run's with its episode figures).
 
 Invariant: the display only reads the run folder (`metrics.jsonl`, the trainer's `train` spans in
 `logs/trainer.jsonl`); it never talks to an actor, so a slow terminal cannot slow the run.
@@ -22,7 +23,18 @@ def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
-        f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}"
+        f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}"
+    )
+
+
+def episode_part(row: PeriodMetrics) -> str:
+    """A multi-turn run's episode figures (turns an episode, tool calls and errors, environment
+    timeouts, seconds and tokens), "" for a single-turn run's row."""
+    if row.turns_mean is None:
+        return ""
+    return (
+        f"  turns {row.turns_mean:.2f}  tools {row.tool_calls or 0} ({row.tool_errors or 0} err)"
+        f"  env {row.env_s or 0.0:.2f}s {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
     )
 
 
@@ -39,6 +51,8 @@ def status_line(
             f"acc {last.accuracy:.3f}",
             f"{last.tokens_per_s:.0f} tok/s",
         ]
+        if last.turns_mean is not None:
+            parts.append(f"turns {last.turns_mean:.2f}")
     parts.append(f"elapsed {_clock(elapsed)}")
     parts.append(f"left {_clock(left) if left is not None else '?'}")
     return "  ".join(parts)

@@ -1,5 +1,6 @@
 """Rollout samples for people to read: a share of each period's groups, written to
-`samples/period-K.jsonl` (prompt, answer, every response with its reward and correctness).
+`samples/period-K.jsonl` (prompt, answer, every response with its reward and correctness; an
+episode's also with every turn and who wrote it, its figures and why it ended).
 
 Invariant: whether a group is kept depends only on (seed, prompt id, fraction), so the worker that
 attaches the texts and anyone re-reading the run agree without talking; a kept group is one line.
@@ -11,6 +12,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from cadence.wire.messages import GroupResult
 
 
 def is_sampled(seed: int, prompt_id: int, fraction: float) -> bool:
@@ -42,3 +45,42 @@ class SampleWriter:
                 and int(path.stem.removeprefix("period-")) >= period
             ):
                 path.unlink(missing_ok=True)
+
+
+def turns_of(transcript: list[str]) -> list[dict[str, str]]:
+    """An episode's messages with who wrote each: the first message and every other after it the
+    environment's, the rest the model's (`GroupResult.transcripts`)."""
+    return [
+        {"author": "model" if i % 2 else "environment", "text": text} for i, text in enumerate(transcript)
+    ]
+
+
+def sample_record(msg: GroupResult) -> dict[str, Any]:
+    """The samples line of a kept group (one whose worker attached its texts): each response with its
+    length, reward, correctness and reward parts; an episode's also with its turns, figures and ending."""
+    responses = []
+    for i, (text, tokens, reward, correct) in enumerate(
+        zip(msg.responses, msg.completions, msg.rewards, msg.correct, strict=True)
+    ):
+        response = {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
+        response |= {name: values[i] for name, values in msg.reward_parts.items()}
+        if msg.turns:
+            response |= {
+                "turns": msg.turns[i],
+                "ended": msg.endings[i] if msg.endings else "",
+                "tool_calls": msg.tool_calls[i] if msg.tool_calls else 0,
+                "tool_errors": msg.tool_errors[i] if msg.tool_errors else 0,
+                "env_tokens": msg.masks[i].count(0) if msg.masks else 0,
+            }
+        if msg.transcripts:
+            response["messages"] = turns_of(msg.transcripts[i])
+        responses.append(response)
+    return {
+        "period": msg.period,
+        "version": msg.version,
+        "prompt_id": msg.prompt_id,
+        "prompt": msg.prompt,
+        "answer": msg.answer,
+        "reward_mean": sum(msg.rewards) / len(msg.rewards),
+        "responses": responses,
+    }

@@ -10,6 +10,7 @@ negative; `cadence.wire.messages`); what is checked here depends on the run or o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from cadence.wire.messages import EvalResult, GroupResult, RunDone, VersionReady, WeightUpload, WorkRequest
@@ -18,6 +19,9 @@ MAX_CREDITS = 1 << 16
 """The most prompt groups one `WorkRequest` may grant: far above any worker's `rollout.inflight`."""
 
 _JSON_DEPTH = 8
+
+ENDINGS = frozenset({"done", "max_turns", "token_budget", "episode_timeout", "context", "error"})
+"""Why an episode may end (`cadence.tasks.environments.base.Ending`, which a test holds this to)."""
 
 
 def plain_json(value: Any, depth: int = 0) -> bool:
@@ -77,7 +81,12 @@ def work_request_problem(msg: WorkRequest) -> str | None:
 
 def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
     """A group: as many completions, log-prob rows, rewards and correctness values as samples (at
-    least one), a log-prob a token, every token in the vocabulary, every number finite."""
+    least one), a log-prob a token, every token in the vocabulary, every number finite; and its
+    episodes' masks and figures, when it has them (`episode_problem`)."""
+    return _samples_problem(msg, vocab_size) or episode_problem(msg)
+
+
+def _samples_problem(msg: GroupResult, vocab_size: int) -> str | None:
     n = len(msg.completions)
     if n == 0:
         return "no completions"
@@ -107,6 +116,51 @@ def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
     return None
 
 
+def episode_problem(msg: GroupResult) -> str | None:
+    """A group's episodes: no masks (every token sampled), or one a completion, as long as it, of 0s
+    and 1s, with log-prob 0.0 at every 0 (the environment's tokens were not sampled). A completion
+    with a mask holds at least one token, though maybe no 1: an episode the environment ended before
+    the model's first token (it failed to start, or left no room) counts in its group's rewards and
+    trains no token. Each figure list is empty or one a sample: counts, times finite and not
+    negative, tool errors at most the tool calls, endings of `ENDINGS`; transcripts empty or one a
+    sample."""
+    n = len(msg.completions)
+    figures: dict[str, Sequence[object]] = {
+        "masks": msg.masks,
+        "turns": msg.turns,
+        "tool_calls": msg.tool_calls,
+        "tool_errors": msg.tool_errors,
+        "env_timeouts": msg.env_timeouts,
+        "env_s": msg.env_s,
+        "endings": msg.endings,
+        "transcripts": msg.transcripts,
+    }
+    wrong = {name: len(values) for name, values in figures.items() if values and len(values) != n}
+    if wrong:
+        return f"{n} completions but {wrong}"
+    for i, mask in enumerate(msg.masks):
+        tokens, logprobs = msg.completions[i], msg.logprobs[i]
+        if len(mask) != len(tokens):
+            return f"completion {i}: {len(tokens)} tokens but a mask of {len(mask)}"
+        if not tokens:
+            return f"completion {i}: no token (an episode's completion holds at least one)"
+        if any(m not in (0, 1) for m in mask):
+            return f"completion {i}: a mask value other than 0 (environment) or 1 (sampled)"
+        if any(m == 0 and lp != 0.0 for m, lp in zip(mask, logprobs, strict=True)):
+            return f"completion {i}: an environment token (mask 0) with a log-prob other than 0.0"
+    if not all(math.isfinite(s) and s >= 0 for s in msg.env_s):
+        return "an environment time that is not finite and non-negative"
+    if (
+        msg.tool_errors
+        and msg.tool_calls
+        and any(e > c for e, c in zip(msg.tool_errors, msg.tool_calls, strict=True))
+    ):
+        return "more tool errors than tool calls"
+    if not set(msg.endings) <= ENDINGS:
+        return f"an ending outside {sorted(ENDINGS)}"
+    return None
+
+
 def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
     """An eval answer: an eval prompt id (negative), `samples` samples each with a reward, a correctness
     value, a text and a length, every number finite."""
@@ -118,6 +172,8 @@ def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
         "responses": len(msg.responses),
         "tokens": len(msg.tokens),
     }
+    if msg.transcripts:
+        counts["transcripts"] = len(msg.transcripts)
     wrong = {name: count for name, count in counts.items() if count != samples}
     if wrong:
         return f"{samples} samples expected but {wrong}"

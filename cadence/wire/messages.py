@@ -157,9 +157,10 @@ class Assignment(Message, tag="assignment"):
     eval: bool = False
 
 
-class EvalResult(Message, tag="eval_result"):
+class EvalResult(Message, tag="eval_result", omit_defaults=True):
     """A worker's answer to an eval assignment, sent to the dispatcher (never trained): the prompt's
-    samples with their rewards and correctness from the run's reward functions, and their texts."""
+    samples with their rewards and correctness from the run's reward functions, and their texts (an
+    episode's also its messages). Fields at their default are left out on the wire."""
 
     version: Version
     prompt_id: int
@@ -168,10 +169,17 @@ class EvalResult(Message, tag="eval_result"):
     responses: list[str]
     tokens: list[Count]  # each sample's completion length in tokens
     gen_s: float = 0.0
+    transcripts: list[list[str]] = field(default_factory=list)  # episodes' messages (`GroupResult`'s)
 
 
-class GroupResult(Message, tag="group_result"):
-    """A finished, scored group, pushed to the trainer as soon as it is done."""
+class GroupResult(Message, tag="group_result", omit_defaults=True):
+    """A finished, scored group, pushed to the trainer as soon as it is done.
+
+    Multi-turn episodes (`environment.name`): a completion is everything after the prompt, the model's
+    turns and the environment's messages in order; `masks` says which is which (1: sampled by the
+    model, with its log-prob; 0: the environment's, log-prob 0.0), and the episode figures follow, one
+    a sample. A single-turn group leaves them all empty: every token sampled. Fields at their default
+    are left out on the wire (`omit_defaults`), so a single-turn group carries no byte of them."""
 
     period: Version
     version: Version
@@ -192,6 +200,16 @@ class GroupResult(Message, tag="group_result"):
     following: Count = (
         0  # groups of the same batch sent right after this one (the trainer trains them together)
     )
+    masks: list[list[Count]] = field(default_factory=list)  # 1 sampled, 0 the environment's; empty: all 1
+    turns: list[Count] = field(default_factory=list)  # each episode's model turns
+    tool_calls: list[Count] = field(default_factory=list)  # each episode's tool calls
+    tool_errors: list[Count] = field(default_factory=list)  # of which answered with an error
+    env_timeouts: list[Count] = field(default_factory=list)  # environment calls cut at their timeout
+    env_s: list[float] = field(default_factory=list)  # seconds spent in the environment's calls
+    endings: list[str] = field(default_factory=list)  # why each episode ended (done, max_turns, ...)
+    transcripts: list[list[str]] = field(default_factory=list)  # kept groups: each episode's messages,
+    # the first message, then the model's turn and the environment's answer alternating (even: the
+    # environment's, odd: the model's)
 
 
 class Consumed(Message, tag="consumed"):

@@ -17,6 +17,7 @@ from cadence.actors.episodes import EngineGenerate, episode_runner
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.hf_tokenizer import HFTokenizer
+from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.model.turns import render
@@ -116,8 +117,8 @@ def _check_token_in_token_out(engine: Recording, result: EpisodeResult, reply_id
 def _run(
     engine: TorchEngine, tokenizer: TextTokenizer, bounds: Bounds, episodes: list[tuple[Prompt, int]]
 ) -> list[EpisodeResult]:
-    params = SamplingParams(max_new_tokens=1, temperature=1.0)
-    return asyncio.run(episode_runner(engine, params, tokenizer, Chatter, bounds).run(episodes))
+    worker = TorchRolloutEngine(engine, SamplingParams(max_new_tokens=1, temperature=1.0))
+    return asyncio.run(episode_runner(worker, tokenizer, Chatter, bounds).run(episodes))
 
 
 def _tiny(tokenizer: TextTokenizer, max_position: int = 256) -> Transformer:
@@ -204,7 +205,7 @@ def test_smollm2_episodes_are_token_in_token_out_and_render_as_the_template() ->
 
 def test_engine_generate_clips_to_the_models_positions_and_keeps_the_order() -> None:
     engine = Recording(_tiny(CHARS, max_position=30), CHARS.eos_id)
-    generate = EngineGenerate(engine, SamplingParams(max_new_tokens=1, temperature=1.0))
+    generate = EngineGenerate(TorchRolloutEngine(engine, SamplingParams(max_new_tokens=1, temperature=1.0)))
     short, long = CHARS.encode_prompt("Hi"), CHARS.encode_prompt("x" * 29)
     out = asyncio.run(generate([long, short, short], [1, 2, 3], [8, 4, 8]))
     assert out[0].tokens == [] and not out[0].finished  # 30 positions hold no new token after 30

@@ -30,6 +30,7 @@ from cadence.wire.messages import (
     Shutdown,
     Welcome,
     WorkRequest,
+    encode,
 )
 from tests.conftest import expect, tiny_config
 
@@ -79,6 +80,9 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     assert len(result.completions) == 4 and all(0.0 <= r <= 1.0 for r in result.rewards)
     assert result.prompt_tokens == tokenizer.encode("3+4=", bos=True)
     assert result.load_s > 0 and worker.loaded == 0
+    # single-turn: every token sampled, no episode figures, and none of their keys on the wire
+    assert result.masks == [] and result.turns == [] and result.endings == [] and result.transcripts == []
+    assert b"masks" not in encode(result, "w0") and b"endings" not in encode(result, "w0")
     # the engine now holds exactly the published bytes: same weights, same generation
     again = make_engine(cfg, tokenizer)
     stored = store.get(0)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import cadence.config.environment as config_environment
 import cadence.config.run as config_module
 import cadence.config.sections as config_sections
 import cadence.config.trainer as config_trainer
@@ -25,7 +26,12 @@ def config_error(overrides: list[str], path: Path | None = None) -> str:
 
 def config_dataclasses() -> list[type]:
     """Every dataclass defined in the config modules (the run and its sections)."""
-    modules = (config_module.__name__, config_sections.__name__, config_trainer.__name__)
+    modules = (
+        config_module.__name__,
+        config_sections.__name__,
+        config_trainer.__name__,
+        config_environment.__name__,
+    )
     return [
         obj
         for obj in vars(config_module).values()

@@ -5,14 +5,18 @@ outside its type's own range (a negative version, count or token id) never gets 
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 import msgpack
 import msgspec
 import pytest
 
+from cadence.tasks.environments.base import Ending
 from cadence.wire.meaning import (
+    ENDINGS,
     MAX_CREDITS,
+    eval_result_problem,
     group_problem,
     plain_json,
     run_done_problem,
@@ -22,6 +26,7 @@ from cadence.wire.meaning import (
 )
 from cadence.wire.messages import (
     DecodeError,
+    EvalResult,
     GroupResult,
     Message,
     RunDone,
@@ -94,10 +99,74 @@ def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any],
     assert problem is not None and reason in problem
 
 
+def episodes(**changes: Any) -> GroupResult:
+    """A sound group of two episodes: the first sampled a token, then the environment wrote one."""
+    sound = group(
+        logprobs=[[-0.5, 0.0], [-2.0]],
+        masks=[[1, 0], [1]],
+        turns=[2, 1],
+        tool_calls=[1, 0],
+        tool_errors=[1, 0],
+        env_timeouts=[0, 0],
+        env_s=[0.25, 0.0],
+        endings=["max_turns", "done"],
+        transcripts=[["first", "a", "[calc]"], ["first", "b"]],
+    )
+    return msgspec.structs.replace(sound, **changes)
+
+
+def test_a_sound_episode_group_passes() -> None:
+    assert group_problem(wire(episodes()), VOCAB) is None
+    assert group_problem(wire(episodes(transcripts=[], env_s=[])), VOCAB) is None  # each list may be empty
+    # an episode the environment ended before the model's first token: one environment token, no 1
+    ended = episodes(completions=[[4, 11], [2]], logprobs=[[-0.5, 0.0], [0.0]], masks=[[1, 0], [0]])
+    assert group_problem(wire(ended), VOCAB) is None
+
+
+def test_the_endings_are_the_runners() -> None:
+    assert set(typing.get_args(Ending)) == ENDINGS
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"masks": [[1, 0]]}, "2 completions but {'masks': 1}"),
+        ({"masks": [[1], [1]]}, "completion 0: 2 tokens but a mask of 1"),
+        (
+            {"completions": [[4, 11], []], "logprobs": [[-0.5, 0.0], []], "masks": [[1, 0], []]},
+            "completion 1: no token (an episode's completion holds at least one)",
+        ),
+        ({"masks": [[1, 2], [1]]}, "completion 0: a mask value other than 0 (environment) or 1"),
+        ({"logprobs": [[-0.5, -1.0], [-2.0]]}, "completion 0: an environment token (mask 0) with a log-prob"),
+        ({"turns": [1]}, "2 completions but {'turns': 1}"),
+        ({"tool_calls": [1, 0, 0]}, "'tool_calls': 3"),
+        ({"env_timeouts": [0]}, "'env_timeouts': 1"),
+        ({"endings": ["done"]}, "'endings': 1"),
+        ({"transcripts": [["first"]]}, "'transcripts': 1"),
+        ({"env_s": [math.nan, 0.0]}, "an environment time that is not finite and non-negative"),
+        ({"env_s": [-0.5, 0.0]}, "an environment time that is not finite and non-negative"),
+        ({"tool_errors": [2, 0]}, "more tool errors than tool calls"),
+        ({"endings": ["done", "bored"]}, "an ending outside"),
+    ],
+)
+def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
+    problem = group_problem(wire(episodes(**changes)), VOCAB)
+    assert problem is not None and reason in problem
+
+
+def test_an_eval_answer_has_a_transcript_a_sample_or_none() -> None:
+    answer = EvalResult(0, -1, [1.0], [1.0], ["a"], [1], transcripts=[["first", "a"]])
+    assert eval_result_problem(wire(answer), 1) is None
+    two = msgspec.structs.replace(answer, transcripts=[["first", "a"], ["x"]])
+    assert "'transcripts': 2" in str(eval_result_problem(wire(two), 1))
+
+
 @pytest.mark.parametrize(
     ("msg", "field"),
     [
         (group(completions=[[4, 11], [-1]]), "completions[1][0]"),
+        (episodes(masks=[[1, -1], [1]]), "masks[0][1]"),
+        (episodes(turns=[-1, 0]), "turns[0]"),
         (group(following=-1), "following"),
         (VersionReady(-1, "s", 1), "version"),
         (VersionReady(1, "s", -3), "nbytes"),

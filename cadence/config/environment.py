@@ -1,0 +1,60 @@
+"""The `[environment]` section: multi-turn episodes instead of single completions, and their bounds.
+
+Invariant: `name = ""` is the single-turn run, whatever the other keys say; with a name, every key
+here becomes one field of the episode runner's `Bounds` (`cadence/tasks/environments/bounds.py`), with
+the same range. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cadence.config.fields import Rule, doc
+
+FINITE_POSITIVE = Rule(gt=0, finite=True)
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """Multi-turn episodes: with a `name`, each sample of a group is one episode in which the model and
+    an environment (a tool, a game, a simulated user) take turns until the environment is done or a
+    bound is reached; the environment's score is the sample's reward. See docs/environments.md."""
+
+    name: str = doc(
+        "",
+        "empty: single-turn (one completion a sample); a built-in environment (calculator,"
+        " guess_number), or a factory `package.module:factory` of your own; a name that does not load"
+        " stops the run at its start",
+    )
+    max_turns: int = doc(8, "model turns an episode may take", Rule(ge=1))
+    max_tokens: int = doc(
+        1024,
+        "tokens an episode may hold after its first message, the model's and the environment's together"
+        " (the completion the trainer gets)",
+        Rule(ge=1),
+    )
+    max_turn_tokens: int = doc(256, "tokens one model turn may sample", Rule(ge=1))
+    step_timeout_s: float = doc(
+        10.0,
+        "seconds one call into the environment may take (start, step, score); a step past it becomes a"
+        " message the model reads, a start or score past it an error",
+        FINITE_POSITIVE,
+    )
+    episode_timeout_s: float = doc(
+        300.0,
+        "seconds of wall clock an episode may take from its first message, generation included; past"
+        " them it is scored as it stands",
+        FINITE_POSITIVE,
+    )
+    on_error: float = doc(
+        0.0,
+        "the reward of an episode whose environment raised, gave a wrong type or a message the"
+        " tokenizer cannot take (logged as environment_failed)",
+        Rule(finite=True),
+    )
+    role: Literal["user", "tool"] = doc(
+        "user",
+        "the chat role the environment's messages are rendered in (tool: where the model's chat"
+        " template renders tool results apart)",
+    )

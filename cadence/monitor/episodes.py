@@ -1,0 +1,35 @@
+"""A period's multi-turn episodes in figures: turns, tool calls and errors, environment timeouts,
+seconds and tokens, and why episodes ended, from the groups the trainer accepted.
+
+Invariant: a pure function of the groups; single-turn groups (no episode figures) give nothing, so a
+single-turn run's period row keeps exactly its keys.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from cadence.wire.messages import GroupResult
+
+
+def episode_metrics(groups: Sequence[GroupResult]) -> dict[str, Any]:
+    """The `PeriodMetrics` fields of the episodes among `groups` (each figure one a sample, checked by
+    `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
+    seconds in environment calls and environment tokens (the masks' zeros), summed over the period,
+    and episodes by ending; {} when no group holds an episode."""
+    played = [g for g in groups if g.turns]
+    episodes = sum(len(g.turns) for g in played)
+    if not episodes:
+        return {}
+    endings = Counter(ending for g in played for ending in g.endings)
+    return {
+        "turns_mean": sum(sum(g.turns) for g in played) / episodes,
+        "tool_calls": sum(sum(g.tool_calls) for g in played),
+        "tool_errors": sum(sum(g.tool_errors) for g in played),
+        "env_timeouts": sum(sum(g.env_timeouts) for g in played),
+        "env_s": sum(sum(g.env_s) for g in played),
+        "env_tokens": sum(mask.count(0) for g in played for mask in g.masks),
+        "endings": dict(sorted(endings.items())),
+    }
