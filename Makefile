@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit clean wheels
+.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit smollm2-calculator clean wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,14 @@ data/one_digit.jsonl: $(STAMP)
 	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 2000 --seed 0 --unique -o $@ \
 	  --option min_terms=2 --option max_terms=2 --option min_digits=1 --option max_digits=1 \
 	  --option "operators=['+','-']" --option allow_parentheses=false --option allow_negation=false
+
+data/two_digit_mul.jsonl: $(STAMP)
+	$(BIN)/cadence data reasoning-gym basic_arithmetic --size 2000 --seed 0 --unique -o $@ \
+	  --option min_terms=2 --option max_terms=2 --option min_digits=2 --option max_digits=2 \
+	  --option "operators=['*']" --option allow_parentheses=false --option allow_negation=false
+
+smollm2-calculator: smollm2 data/two_digit_mul.jsonl
+	$(BIN)/cadence run configs/smollm2-calculator.toml --out runs/smollm2-calculator --overwrite
 
 smollm2-one-digit: smollm2 data/one_digit.jsonl
 	$(BIN)/cadence run configs/smollm2-one-digit.toml --out runs/smollm2-one-digit --overwrite
