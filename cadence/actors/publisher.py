@@ -156,9 +156,6 @@ class Publisher:
             await self.server.send(peer, self.broadcaster.join(peer, msg.worker))
 
     async def _on_upload(self, peer: bytes, sender: str, msg: WeightUpload) -> None:
-        self._upload(sender, msg)
-
-    def _upload(self, sender: str, msg: WeightUpload) -> None:
         if not valid_ticket(self.trainer_key, msg.ticket, "upload", msg.version, msg.chunks, msg.digest):
             reason = "no ticket of the registered trainer" if self.trainer_key else "no trainer known yet"
             self.server.refuse(sender, "stranger", msg, reason)
