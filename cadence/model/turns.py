@@ -17,7 +17,7 @@ rewrites earlier turns) is refused with `ValueError` when `ChatTurns` is made.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.tokenizer import TextTokenizer
@@ -25,6 +25,16 @@ from cadence.model.tokenizer import TextTokenizer
 _FIRST = "\x00first\x00"
 _MODEL = "\x00model\x00"
 _MESSAGE = "\x00message\x00"
+
+
+class Message(Protocol):
+    """A chat message as an environment's opening gives it (`tasks.environments.base.ChatMessage`)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
 
 
 class ChatTurns:
@@ -39,8 +49,16 @@ class ChatTurns:
             self.before, self.after = _boundary(tokenizer, role)
         self.eos_text = tokenizer.decode([tokenizer.eos_id], skip_special=False)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.tokenizer.encode_prompt(text)
+    def encode_prompt(self, opening: str | Sequence[Message]) -> list[int]:
+        """The first user message, or a conversation ending with it, in the chat template; without a
+        template a conversation is its messages' `role: content` paragraphs, as one message."""
+        if isinstance(opening, str):
+            return self.tokenizer.encode_prompt(opening)
+        tokenizer = self.tokenizer
+        if isinstance(tokenizer, HFTokenizer) and tokenizer.template is not None:
+            messages = [{"role": m.role, "content": m.content} for m in opening]
+            return tokenizer.encode(render(tokenizer, messages, True))
+        return tokenizer.encode_prompt("\n\n".join(f"{m.role}: {m.content}" for m in opening))
 
     def encode_reply(self, message: str, finished: bool) -> list[int]:
         before = self.before

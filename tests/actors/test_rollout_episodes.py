@@ -20,11 +20,12 @@ from cadence.launch.build import make_engine, make_episodes, make_learner, make_
 from cadence.launch.settings import session, worker_settings
 from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
+from cadence.model.turns import ChatTurns
 from cadence.monitor.samples import sample_record
 from cadence.rewards.scorer import make_scorer
 from cadence.tasks.base import Prompt, Score
-from cadence.tasks.environments.base import Environment, Reply, Transcript
-from cadence.tasks.environments.calculator import INSTRUCTIONS
+from cadence.tasks.environments.base import Environment, Reply, Transcript, opening_text
+from cadence.tasks.environments.calculator import Calculator
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
@@ -147,7 +148,8 @@ async def test_a_calculator_worker_answers_an_assignment_with_episodes(rig: Rig)
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 7, "What is 3+4?", "7", 4))
     result = await expect(rig.trainer, GroupResult, timeout=30)
     check_lined_up(result, vocab_limit(rig.cfg, tokenizer))
-    assert result.prompt_tokens == tokenizer.encode_prompt(f"What is 3+4?\n\n{INSTRUCTIONS}")
+    opening = await Calculator(Prompt(7, "What is 3+4?", "7"), 0).start()
+    assert result.prompt_tokens == ChatTurns(tokenizer).encode_prompt(opening)
     assert len(result.turns) == len(result.env_s) == 4 and "error" not in result.endings
     assert all(r in (0.0, 1.0) for r in result.rewards) and set(result.reward_parts) == {"answer"}
     # each episode's first turn is today's single-turn sample of the same seed
@@ -157,7 +159,7 @@ async def test_a_calculator_worker_answers_an_assignment_with_episodes(rig: Rig)
         assert tokens[: len(alone.tokens)] == alone.tokens
         assert result.masks[i][: len(alone.tokens)] == [1] * len(alone.tokens)
     assert result.responses == [[text for j, text in enumerate(t) if j % 2][-1] for t in result.transcripts]
-    assert result.transcripts[0][0] == f"What is 3+4?\n\n{INSTRUCTIONS}"
+    assert result.transcripts[0][0] == opening_text(opening)
     assert (await expect(rig.dispatcher, WorkRequest)).credits == 1
 
 

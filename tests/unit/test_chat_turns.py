@@ -12,6 +12,7 @@ import pytest
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.turns import ChatTurns, render
+from cadence.tasks.environments.base import ChatMessage
 
 SMOLLM2 = Path.home() / ".cache" / "cadence" / "smollm2-135m-instruct"
 needs_smollm2 = pytest.mark.skipif(
@@ -53,6 +54,35 @@ def test_smollm2_ids_appended_turn_by_turn_decode_to_the_templates_rendering() -
     messages = [{"role": role, "content": text} for role, text in conversation]
     # the template ends the last turn with a newline after its eos, which no model samples
     assert tokenizer.decode(ids, skip_special=False) + "\n" == render(tokenizer, messages, False)
+
+
+@needs_smollm2
+def test_smollm2_a_conversation_opening_is_the_templates_rendering_and_turns_append_to_it() -> None:
+    tokenizer = HFTokenizer(SMOLLM2)
+    turns = ChatTurns(tokenizer)
+    opening = [
+        ChatMessage("system", "Use the calculator."),
+        ChatMessage("user", "Calculate 17 * 23."),
+        ChatMessage("assistant", "<calc>17*23</calc>"),
+        ChatMessage("user", "<result>391</result>"),
+        ChatMessage("assistant", "391"),
+        ChatMessage("user", "Calculate 5 * 33."),
+    ]
+    messages = [{"role": m.role, "content": m.content} for m in opening]
+    ids = turns.encode_prompt(opening)
+    assert tokenizer.decode(ids, skip_special=False) == render(tokenizer, messages, True)
+    assert "SmolLM" not in tokenizer.decode(ids)  # the system prompt given replaces the template's own
+    ids += (
+        tokenizer.encode("<calc>5*33</calc>")
+        + [tokenizer.eos_id]
+        + turns.encode_reply("<result>165</result>", True)
+    )
+    more = [
+        *messages,
+        {"role": "assistant", "content": "<calc>5*33</calc>"},
+        {"role": "user", "content": "<result>165</result>"},
+    ]
+    assert tokenizer.decode(ids, skip_special=False) == render(tokenizer, more, True)
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path: Path) -> None:

@@ -8,8 +8,16 @@ import pytest
 
 from cadence.config import ConfigError
 from cadence.tasks.base import Prompt, Score
-from cadence.tasks.environments.base import Environment, Reply, Transcript, Turn
-from cadence.tasks.environments.calculator import MAX_CALLS, Calculator
+from cadence.tasks.environments.base import (
+    ChatMessage,
+    Environment,
+    Reply,
+    Transcript,
+    Turn,
+    opening_problem,
+    opening_text,
+)
+from cadence.tasks.environments.calculator import EXAMPLE, INSTRUCTIONS, MAX_CALLS, Calculator
 from cadence.tasks.environments.guess import GuessNumber
 from cadence.tasks.environments.loading import load_environment
 
@@ -53,7 +61,11 @@ NOT_CALLABLE = 3
 async def test_the_calculator_answers_calls_and_ends_on_an_answer() -> None:
     env = Calculator(QUESTION, seed=1)
     first = await env.start()
-    assert first.startswith(QUESTION.text) and "<calc>" in first
+    assert first == [ChatMessage("system", INSTRUCTIONS), *EXAMPLE, ChatMessage("user", QUESTION.text)]
+    assert opening_problem(first) is None
+    assert "<calc>" in first[0].content and [m.role for m in EXAMPLE] == ["user", "assistant"] * 2
+    # the example's call, answered by this calculator, is the example's result
+    assert (await env.step(EXAMPLE[1].content)).message == EXAMPLE[2].content
     reply = await env.step("Let me compute. <calc>12*(3+4)</calc>")
     assert reply == Reply("<result>84</result>", tool_calls=1)
     reply = await env.step("<calc>1/0</calc> and <calc>7/2</calc>")
@@ -146,3 +158,27 @@ def test_built_in_and_user_environments_load_by_name() -> None:
 def test_a_bad_name_is_refused_naming_the_key(name: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         load_environment(name)
+
+
+@pytest.mark.parametrize(
+    ("opening", "problem"),
+    [
+        ("Hi", None),
+        ([ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")], None),
+        ([], "not a str or a non-empty sequence of ChatMessage"),
+        (7, "start gave a int"),
+        ([("user", "Hi")], "not all ChatMessage"),
+        ([ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello")], "ends on a assistant message"),
+        ([ChatMessage("robot", "Hi")], "role is not system, user or assistant"),  # type: ignore[arg-type]
+        ([ChatMessage("user", 3)], "not all ChatMessage of str content"),  # type: ignore[arg-type]
+    ],
+)
+def test_what_start_may_give(opening: object, problem: str | None) -> None:
+    found = opening_problem(opening)
+    assert found == problem if problem is None else (found is not None and problem in found)
+
+
+def test_an_opening_reads_as_its_messages_in_a_transcript() -> None:
+    assert opening_text("Hi") == "Hi"
+    opening = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
+    assert opening_text(opening) == "system: Be brief.\n\nuser: Hi"

@@ -13,7 +13,7 @@ import structlog
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.tasks.base import Prompt, Score
-from cadence.tasks.environments.base import Environment, Reply, Transcript
+from cadence.tasks.environments.base import ChatMessage, Environment, Reply, Transcript, opening_text
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.calculator import Calculator
 from cadence.tasks.environments.generation import Generated, turn_seed
@@ -64,7 +64,7 @@ async def test_an_episode_is_the_prompt_then_model_and_environment_ids_in_order(
     (result,) = await _runner(model).run([(QUESTION, 5)])
     first = await Calculator(QUESTION, 5).start()
     reply = TOKENIZER.encode("<result>84</result>")
-    assert result.prompt_tokens == TOKENIZER.encode_prompt(first)
+    assert result.prompt_tokens == CODEC.encode_prompt(first)
     assert result.tokens == _turn("<calc>12*(3+4)</calc>") + reply + _turn("The answer is 84.")
     n1, n2 = len(_turn("<calc>12*(3+4)</calc>")), len(_turn("The answer is 84."))
     assert result.mask == [1] * n1 + [0] * len(reply) + [1] * n2
@@ -72,7 +72,7 @@ async def test_an_episode_is_the_prompt_then_model_and_environment_ids_in_order(
         -(i + 1) / 100 for i in range(n2)
     ]
     assert [(t.author, t.text) for t in result.turns] == [
-        ("environment", first),
+        ("environment", opening_text(first)),
         ("model", "<calc>12*(3+4)</calc>"),
         ("environment", "<result>84</result>"),
         ("model", "The answer is 84."),
@@ -118,7 +118,7 @@ async def test_the_token_budget_bounds_turns_and_messages() -> None:
 
 
 async def test_the_engines_context_bounds_turns_and_messages() -> None:
-    prompt = len(TOKENIZER.encode_prompt(await Calculator(QUESTION, 9).start()))
+    prompt = len(CODEC.encode_prompt(await Calculator(QUESTION, 9).start()))
     turn, reply = len(_turn("<calc>1+1</calc>")), len(TOKENIZER.encode("<result>2</result>"))
     model = Scripted({9: ["<calc>1+1</calc>"]}, max_context=prompt + turn + reply + 3)
     (result,) = await _runner(model).run([(QUESTION, 9)])
@@ -128,8 +128,12 @@ async def test_the_engines_context_bounds_turns_and_messages() -> None:
     (result,) = await _runner(model).run([(QUESTION, 9)])
     assert result.ended == "context" and result.tokens == _turn("<calc>1+1</calc>")  # no room to answer
     model = Scripted({9: ["84"]}, max_context=prompt)
-    (result,) = await _runner(model).run([(QUESTION, 9)])
+    with structlog.testing.capture_logs() as logs:
+        (result,) = await _runner(model).run([(QUESTION, 9)])
     assert result.ended == "context" and result.tokens == [] and model.calls == []
+    # an opening that leaves no room is said, with the figures to fix it by
+    (warning,) = [e for e in logs if e["event"] == "episode_without_room"]
+    assert (warning["opening_tokens"], warning["max_context"], warning["ending"]) == (prompt, prompt, "context")
 
 
 async def test_a_turn_cut_at_its_limit_is_answered_and_the_episode_goes_on() -> None:
@@ -261,6 +265,35 @@ async def test_wrong_types_and_unreadable_messages_are_contained() -> None:
     with structlog.testing.capture_logs() as logs:
         (result,) = await _runner(Scripted({1: ["a"]}), Accented).run([(QUESTION, 1)])
     assert result.ended == "error" and logs[0]["stage"] == "encode" and result.tokens == []
+
+
+class Opens(Wrong):
+    """An environment whose opening is whatever it is made with."""
+
+    def __init__(self, opening: object) -> None:
+        self.opening = opening
+
+    async def start(self) -> str:
+        return self.opening  # type: ignore[return-value]
+
+    async def step(self, response: str) -> Reply:
+        return Reply("", done=True)
+
+
+async def test_a_conversation_opens_an_episode_and_a_malformed_one_is_contained() -> None:
+    opening = [ChatMessage("system", "Add."), ChatMessage("user", "1+1"), ChatMessage("assistant", "2")]
+    opening.append(ChatMessage("user", "2+2"))
+    (result,) = await _runner(Scripted({1: ["4"]}), lambda p, s: Opens(opening)).run([(QUESTION, 1)])
+    assert result.ended == "done" and result.tokens == _turn("4")
+    assert result.prompt_tokens == TOKENIZER.encode_prompt(
+        "system: Add.\n\nuser: 1+1\n\nassistant: 2\n\nuser: 2+2"
+    )
+    assert result.turns[0].text == opening_text(opening)
+    for bad, why in [(opening[:3], "ends on a assistant message"), ([], "non-empty sequence"), (5, "a int")]:
+        with structlog.testing.capture_logs() as logs:
+            (result,) = await _runner(Scripted({1: ["4"]}), lambda p, s, b=bad: Opens(b)).run([(QUESTION, 1)])
+        assert result.ended == "error" and result.tokens == [] and result.score.reward == 0.0
+        assert logs[0]["stage"] == "start" and why in logs[0]["why"]
 
 
 async def test_a_nan_score_is_scored_on_error_and_a_nan_turn_reward_is_dropped() -> None:

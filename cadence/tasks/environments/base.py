@@ -1,7 +1,8 @@
 """What an environment is: one episode's other side, from its first message to its score.
 
 An episode is made for one prompt and one sample seed (`EnvironmentFactory`); `start` gives the first
-user message; `step` answers each model turn (its text) with the next message (a tool's result, a
+user message, or the conversation up to it (a system prompt, worked examples, then the user message:
+`ChatMessage`s); `step` answers each model turn (its text) with the next message (a tool's result, a
 game's feedback, a user's reply), whether the episode is done, and optionally a reward for that turn;
 `score` judges the whole episode with the task's `Score` (reward, correctness, reward parts). Every
 method is `async`, so an environment may await a tool, a sandbox or a judge.
@@ -10,7 +11,7 @@ How the names map onto other frameworks' (see docs/environments.md for an adapte
 
 | here | verifiers (`MultiTurnEnv`) | SkyRL-gym (`BaseTextEnv`) |
 |---|---|---|
-| `start()` | the dataset row's prompt (and `setup_state`) | `init(prompt)` |
+| `start()` | the dataset row's prompt with `system_prompt` and `few_shot` (and `setup_state`) | `init(prompt)` (its message list) |
 | `step(text)` | `env_response(messages, state)` | `step(action)` |
 | `Reply.done` | `is_completed(messages, state)` | `done` of the step output |
 | `Reply.reward` | a per-turn reward kept in `state` | `reward` of the step output |
@@ -24,7 +25,7 @@ call after another (`start`, then `step` per model turn, then `score`, then `clo
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,41 @@ Author = Literal["environment", "model"]
 # why an episode ended: the environment said so (done), a bound was reached (max_turns, token_budget,
 # episode_timeout; context: the engine's positions are full), or the environment failed (error)
 Ending = Literal["done", "max_turns", "token_budget", "episode_timeout", "context", "error"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of the conversation `start` may give: a system prompt, a worked example's turns
+    (the assistant's are the environment's words, never trained on), and last the user's message."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+# what `start` gives: the first user message, or the conversation that ends with it
+Opening = str | Sequence[ChatMessage]
+
+
+def opening_problem(opening: object) -> str | None:
+    """Why `opening` is not what `start` may give; None when it is."""
+    if isinstance(opening, str):
+        return None
+    if not isinstance(opening, Sequence) or not opening:
+        return f"start gave a {type(opening).__name__}, not a str or a non-empty sequence of ChatMessage"
+    if not all(isinstance(m, ChatMessage) and isinstance(m.content, str) for m in opening):
+        return "start gave a sequence that is not all ChatMessage of str content"
+    if any(m.role not in ("system", "user", "assistant") for m in opening):
+        return "start gave a ChatMessage whose role is not system, user or assistant"
+    if opening[-1].role != "user":
+        return f"start's conversation ends on a {opening[-1].role} message, not the user's"
+    return None
+
+
+def opening_text(opening: Opening) -> str:
+    """The opening as the transcript shows it: the message itself, or one `role: content` a message."""
+    if isinstance(opening, str):
+        return opening
+    return "\n\n".join(f"{message.role}: {message.content}" for message in opening)
 
 
 @dataclass(frozen=True)
@@ -84,8 +120,8 @@ class Environment(abc.ABC):
     name: str = "environment"
 
     @abc.abstractmethod
-    async def start(self) -> str:
-        """The first user message (SkyRL-gym: `init`)."""
+    async def start(self) -> Opening:
+        """The first user message, or the conversation that ends with it (SkyRL-gym: `init`)."""
 
     @abc.abstractmethod
     async def step(self, response: str) -> Reply:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from cadence.tasks.environments.base import Opening
+
 
 @dataclass(frozen=True)
 class Generated:
@@ -41,8 +43,9 @@ class Generate(Protocol):
 
 
 class TurnCodec(Protocol):
-    def encode_prompt(self, text: str) -> list[int]:
-        """The first user message in the chat template, ready for the model's first turn."""
+    def encode_prompt(self, opening: Opening) -> list[int]:
+        """The first user message (or the conversation ending with it) in the chat template, ready for
+        the model's first turn."""
         ...
 
     def encode_reply(self, message: str, finished: bool) -> list[int]:

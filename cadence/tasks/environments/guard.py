@@ -96,3 +96,18 @@ def _timed_out(episode: Episode, stage: str, timeout_s: float) -> None:
 def timeout_message(timeout_s: float) -> str:
     """What the model reads in place of a step's answer that did not come in time."""
     return f"[tool timed out after {timeout_s:.1f} s]"
+
+
+def no_room(episode: Episode, ending: str, max_tokens: int, max_context: int) -> None:
+    """Log an episode that ends before the model's first turn: its opening leaves no room to sample
+    (raise `model.max_position`, or shorten the opening)."""
+    log.warning(
+        "episode_without_room",
+        environment=episode.name,
+        prompt_id=episode.prompt.prompt_id,
+        seed=episode.seed,
+        ending=ending,
+        opening_tokens=len(episode.prompt_tokens),
+        max_tokens=max_tokens,
+        max_context=max_context,
+    )

@@ -26,10 +26,19 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import cast
 
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments import guard
-from cadence.tasks.environments.base import Ending, Environment, EnvironmentFactory, Reply
+from cadence.tasks.environments.base import (
+    Ending,
+    Environment,
+    EnvironmentFactory,
+    Opening,
+    Reply,
+    opening_problem,
+    opening_text,
+)
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode import Episode, EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec, turn_seed
@@ -75,16 +84,14 @@ class EpisodeRunner:
             return episode
         episode.env = env
         called = await guard.call(episode, "start", env.start, self.bounds.step_timeout_s, self.clock)
-        message = called.value
-        if isinstance(message, str):
-            ids = self._encode(episode, message, None)
-            if ids:
-                episode.begin(message, ids)
-                return episode
-            if ids is not None:
+        if not called.failed and not called.timed_out:
+            if problem := opening_problem(called.value):
+                guard.failed(episode, "start", problem)
+            elif (ids := self._encode(episode, opening := cast(Opening, called.value), None)) is not None:
+                if ids:
+                    episode.begin(opening_text(opening), ids)
+                    return episode
                 guard.failed(episode, "start", "the first message is no tokens at all")
-        elif not called.failed and not called.timed_out:
-            guard.failed(episode, "start", f"start gave a {type(message).__name__}, not a str")
         episode.end("error")
         return episode
 
@@ -109,6 +116,8 @@ class EpisodeRunner:
             if self.clock() >= episode.deadline:
                 episode.end("episode_timeout")
             elif full := self._full(episode):
+                if episode.model_turns == 0:
+                    guard.no_room(episode, full, self.bounds.max_tokens, self.generate.max_context)
                 episode.end(full)
             else:
                 ready.append(episode)
@@ -169,12 +178,13 @@ class EpisodeRunner:
             episode.end("error")
         return None
 
-    def _encode(self, episode: Episode, message: str, finished: bool | None) -> list[int] | None:
+    def _encode(self, episode: Episode, message: Opening, finished: bool | None) -> list[int] | None:
         """A message's ids (`finished` None: the first message); None, logged, when the tokenizer
         cannot take it (a character outside a character tokenizer's alphabet)."""
         try:
             if finished is None:
                 return self.codec.encode_prompt(message)
+            assert isinstance(message, str)  # a reply is one message
             return self.codec.encode_reply(message, finished)
         except Exception as exc:
             guard.failed(episode, "encode", f"{type(exc).__name__}: {exc}", exc_info=True)
