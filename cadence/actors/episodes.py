@@ -16,6 +16,8 @@ version while a batch of episodes runs (the worker's `hold` refuses a turn when 
 from its turn seed alone, so a sample does not depend on the other episodes of the batch; the event
 loop is free while the engine computes. A group's completions, masks and log-probs line up token for
 token, and `prompt + completion` is each episode's context exactly as the engine read and wrote it.
+Given `waits`, every environment call (`start`, `step`, `score`, `close`) is timed in it and is
+otherwise untouched: the runner sees the environment's values, exceptions and cancellations.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from cadence.actors.groups import EpisodeFigures, GroupSamples
 from cadence.model.rollout_engine import TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
-from cadence.tasks.base import Prompt
-from cadence.tasks.environments.base import EnvironmentFactory
+from cadence.monitor.span import Overlapping
+from cadence.tasks.base import Prompt, Score
+from cadence.tasks.environments.base import Environment, EnvironmentFactory, Opening, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
@@ -84,8 +87,61 @@ class Episodes:
     codec: TurnCodec
     bounds: Bounds
 
-    def runner(self, generate: Generate) -> EpisodeRunner:
-        return EpisodeRunner(self.factory, generate, self.codec, self.bounds)
+    def runner(self, generate: Generate, waits: Overlapping | None = None) -> EpisodeRunner:
+        """The runner of these episodes on `generate`; with `waits`, every environment call timed in it."""
+        factory = self.factory if waits is None else timed(self.factory, waits)
+        return EpisodeRunner(factory, generate, self.codec, self.bounds)
+
+    async def run(
+        self,
+        generate: Generate,
+        groups: Sequence[tuple[Prompt, list[int], list[int]]],
+        eos_id: int,
+        waits: Overlapping | None = None,
+    ) -> list[GroupSamples]:
+        """`play` these groups' episodes on `generate`; with `waits`, every environment call timed in
+        it, its last stretch logged by the time this returns (or raises)."""
+        try:
+            return await play(self.runner(generate, waits), groups, eos_id)
+        finally:
+            if waits is not None:
+                waits.close()
+
+
+class TimedEnvironment(Environment):
+    """`env` with each of its calls counted in `waits` (the worker's spans of environment time)."""
+
+    def __init__(self, env: Environment, waits: Overlapping) -> None:
+        self.env = env
+        self.waits = waits
+        self.name = env.name
+
+    async def start(self) -> Opening:
+        with self.waits.inside():
+            return await self.env.start()
+
+    async def step(self, response: str) -> Reply:
+        with self.waits.inside():
+            return await self.env.step(response)
+
+    async def score(self, transcript: Transcript) -> Score:
+        with self.waits.inside():
+            return await self.env.score(transcript)
+
+    async def close(self) -> None:
+        with self.waits.inside():
+            await self.env.close()
+
+
+def timed(factory: EnvironmentFactory, waits: Overlapping) -> EnvironmentFactory:
+    """`factory`, its environments' calls timed in `waits`; what is no `Environment` is left for the
+    runner to refuse."""
+
+    def make(prompt: Prompt, seed: int) -> Environment:
+        env = factory(prompt, seed)
+        return TimedEnvironment(env, waits) if isinstance(env, Environment) else env
+
+    return make
 
 
 def episode_runner(

@@ -14,7 +14,7 @@ scores, and pushes every finished group to the trainer at once.
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
  with environment.name: the G x m samples are episodes (actors/episodes.py), run together turn by
    turn with version v held (no load until all end) ─► scored by the environment ─► each group: its
-   prompt, the ids after it with their masks (0: the environment's) and figures
+   prompt, the ids after it with their masks (0: the environment's) and figures; environment calls: spans
 ```
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import structlog
 
-from cadence.actors.episodes import EngineGenerate, Episodes, play
+from cadence.actors.episodes import EngineGenerate, Episodes
 from cadence.actors.groups import GroupSamples, eval_result, group_result
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, sample_seed
 from cadence.model.rollout_engine import RolloutEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
-from cadence.monitor.span import span
+from cadence.monitor.span import Overlapping, span
 from cadence.tasks.base import Prompt, Score
 from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
@@ -389,9 +389,10 @@ class RolloutWorker:
             )
             for job in jobs
         ]
+        waits = Overlapping(self.clock, "environment", period=jobs[0].period, eval=jobs[0].eval)
         self.playing = version
         try:
-            return await play(self.episodes.runner(generate), groups, self.tokenizer.eos_id)
+            return await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)
         finally:
             self.playing = None
 

@@ -5,10 +5,14 @@
  config (default: SmolLM2-135M on arithmetic) ─► mode = sync ─► run folder ─► metrics.jsonl ─┐
                                               └─► mode = periodic ─► run folder ─► metrics.jsonl ─┤
  periods 0 and 1 left out (start-up, first loads) ─► means a period ─► one JSON line ◄──────────┘
+ with [environment]: also the workers' "environment" spans (logs/) ─► the environment's share of
+ generation, and which part bounds the period
 ```
 
 Invariant: both modes run the same config and seed, so they generate from the same prompts; every
-figure is a mean over the same measured periods, read from the rows the trainer itself wrote.
+figure is a mean over the same measured periods, read from the rows the trainer itself wrote (an
+episode run's environment waits: from the spans its workers logged). A config without an environment
+reports exactly the single-turn figures.
 """
 
 from __future__ import annotations
@@ -23,16 +27,21 @@ from cadence.bench.report import report
 from cadence.config import ConfigError, RunConfig, load_config
 from cadence.launch.launcher import launch
 from cadence.launch.threads import rollout_threads, trainer_threads
+from cadence.monitor.pictures.spans import read_spans, seconds_by_period
 from cadence.monitor.run_dir import read_jsonl
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2-arithmetic.toml"
 WARMUP = 2  # periods left out of every mean
 
 
-def period_figures(row: dict[str, Any]) -> dict[str, float]:
-    """One metrics row as the bench's figures (seconds, on the trainer's clock)."""
+def period_figures(row: dict[str, Any], env_wait_s: float = 0.0) -> dict[str, float]:
+    """One metrics row as the bench's figures (seconds, on the trainer's clock); a row of episodes
+    (`turns_mean`) also with the environment's: `env_wait_s`, the seconds the worker that waited
+    longest spent inside environment calls (its spans), of the generation `gen_s` holds, what is left
+    of it to the model (`gen_model_s`), and the row's `env_s` (summed over the episodes, which wait at
+    once)."""
     arrivals = row["group_arrival_s"]
-    return {
+    figures = {
         "period_s": row["period_s"],
         "trainer_idle_s": min(arrivals, default=0.0),  # from the version's publish to the first group
         "trainer_idle_total_s": row["trainer_idle_s"],
@@ -45,15 +54,36 @@ def period_figures(row: dict[str, Any]) -> dict[str, float]:
         "tokens_trained": row["tokens_trained"],
         "tokens_computed": row.get("tokens_computed", 0),
     }
+    if "turns_mean" in row:
+        figures |= {
+            "env_wait_s": env_wait_s,
+            "gen_model_s": max(0.0, row["gen_s"] - env_wait_s),
+            "env_s": row["env_s"],
+            "turns_mean": row["turns_mean"],
+        }
+    return figures
 
 
-def measure(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean figures over the periods after the warm-up ones."""
+def measure(rows: list[dict[str, Any]], env_waits: dict[int, float] | None = None) -> dict[str, float]:
+    """Mean figures over the periods after the warm-up ones; `env_waits`: period -> the environment
+    wait of its longest-waiting worker (none: 0)."""
     steady = rows[WARMUP:]
     if not steady:
         raise ValueError(f"{len(rows)} periods: nothing after the {WARMUP} warm-up periods to measure")
-    figures = [period_figures(r) for r in steady]
+    waits = env_waits or {}
+    figures = [period_figures(r, waits.get(r["period"], 0.0)) for r in steady]
     return {key: round(sum(f[key] for f in figures) / len(figures), 4) for key in figures[0]}
+
+
+def bound(figures: dict[str, float]) -> str:
+    """What bounds an episode run's period: the longest of the model's generation (`gen_model_s`), the
+    environment waits (`env_wait_s`) and training (`train_s` + `step_s`)."""
+    parts = {
+        "generation": figures["gen_model_s"],
+        "environment": figures["env_wait_s"],
+        "training": figures["train_s"] + figures["step_s"],
+    }
+    return max(parts, key=lambda part: parts[part])
 
 
 def bench_config(config: Path | None, overrides: Sequence[str], periods: int) -> RunConfig:
@@ -73,17 +103,22 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
         raise ConfigError(f"--periods must exceed the {WARMUP} warm-up periods, got {periods}")
     bench_config(config, overrides, periods)  # a bad config or a missing checkpoint, before any run
     load_start = os.getloadavg()[0]
-    figures: dict[str, dict[str, float]] = {}
+    figures: dict[str, dict[str, Any]] = {}
     last: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="cadence-bench-e2e-") as tmp:
         for mode in ("sync", "periodic"):
             run_cfg = bench_config(config, [*overrides, f"mode='{mode}'"], periods)
             launch(run_cfg, Path(tmp) / mode, progress=False)
             rows = read_jsonl(Path(tmp) / mode / "metrics.jsonl")
-            figures[mode], last = measure(rows), rows[-1]
+            waits = seconds_by_period(read_spans(Path(tmp) / mode), "environment")
+            measured: dict[str, Any] = measure(rows, waits)
+            if run_cfg.environment.name:
+                measured["bound"] = bound(measured)
+            figures[mode], last = measured, rows[-1]
             figures[mode]["trainer_threads"] = trainer_threads(run_cfg)
             figures[mode]["rollout_threads"] = rollout_threads(run_cfg)
-            print(f"{mode:>8}: " + "  ".join(f"{k} {v:g}" for k, v in figures[mode].items()), flush=True)
+            shown = (f"{k} {v:g}" if isinstance(v, int | float) else f"{k} {v}" for k, v in measured.items())
+            print(f"{mode:>8}: " + "  ".join(shown), flush=True)
     sync, periodic = figures["sync"], figures["periodic"]
     result: dict[str, Any] = {
         "sync_period_s": sync["period_s"],

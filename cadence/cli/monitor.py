@@ -25,7 +25,9 @@ def add(sub: Subparsers) -> None:
         help="show periods A to B, or A alone (default: 4 periods from the middle of the run)",
     )
     timeline.set_defaults(handler=timeline_handler)
-    plot = sub.add_parser("plot", help="draw reward, accuracy, response length and throughput a period")
+    plot = sub.add_parser(
+        "plot", help="draw reward, accuracy, response length, throughput (and episodes' figures) a period"
+    )
     plot.add_argument("dir", type=Path, help="a run folder")
     plot.add_argument("-o", "--out", type=Path, required=True, help="picture file, .png or .svg")
     plot.set_defaults(handler=plot_handler)

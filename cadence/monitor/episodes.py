@@ -1,5 +1,6 @@
 """A period's multi-turn episodes in figures: turns, tool calls and errors, environment timeouts,
-seconds and tokens, and why episodes ended, from the groups the trainer accepted.
+seconds and tokens, and why episodes ended, from the groups the trainer accepted (or, for `cadence
+eval`, the groups a checkpoint played).
 
 Invariant: a pure function of the groups; single-turn groups (no episode figures) give nothing, so a
 single-turn run's period row keeps exactly its keys.
@@ -9,12 +10,29 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
-
-from cadence.wire.messages import GroupResult
+from typing import Any, Protocol
 
 
-def episode_metrics(groups: Sequence[GroupResult]) -> dict[str, Any]:
+class EpisodeGroup(Protocol):
+    """A group's episode figures, one a sample: a `GroupResult`, or a worker's `EpisodeFigures`."""
+
+    @property
+    def masks(self) -> Sequence[Sequence[int]]: ...
+    @property
+    def turns(self) -> Sequence[int]: ...
+    @property
+    def tool_calls(self) -> Sequence[int]: ...
+    @property
+    def tool_errors(self) -> Sequence[int]: ...
+    @property
+    def env_timeouts(self) -> Sequence[int]: ...
+    @property
+    def env_s(self) -> Sequence[float]: ...
+    @property
+    def endings(self) -> Sequence[str]: ...
+
+
+def episode_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
     """The `PeriodMetrics` fields of the episodes among `groups` (each figure one a sample, checked by
     `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
     seconds in environment calls and environment tokens (the masks' zeros), summed over the period,

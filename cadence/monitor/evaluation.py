@@ -1,5 +1,5 @@
 """Held-out evaluation's figures: of an eval round at the dispatcher (`cadence.dispatch.rounds`), and
-of `cadence eval`, which computes the same with `eval_figures`.
+of `cadence eval`, which computes the same with `eval_figures` (and, for episodes, `eval_episodes`).
 
 Invariant: the figures depend only on each prompt's rewards and correctness values, not on the order
 they came in; `eval_pass_at_k` is the unbiased estimator 1 - C(n - c, k) / C(n, k) averaged over the
@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+
+from cadence.monitor.episodes import EpisodeGroup, episode_metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -38,3 +40,13 @@ def eval_figures(groups: Sequence[tuple[Sequence[float], Sequence[float]]], k: i
         "eval_prompts": len(groups),
         "eval_samples": len(rewards),
     }
+
+
+def eval_episodes(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
+    """The episode figures of the eval groups, as a period row has them (`monitor/episodes.py`: turns
+    an episode, and over all episodes tool calls, tool errors, environment timeouts, seconds and tokens,
+    `ended_<ending>` counts), each key prefixed `eval_`; {} for single-turn groups."""
+    figures = episode_metrics(groups)
+    endings = figures.pop("endings", {})
+    figures |= {f"ended_{ending}": count for ending, count in endings.items()}
+    return {f"eval_{key}": value for key, value in figures.items()}

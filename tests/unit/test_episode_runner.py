@@ -133,7 +133,11 @@ async def test_the_engines_context_bounds_turns_and_messages() -> None:
     assert result.ended == "context" and result.tokens == [] and model.calls == []
     # an opening that leaves no room is said, with the figures to fix it by
     (warning,) = [e for e in logs if e["event"] == "episode_without_room"]
-    assert (warning["opening_tokens"], warning["max_context"], warning["ending"]) == (prompt, prompt, "context")
+    assert (warning["opening_tokens"], warning["max_context"], warning["ending"]) == (
+        prompt,
+        prompt,
+        "context",
+    )
 
 
 async def test_a_turn_cut_at_its_limit_is_answered_and_the_episode_goes_on() -> None:

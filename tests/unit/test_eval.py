@@ -1,5 +1,5 @@
-"""Held-out evaluation: the eval set's disjointness, pass@k and the round's figures, the config rules,
-the meaning check of an eval answer."""
+"""Held-out evaluation: the eval set's disjointness, pass@k and the round's figures (and episodes'), the
+config rules, the meaning check of an eval answer."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from cadence.actors.groups import EpisodeFigures
 from cadence.config import ConfigError, load_config
 from cadence.dispatch.rounds import EvalRound, EvalRounds
 from cadence.launch.build import make_tokenizer
-from cadence.monitor.evaluation import eval_figures, pass_at_k
+from cadence.monitor.evaluation import eval_episodes, eval_figures, pass_at_k
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.base import Prompt
 from cadence.tasks.heldout import eval_prompts, held_out
@@ -240,3 +241,26 @@ def test_a_char_tokenizer_also_spells_a_held_out_files_characters(tmp_path: Path
     text = "what is 2 ~ 2 €"
     assert tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.encode("q1") == plain.encode("q1")  # the training texts keep their ids
+
+
+def test_eval_episode_figures_are_a_period_rows_prefixed_and_none_for_single_turn_groups() -> None:
+    def group(turns: list[int], endings: list[str], masks: list[list[int]]) -> EpisodeFigures:
+        n = len(turns)
+        return EpisodeFigures(masks, turns, [2] * n, [1] * n, [0] * n, [0.25] * n, endings)
+
+    groups = [
+        group([1, 3], ["done", "max_turns"], [[1, 1], [1, 0, 0, 1]]),
+        group([2], ["done"], [[1, 0, 1]]),
+    ]
+    assert eval_episodes(groups) == {
+        "eval_turns_mean": 2.0,
+        "eval_tool_calls": 6,
+        "eval_tool_errors": 3,
+        "eval_env_timeouts": 0,
+        "eval_env_s": 0.75,
+        "eval_env_tokens": 3,
+        "eval_ended_done": 2,
+        "eval_ended_max_turns": 1,
+    }
+    assert eval_episodes([]) == {}
+    assert eval_episodes([EpisodeFigures([], [], [], [], [], [], [])]) == {}

@@ -1,5 +1,6 @@
-"""Timeline arithmetic on hand-made spans, both pictures drawn from a small made-up run folder, and the
-exit codes of `cadence timeline` and `cadence plot`."""
+"""Timeline arithmetic on hand-made spans, both pictures drawn from a small made-up run folder (single-turn,
+and with episodes: the environment's spans and figures), and the exit codes of `cadence timeline` and
+`cadence plot`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from cadence.cli import main
 from cadence.monitor.pictures import PictureError
-from cadence.monitor.pictures.plot import draw_plot, moving_average
+from cadence.monitor.pictures.plot import draw_plot, moving_average, per_episode
 from cadence.monitor.pictures.spans import (
     Span,
     Window,
@@ -22,6 +23,7 @@ from cadence.monitor.pictures.spans import (
     period_starts,
     read_spans,
     row_order,
+    seconds_by_period,
 )
 from cadence.monitor.pictures.timeline import draw_timeline
 
@@ -121,6 +123,33 @@ def _run_dir(root: Path, periods: int = 10) -> Path:
     return run
 
 
+def _episode_run(root: Path, periods: int = 3) -> Path:
+    """The made-up run as a run of episodes: each worker's generation holds environment waits (an eval
+    round's too, in period 1), and each row the episode figures."""
+    run = _run_dir(root, periods)
+    for k in range(periods):
+        t0 = 100.0 + 10 * k
+        waits = [
+            {"actor": "rollout-0", "kind": "environment", "start": t0 + 1.5, "end": t0 + 2.0, "period": k},
+            {"actor": "rollout-0", "kind": "environment", "start": t0 + 4.5, "end": t0 + 5.5, "period": k},
+            {"actor": "rollout-10", "kind": "environment", "start": t0 + 2, "end": t0 + 3, "period": k},
+        ]
+        if k == 1:
+            waits.append(
+                {"actor": "rollout-2", "kind": "environment", "start": t0 + 8, "end": t0 + 9.5, "period": k}
+                | {"eval": True}
+            )
+        for e in waits:
+            with (run / "logs" / f"{e['actor']}.jsonl").open("a") as f:
+                f.write(json.dumps({**e, "event": "span", "level": "debug"}) + "\n")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for k, row in enumerate(rows):
+        row |= {"samples": 8, "turns_mean": 1.5 + k, "tool_calls": 4 * k, "tool_errors": k, "env_timeouts": 0}
+        row |= {"env_s": 0.8, "env_tokens": 40 + 8 * k, "ended_done": 6, "ended_max_turns": 2}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
 # ---------------------------------------------------------------- spans
 
 
@@ -129,6 +158,15 @@ def test_read_spans_keeps_only_span_events_in_time_order(tmp_path: Path) -> None
     assert len(spans) == 1 + 2 * 10
     assert [s.start for s in spans] == sorted(s.start for s in spans)
     assert {s.actor for s in spans} == {"trainer", "rollout-0", "rollout-2", "rollout-10"}
+
+
+def test_environment_waits_a_period_are_those_of_the_worker_that_waited_longest(tmp_path: Path) -> None:
+    spans = read_spans(_episode_run(tmp_path))
+    assert [s.eval for s in spans if s.kind == "environment" and s.actor == "rollout-2"] == [True]
+    # rollout-0 waits 0.5 + 1.0 s, rollout-10 1.0 s; rollout-2's 1.5 s are an eval round's
+    assert seconds_by_period(spans, "environment") == {0: 1.5, 1: 1.5, 2: 1.5}
+    assert seconds_by_period(_spans(3), "environment") == {}  # a single-turn run has none
+    assert seconds_by_period(spans, "generate")[0] == 4.0  # rollout-0's two groups, rollout-10's one
 
 
 def test_period_starts_are_the_ends_of_the_publishes_before() -> None:
@@ -218,6 +256,34 @@ def test_timeline_png_and_svg(tmp_path: Path) -> None:
     for actor in ("trainer", "rollout-0", "rollout-2", "rollout-10"):
         assert f">{actor}<" in svg
     assert "periods 0 to 9 of 10" in svg
+
+
+def test_a_timeline_of_episodes_draws_the_environment_waits_and_their_mean(tmp_path: Path) -> None:
+    svg = draw_timeline(_episode_run(tmp_path), tmp_path / "timeline.svg", (0, 2)).read_text()
+    assert ">environment<" in svg  # in the legend
+    assert "environment 1.50 s" in svg  # the title's mean a period
+    plain = draw_timeline(_run_dir(tmp_path / "plain", 3), tmp_path / "plain.svg", (0, 2)).read_text()
+    assert "environment" not in plain
+
+
+def test_per_episode_divides_a_periods_sum_by_its_episodes() -> None:
+    rows = [
+        {"period": 0, "samples": 8, "tool_calls": 12},
+        {"period": 1, "samples": 0, "tool_calls": 0},  # no episode: left out
+        {"period": 2, "tool_calls": 3},  # no count of episodes: left out
+        {"period": 3, "samples": 4, "tool_calls": 2},
+    ]
+    assert per_episode(rows, "tool_calls") == ([0.0, 3.0], [1.5, 0.5])
+    assert per_episode(rows, "env_s") == ([], [])
+
+
+def test_plot_of_an_episode_run_adds_the_episode_panels(tmp_path: Path) -> None:
+    svg = draw_plot(_episode_run(tmp_path), tmp_path / "plot.svg").read_text()
+    labels = ("model turns", "tool calls", "tool errors", "environment timeouts")
+    for label in (*labels, "seconds in environment calls", "environment tokens", "tokens an episode"):
+        assert label in svg, label
+    plain = draw_plot(_run_dir(tmp_path / "plain", 3), tmp_path / "plain.svg").read_text()
+    assert not any(label in plain for label in labels)
 
 
 def test_plot_png(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """`cadence plot`: reward, accuracy, response length and throughput against the period, 2x2; a run
 with held-out evaluation (`eval.jsonl`) adds its eval accuracy, pass@k and reward as marked lines to the
-accuracy and reward panels.
+accuracy and reward panels; a run of multi-turn episodes (rows with `turns_mean`) adds a third row:
+turns, tool calls, tool errors and environment timeouts an episode, and the environment's seconds and
+tokens an episode.
 
 Invariant: a key missing from some rows leaves those periods out of its curve, a key missing from
 every row leaves its curve (or panel) out; neither stops the picture. From `_SMOOTH_FROM` periods
@@ -34,8 +36,10 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     import matplotlib
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 7.5), dpi=150, layout="constrained")
-    (reward, accuracy), (length, speed) = fig.subplots(2, 2, sharex=True)
+    played = any(_number(row.get("turns_mean")) for row in rows)
+    fig = Figure(figsize=(12, 11 if played else 7.5), dpi=150, layout="constrained")
+    panels = fig.subplots(3 if played else 2, 2, sharex=True)
+    (reward, accuracy), (length, speed) = panels[0], panels[1]
     smooth = len(rows) >= _SMOOTH_FROM
     window = max(5, len(rows) // 25)
 
@@ -79,7 +83,9 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
             speed.legend(handles=handles, loc="lower right", fontsize=8)
     _finish(speed, "throughput", "tokens_per_s", bool(x or xs), legend=not (x and xs))
 
-    for ax in (length, speed):
+    if played:
+        _episodes(rows, panels[2][0], panels[2][1], smooth, window)
+    for ax in panels[-1]:
         ax.set_xlabel("period")
     note = f", moving average over {window} periods" if smooth else ""
     fig.suptitle(f"{run_dir}: {len(rows)} periods{note}", fontsize=11)
@@ -87,6 +93,50 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(out, format=fmt)
     return out
+
+
+def _episodes(rows: list[dict[str, Any]], turns: Any, env: Any, smooth: bool, window: int) -> None:
+    """The episode panels: what an episode did (turns, tool calls, errors, timeouts) and what its
+    environment took (seconds and tokens), each a mean over the period's episodes."""
+    drawn = False
+    for key, label, colour in (
+        ("turns_mean", "model turns", _BLUE),
+        ("tool_calls", "tool calls", _GREEN),
+        ("tool_errors", "tool errors", _ORANGE),
+        ("env_timeouts", "environment timeouts", _RED),
+    ):
+        x, y = _series(rows, key) if key == "turns_mean" else per_episode(rows, key)
+        if x:
+            _curve(turns, x, y, colour, label, smooth, window)
+            drawn = True
+    turns.set_ylabel("an episode")
+    _finish(turns, "episodes", "turns_mean", drawn)
+
+    x, seconds = per_episode(rows, "env_s")
+    xt, tokens = per_episode(rows, "env_tokens")
+    if x:
+        _curve(env, x, seconds, _PURPLE, "seconds in environment calls", smooth, window)
+        env.set_ylabel("seconds an episode", color=_PURPLE)
+    if xt:
+        twin = env.twinx() if x else env
+        _curve(twin, xt, tokens, _ORANGE, "environment tokens", smooth, window)
+        twin.set_ylabel("tokens an episode", color=_ORANGE)
+        if x:
+            handles = env.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+            env.legend(handles=handles, loc="best", fontsize=8)
+    _finish(env, "environment", "env_s", bool(x or xt), legend=not (x and xt))
+
+
+def per_episode(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(period, the row's `key` over its `samples`, the period's episodes) of the rows that hold both,
+    with at least one episode."""
+    xs, ys = [], []
+    for i, row in enumerate(rows):
+        episodes = row.get("samples")
+        if _number(row.get(key)) and isinstance(episodes, int | float) and episodes > 0:
+            xs.append(float(row.get("period", i)))
+            ys.append(float(row[key]) / episodes)
+    return xs, ys
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

@@ -1,7 +1,8 @@
 """The span events of a run as typed records, and the arithmetic a timeline needs (no drawing).
 
-A span is an interval of work one actor logged: `generate` and `load` from rollout workers,
-`train`, `step` and `publish` from the trainer. Period k begins when version k is published, so
+A span is an interval of work one actor logged: `generate` and `load` from rollout workers (with an
+environment also `environment`: time inside environment calls, within a `generate` span), `train`,
+`step` and `publish` from the trainer. Period k begins when version k is published, so
 the boundary before period k+1 is the end of the `publish` span tagged with period k.
 
 Invariant: within the chosen window, every instant of an actor's row between its first and last
@@ -11,7 +12,7 @@ span is either inside one of its spans or inside exactly one of its idle gaps.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cadence.monitor import logview
@@ -28,6 +29,7 @@ class Span:
     start: float
     end: float
     period: int
+    eval: bool = False  # work of an eval round (its `eval` field), not of the period's training
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ def read_spans(run_dir: Path) -> list[Span]:
                     start=float(event["start"]),
                     end=float(event["end"]),
                     period=int(event["period"]),
+                    eval=event.get("eval") is True,
                 )
             except (KeyError, TypeError, ValueError):
                 continue
@@ -74,6 +77,18 @@ def period_starts(spans: list[Span]) -> dict[int, float]:
         if s.kind == "publish":
             starts[s.period + 1] = min(s.end, starts.get(s.period + 1, s.end))
     return starts
+
+
+def seconds_by_period(spans: list[Span], kind: str) -> dict[int, float]:
+    """Period -> the most seconds one actor spent in training spans of `kind` tagged with it (for
+    "environment": the waits of the worker that waited longest; eval rounds' spans are left out);
+    periods without such a span are left out."""
+    per_actor: dict[int, dict[str, float]] = {}
+    for s in spans:
+        if s.kind == kind and not s.eval:
+            actors = per_actor.setdefault(s.period, {})
+            actors[s.actor] = actors.get(s.actor, 0.0) + (s.end - s.start)
+    return {period: max(actors.values()) for period, actors in sorted(per_actor.items())}
 
 
 def choose_window(spans: list[Span], periods: tuple[int, int] | None = None) -> Window:
@@ -101,7 +116,7 @@ def choose_window(spans: list[Span], periods: tuple[int, int] | None = None) -> 
 def clip(spans: list[Span], window: Window) -> list[Span]:
     """The spans that overlap the window, cut to it (one that only touches an edge is left out)."""
     return [
-        Span(s.actor, s.kind, max(s.start, window.start), min(s.end, window.end), s.period)
+        replace(s, start=max(s.start, window.start), end=min(s.end, window.end))
         for s in spans
         if (s.end > window.start and s.start < window.end)
         or (s.start == s.end and window.start < s.start < window.end)

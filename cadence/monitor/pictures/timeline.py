@@ -2,6 +2,7 @@
 
 Invariant: every span that overlaps the window is drawn at least `_MIN_PX` pixels wide, so a span
 shorter than a pixel still shows; widths otherwise are exact, on a time axis from the window's start.
+A worker's environment waits (inside its generation) are drawn over its generation bar.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from cadence.monitor.pictures.spans import (
     period_starts,
     read_spans,
     row_order,
+    seconds_by_period,
 )
 
 # what a span kind is shown as, and its colour
 _CATEGORY = {
     "generate": "generation",
+    "environment": "environment",
     "train": "training",
     "step": "optimizer step",
     "publish": "weight sync",
@@ -31,6 +34,7 @@ _CATEGORY = {
 }
 _COLOURS = {
     "generation": "#4C72B0",
+    "environment": "#CCB974",
     "training": "#DD8452",
     "optimizer step": "#C44E52",
     "weight sync": "#2CA02C",
@@ -82,7 +86,10 @@ def draw_timeline(run_dir: Path, out: Path, periods: tuple[int, int] | None = No
                 bar = (s.start - window.start, max(s.end - s.start, min_w))
                 by_category.setdefault(_CATEGORY.get(s.kind, "other"), []).append(bar)
         for category, bars in by_category.items():
-            ax.broken_barh(bars, (y - _BAR / 2, _BAR), facecolors=_COLOURS[category], linewidth=0)
+            on_top = 2 if category == "environment" else 1  # nested in the generation it interrupts
+            ax.broken_barh(
+                bars, (y - _BAR / 2, _BAR), facecolors=_COLOURS[category], linewidth=0, zorder=on_top
+            )
         busy = _busy_share(shown, actor, gaps.get(actor, []))
         if busy is not None:
             ax.text(1.003, y, f"busy {busy:.0%}", transform=ax.get_yaxis_transform(), va="center", fontsize=8)
@@ -158,6 +165,10 @@ def _title(run_dir: Path, window: Window, spans: list[Span]) -> str:
         values = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
         if values:
             figures.append(f"{name} {_seconds(sum(values) / len(values))}")
+    shown = [s for s in spans if window.first <= s.period <= window.last]
+    waits = seconds_by_period(shown, "environment")
+    if waits:  # the worker that waited longest, a period
+        figures.append(f"environment {_seconds(sum(waits.values()) / (window.last - window.first + 1))}")
     if not figures:
         return head
     return f"{head}\nmean of the periods shown: " + ", ".join(figures)
