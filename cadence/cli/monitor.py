@@ -26,9 +26,13 @@ def add(sub: Subparsers) -> None:
     )
     timeline.set_defaults(handler=timeline_handler)
     plot = sub.add_parser(
-        "plot", help="draw reward, accuracy, response length, throughput (and episodes' figures) a period"
+        "plot",
+        help="draw reward, accuracy, response length, throughput (and episodes' figures) a period;"
+        " several runs: side by side",
     )
-    plot.add_argument("dir", type=Path, help="a run folder")
+    plot.add_argument(
+        "dir", type=Path, nargs="+", help="a run folder; several: their eval accuracy, reward and tool calls"
+    )
     plot.add_argument("-o", "--out", type=Path, required=True, help="picture file, .png or .svg")
     plot.set_defaults(handler=plot_handler)
 
@@ -117,6 +121,9 @@ def timeline_handler(args: argparse.Namespace) -> int:
 
 def plot_handler(args: argparse.Namespace) -> int:
     from cadence.monitor.pictures import write_picture
+    from cadence.monitor.pictures.compare import draw_compare
     from cadence.monitor.pictures.plot import draw_plot
 
-    return write_picture(lambda: draw_plot(args.dir, args.out))
+    if len(args.dir) > 1:
+        return write_picture(lambda: draw_compare(args.dir, args.out))
+    return write_picture(lambda: draw_plot(args.dir[0], args.out))

@@ -12,6 +12,7 @@ import pytest
 
 from cadence.cli import main
 from cadence.monitor.pictures import PictureError
+from cadence.monitor.pictures.compare import draw_compare
 from cadence.monitor.pictures.plot import draw_plot, moving_average, per_episode
 from cadence.monitor.pictures.spans import (
     Span,
@@ -314,6 +315,27 @@ def test_plot_draws_the_eval_rounds_of_a_run_with_eval(tmp_path: Path) -> None:
         assert label in svg
 
 
+def test_several_runs_are_drawn_side_by_side_by_their_folder_names(tmp_path: Path) -> None:
+    tool = _episode_run(tmp_path / "a").rename(tmp_path / "with-tool")
+    (tool / "eval.jsonl").write_text(
+        "".join(json.dumps({"period": k, "eval_accuracy": k / 2}) + "\n" for k in (0, 2))
+    )
+    single = _run_dir(tmp_path / "b", 3).rename(tmp_path / "single")
+    svg = draw_compare([tool, single], tmp_path / "compare.svg").read_text()
+    assert "with-tool vs single" in svg
+    for title in ("held-out eval accuracy", "training reward (mean a period)", "tool calls an episode"):
+        assert title in svg
+    assert "no eval.jsonl rounds" not in svg and "no run played episodes" not in svg
+    # two runs without episodes or eval rounds: those panels say so; folders of one name: their paths
+    svg = draw_compare(
+        [single, _run_dir(tmp_path / "c", 3).rename(tmp_path / "c" / "single")], tmp_path / "plain.svg"
+    ).read_text()
+    assert "no run played episodes" in svg and "no eval.jsonl rounds" in svg
+    assert str(single) in svg
+    with pytest.raises(PictureError, match="no run folder"):
+        draw_compare([single, tmp_path / "missing"], tmp_path / "x.svg")
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -322,10 +344,14 @@ def test_commands_write_the_pictures(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "t.svg"
     assert main(["timeline", str(run), "-o", str(out), "--periods", "1:2"]) == 0
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
+    other = _run_dir(tmp_path / "other", periods=2)
+    assert main(["plot", str(run), str(other), "-o", str(tmp_path / "c.svg")]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"cadence: wrote {out}",
         f"cadence: wrote {tmp_path / 'p.png'}",
+        f"cadence: wrote {tmp_path / 'c.svg'}",
     ]
+    assert f"{run} vs {other}" in (tmp_path / "c.svg").read_text()  # two folders named run: their paths
 
 
 def test_commands_refuse_what_they_cannot_draw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,7 +43,7 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     smooth = len(rows) >= _SMOOTH_FROM
     window = max(5, len(rows) // 25)
 
-    x, mean = _series(rows, "reward_mean")
+    x, mean = series(rows, "reward_mean")
     if x:
         xb, both = _band(rows)
         if xb:
@@ -55,7 +55,7 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     _eval_curve(reward, evals, "eval_reward", "eval reward (held out)", _RED, "o")
     _finish(reward, "reward", "reward_mean", bool(x))
 
-    x, acc = _series(rows, "accuracy")
+    x, acc = series(rows, "accuracy")
     if x:
         _curve(accuracy, x, acc, _GREEN, "accuracy", smooth, window)
         accuracy.set_ylim(-0.03, 1.03)
@@ -63,14 +63,14 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     _eval_curve(accuracy, evals, "eval_pass_at_k", "eval pass@k (held out)", _RED, "^", dashed=True)
     _finish(accuracy, "accuracy", "accuracy", bool(x))
 
-    x, resp = _series(rows, "response_len_mean")
+    x, resp = series(rows, "response_len_mean")
     if x:
         _curve(length, x, resp, _PURPLE, "mean response length", smooth, window)
         length.set_ylabel("tokens")
     _finish(length, "response length", "response_len_mean", bool(x))
 
-    x, tok = _series(rows, "tokens_per_s")
-    xs, sam = _series(rows, "samples_per_s")
+    x, tok = series(rows, "tokens_per_s")
+    xs, sam = series(rows, "samples_per_s")
     if x:
         _curve(speed, x, tok, _BLUE, "tokens/s", smooth, window)
         speed.set_ylabel("tokens/s", color=_BLUE)
@@ -105,7 +105,7 @@ def _episodes(rows: list[dict[str, Any]], turns: Any, env: Any, smooth: bool, wi
         ("tool_errors", "tool errors", _ORANGE),
         ("env_timeouts", "environment timeouts", _RED),
     ):
-        x, y = _series(rows, key) if key == "turns_mean" else per_episode(rows, key)
+        x, y = series(rows, key) if key == "turns_mean" else per_episode(rows, key)
         if x:
             _curve(turns, x, y, colour, label, smooth, window)
             drawn = True
@@ -139,7 +139,7 @@ def per_episode(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list
     return xs, ys
 
 
-def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     """(period, value) of the rows that hold a number under `key`."""
     xs, ys = [], []
     for i, row in enumerate(rows):
@@ -188,7 +188,7 @@ def _eval_curve(
     ax: Any, evals: list[dict[str, Any]], key: str, label: str, colour: str, marker: str, dashed: bool = False
 ) -> None:
     """The eval rounds' `key` against the period evaluated, unsmoothed (rounds are few)."""
-    x, y = _series(evals, key)
+    x, y = series(evals, key)
     if x:
         style = "--" if dashed else "-"
         ax.plot(x, y, color=colour, linestyle=style, linewidth=1.4, marker=marker, markersize=4, label=label)

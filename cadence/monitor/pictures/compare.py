@@ -1,0 +1,84 @@
+"""`cadence plot RUN RUN ...`: several runs side by side, one colour a run, named by its folder: the
+held-out eval accuracy of each eval round, the training reward a period, and, when a run played
+episodes, its tool calls an episode (a run without them draws no line there).
+
+Invariant: each run is read as `cadence plot` reads one (a key missing from a row leaves that period
+out, a key missing everywhere leaves the run's line out); runs of different lengths share the axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cadence.monitor.pictures import PictureError, check_run_dir, picture_format, read_metrics
+from cadence.monitor.pictures.plot import per_episode, series
+from cadence.monitor.run_dir import read_new_lines
+
+_COLOURS = ("#4C72B0", "#DD8452", "#2CA02C", "#C44E52", "#8172B3", "#937860")
+
+
+def draw_compare(run_dirs: list[Path], out: Path) -> Path:
+    """Draw the runs in `run_dirs` side by side into `out` (.png or .svg); return `out`."""
+    fmt = picture_format(out)
+    runs = []
+    for run_dir in run_dirs:
+        check_run_dir(run_dir)
+        rows = read_metrics(run_dir)
+        if not rows:
+            raise PictureError(f"no periods in {run_dir / 'metrics.jsonl'}: is it a cadence run directory?")
+        runs.append((run_dir, rows, read_new_lines(run_dir / "eval.jsonl", 0)[0]))
+    names = _names(run_dirs)
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.5), dpi=150, layout="constrained")
+    accuracy, reward, tools = fig.subplots(1, 3, sharex=True)
+    drawn = {"accuracy": False, "reward": False, "tools": False}
+    for (_, rows, evals), name, colour in zip(runs, names, _colours(len(runs)), strict=True):
+        x, y = series(evals, "eval_accuracy")
+        if x:
+            accuracy.plot(x, y, color=colour, marker="o", markersize=4, linewidth=1.6, label=name)
+            drawn["accuracy"] = True
+        x, y = series(rows, "reward_mean")
+        if x:
+            reward.plot(x, y, color=colour, marker="o", markersize=2.5, linewidth=1.4, label=name)
+            drawn["reward"] = True
+        x, y = per_episode(rows, "tool_calls")
+        if x:
+            tools.plot(x, y, color=colour, marker="o", markersize=2.5, linewidth=1.4, label=name)
+            drawn["tools"] = True
+    _finish(accuracy, "held-out eval accuracy", drawn["accuracy"], "no eval.jsonl rounds", (-0.03, 1.03))
+    _finish(reward, "training reward (mean a period)", drawn["reward"], "no reward_mean")
+    _finish(tools, "tool calls an episode", drawn["tools"], "no run played episodes")
+    for ax in (accuracy, reward, tools):
+        ax.set_xlabel("period")
+    fig.suptitle(" vs ".join(names), fontsize=11)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(out, format=fmt)
+    return out
+
+
+def _names(run_dirs: list[Path]) -> list[str]:
+    """Each run's folder name, or its whole path where two folders share a name."""
+    names = [run_dir.name or str(run_dir) for run_dir in run_dirs]
+    if len(set(names)) < len(names):
+        return [str(run_dir) for run_dir in run_dirs]
+    return names
+
+
+def _colours(n: int) -> list[str]:
+    return [_COLOURS[i % len(_COLOURS)] for i in range(n)]
+
+
+def _finish(ax: Any, title: str, drawn: bool, missing: str, ylim: tuple[float, float] | None = None) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if not drawn:
+        ax.text(0.5, 0.5, missing, transform=ax.transAxes, ha="center", color="#777777")
+        return
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.legend(loc="best", fontsize=8)
