@@ -195,6 +195,9 @@ def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id:
         env_s=[r.env_seconds for r in results],
         endings=[r.ended for r in results],
         transcripts=[[turn.text for turn in r.turns] for r in results],
+        turn_rewards=[list(r.turn_rewards) for r in results]
+        if any(reward is not None for r in results for reward in r.turn_rewards)
+        else [],
     )
     texts = [next((t.text for t in reversed(r.turns) if t.author == "model"), "") for r in results]
     return GroupSamples(prompt, completions, logprobs, texts, [r.score for r in results], figures)

@@ -29,6 +29,7 @@ class EpisodeFigures:
     transcripts: list[list[str]] = field(
         default_factory=list
     )  # the first message, then model, environment, ...
+    turn_rewards: list[list[float | None]] = field(default_factory=list)  # empty: no turn got one
 
     def fields(self, keep_texts: bool) -> dict[str, Any]:
         """The `GroupResult` fields (the messages only of a group kept as a sample)."""
@@ -41,6 +42,7 @@ class EpisodeFigures:
             "env_s": self.env_s,
             "endings": self.endings,
             "transcripts": self.transcripts if keep_texts else [],
+            "turn_rewards": self.turn_rewards,
         }
 
 

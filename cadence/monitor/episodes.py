@@ -30,19 +30,24 @@ class EpisodeGroup(Protocol):
     def env_s(self) -> Sequence[float]: ...
     @property
     def endings(self) -> Sequence[str]: ...
+    @property
+    def turn_rewards(self) -> Sequence[Sequence[float | None]]: ...
 
 
 def episode_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
     """The `PeriodMetrics` fields of the episodes among `groups` (each figure one a sample, checked by
     `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
     seconds in environment calls and environment tokens (the masks' zeros), summed over the period,
-    and episodes by ending; {} when no group holds an episode."""
+    and episodes by ending; the mean of the turns' own rewards when any turn got one (`Reply.reward`);
+    {} when no group holds an episode."""
     played = [g for g in groups if g.turns]
     episodes = sum(len(g.turns) for g in played)
     if not episodes:
         return {}
     endings = Counter(ending for g in played for ending in g.endings)
-    return {
+    given = [r for g in played for rewards in g.turn_rewards for r in rewards if r is not None]
+    rewarded = {"turn_reward_mean": sum(given) / len(given)} if given else {}
+    return rewarded | {
         "turns_mean": sum(sum(g.turns) for g in played) / episodes,
         "tool_calls": sum(sum(g.tool_calls) for g in played),
         "tool_errors": sum(sum(g.tool_errors) for g in played),

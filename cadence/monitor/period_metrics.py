@@ -22,7 +22,15 @@ from typing import Any
 _SEQUENCES = ("group_arrival_s", "micro_batch_train_s")
 # fields left out of a row while None: the dispatcher's, and a multi-turn run's episode figures
 _RECORDED = ("workers", "reassigned")
-_EPISODES = ("turns_mean", "tool_calls", "tool_errors", "env_timeouts", "env_s", "env_tokens")
+_EPISODES = (
+    "turns_mean",
+    "tool_calls",
+    "tool_errors",
+    "env_timeouts",
+    "env_s",
+    "env_tokens",
+    "turn_reward_mean",
+)
 # fields that are no key of the row themselves
 _NOT_KEYS = ("reward_functions", "endings", "extra")
 
@@ -79,6 +87,7 @@ class PeriodMetrics:
     env_timeouts: int | None = None  # environment calls cut at environment.step_timeout_s
     env_s: float | None = None  # seconds in the environment's calls, summed over the episodes
     env_tokens: int | None = None  # the environment's tokens in the completions (context, never trained)
+    turn_reward_mean: float | None = None  # the turns' own rewards (`Reply.reward`), mean over those given
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
     reassigned: int | None = None  # prompts handed to another worker so far (the dispatcher's)

@@ -72,6 +72,8 @@ def sample_record(msg: GroupResult) -> dict[str, Any]:
                 "tool_errors": msg.tool_errors[i] if msg.tool_errors else 0,
                 "env_tokens": msg.masks[i].count(0) if msg.masks else 0,
             }
+        if msg.turn_rewards:
+            response["turn_rewards"] = msg.turn_rewards[i]
         if msg.transcripts:
             response["messages"] = turns_of(msg.transcripts[i])
         responses.append(response)

@@ -123,7 +123,8 @@ def episode_problem(msg: GroupResult) -> str | None:
     the model's first token (it failed to start, or left no room) counts in its group's rewards and
     trains no token. Each figure list is empty or one a sample: counts, times finite and not
     negative, tool errors at most the tool calls, endings of `ENDINGS`; transcripts empty or one a
-    sample."""
+    sample; turn rewards empty or one a sample, each at most its episode's model turns long, every
+    value finite or None."""
     n = len(msg.completions)
     figures: dict[str, Sequence[object]] = {
         "masks": msg.masks,
@@ -134,6 +135,7 @@ def episode_problem(msg: GroupResult) -> str | None:
         "env_s": msg.env_s,
         "endings": msg.endings,
         "transcripts": msg.transcripts,
+        "turn_rewards": msg.turn_rewards,
     }
     wrong = {name: len(values) for name, values in figures.items() if values and len(values) != n}
     if wrong:
@@ -158,6 +160,11 @@ def episode_problem(msg: GroupResult) -> str | None:
         return "more tool errors than tool calls"
     if not set(msg.endings) <= ENDINGS:
         return f"an ending outside {sorted(ENDINGS)}"
+    for i, rewards in enumerate(msg.turn_rewards):
+        if msg.turns and len(rewards) > msg.turns[i]:
+            return f"episode {i}: {len(rewards)} turn rewards for {msg.turns[i]} model turns"
+        if not _finite([r for r in rewards if r is not None]):
+            return f"episode {i}: a turn reward that is not finite"
     return None
 
 

@@ -210,6 +210,9 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     transcripts: list[list[str]] = field(default_factory=list)  # kept groups: each episode's messages,
     # the first message, then the model's turn and the environment's answer alternating (even: the
     # environment's, odd: the model's)
+    turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
+    # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
+    # on; empty when no turn of the group got one
 
 
 class Consumed(Message, tag="consumed"):

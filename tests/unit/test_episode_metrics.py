@@ -61,6 +61,10 @@ def test_the_episode_figures_of_a_period() -> None:
     }
     single = msgspec.structs.replace(played(2), masks=[], turns=[], tool_calls=[], endings=[], env_s=[])
     assert episode_metrics([single]) == {}
+    # the turns' own rewards: a mean over the turns that got one
+    rewarded = played(3, turn_rewards=[[1.0, None], [0.0]])
+    figures = episode_metrics([played(0), rewarded, played(4, turn_rewards=[[None, 0.5], []])])
+    assert figures["turn_reward_mean"] == 0.5
 
 
 def _row(*groups: GroupResult) -> PeriodMetrics:
@@ -108,7 +112,9 @@ def test_a_kept_episode_group_writes_every_turn_with_its_author() -> None:
     assert (first["turns"], first["ended"], first["tool_calls"], first["env_tokens"]) == (2, "done", 2, 2)
     assert record["reward_mean"] == 0.5
     bare = sample_record(msgspec.structs.replace(msg, transcripts=[]))  # kept without its turns
-    assert "messages" not in bare["responses"][0]
+    assert "messages" not in bare["responses"][0] and "turn_rewards" not in first
+    rewarded = sample_record(msgspec.structs.replace(msg, turn_rewards=[[1.0, None], [0.0]]))
+    assert [r["turn_rewards"] for r in rewarded["responses"]] == [[1.0, None], [0.0]]
 
 
 def test_an_eval_rounds_samples_hold_the_episodes_turns() -> None:
@@ -123,13 +129,19 @@ def test_an_eval_rounds_samples_hold_the_episodes_turns() -> None:
     ]
 
 
-def _result(prompt: list[int], tokens: list[int], mask: list[int], ended: str = "done") -> EpisodeResult:
+def _result(
+    prompt: list[int],
+    tokens: list[int],
+    mask: list[int],
+    ended: str = "done",
+    rewards: list[float | None] | None = None,
+) -> EpisodeResult:
     turns = [Turn("environment", "q", len(prompt))] if prompt else []
     if tokens:
         turns.append(Turn("model", "a", sum(mask)))
     return EpisodeResult(
         prompt_id=1, seed=0, prompt_tokens=prompt, tokens=tokens, mask=mask,
-        logprobs=[-0.5 if m else 0.0 for m in mask], turns=turns, turn_rewards=[],
+        logprobs=[-0.5 if m else 0.0 for m in mask], turns=turns, turn_rewards=rewards or [],
         score=Score(1.0, 1.0, {"answer": 1.0}), ended=ended, finished=True, tool_calls=0,  # type: ignore[arg-type]
         tool_errors=0, timeouts=0, env_seconds=0.0, env_tokens=mask.count(0),
     )  # fmt: skip
@@ -158,6 +170,9 @@ def test_a_groups_episodes_share_one_prompt_and_each_keeps_its_own_ids() -> None
         "",
         "",
     ]
+    assert group.episodes.turn_rewards == []  # no turn got a reward: none on the wire
+    rewarded = episode_group([_result([1], [7], [1], rewards=[0.5]), _result([1], [7], [1])], [1], eos_id=2)
+    assert rewarded.episodes is not None and rewarded.episodes.turn_rewards == [[0.5], []]
     failed = episode_group([_result([], [], [], "error")] * 2, fallback=[1, 5], eos_id=2)
     assert failed.prompt == [1, 5] and failed.completions == [[2], [2]]
     with pytest.raises(ValueError, match="share no first token"):

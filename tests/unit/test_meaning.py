@@ -121,6 +121,8 @@ def test_a_sound_episode_group_passes() -> None:
     # an episode the environment ended before the model's first token: one environment token, no 1
     ended = episodes(completions=[[4, 11], [2]], logprobs=[[-0.5, 0.0], [0.0]], masks=[[1, 0], [0]])
     assert group_problem(wire(ended), VOCAB) is None
+    # turn rewards: one list an episode, at most its model turns long, a turn without one None
+    assert group_problem(wire(episodes(turn_rewards=[[1.0, None], []])), VOCAB) is None
 
 
 def test_the_endings_are_the_runners() -> None:
@@ -147,6 +149,9 @@ def test_the_endings_are_the_runners() -> None:
         ({"env_s": [-0.5, 0.0]}, "an environment time that is not finite and non-negative"),
         ({"tool_errors": [2, 0]}, "more tool errors than tool calls"),
         ({"endings": ["done", "bored"]}, "an ending outside"),
+        ({"turn_rewards": [[1.0]]}, "2 completions but {'turn_rewards': 1}"),
+        ({"turn_rewards": [[1.0, 0.0, 1.0], []]}, "episode 0: 3 turn rewards for 2 model turns"),
+        ({"turn_rewards": [[1.0], [math.inf]]}, "episode 1: a turn reward that is not finite"),
     ],
 )
 def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
