@@ -73,8 +73,11 @@ data/two_digit_mul.jsonl: $(STAMP)
 	  --option min_terms=2 --option max_terms=2 --option min_digits=2 --option max_digits=2 \
 	  --option "operators=['*']" --option allow_parentheses=false --option allow_negation=false
 
+# the calculator run, then the same problems and budget single-turn without the tool, side by side
 smollm2-calculator: smollm2 data/two_digit_mul.jsonl
 	$(BIN)/cadence run configs/smollm2-calculator.toml --out runs/smollm2-calculator --overwrite
+	$(BIN)/cadence run configs/smollm2-calculator.toml --out runs/smollm2-no-tool --overwrite --set environment.name=
+	$(BIN)/cadence plot runs/smollm2-calculator runs/smollm2-no-tool -o runs/smollm2-calculator/compare.png
 
 smollm2-one-digit: smollm2 data/one_digit.jsonl
 	$(BIN)/cadence run configs/smollm2-one-digit.toml --out runs/smollm2-one-digit --overwrite
