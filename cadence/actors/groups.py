@@ -1,9 +1,9 @@
 """A batch's samples as the messages that carry them: a training group's `GroupResult` to the trainer,
 an eval prompt's `EvalResult` to the dispatcher.
 
-Invariant: every per-sample list of a message lines up with its completions; a single-turn group
-leaves every episode field empty (on the wire: left out), an episode group fills each one a sample;
-texts (responses, transcripts, prompt, answer) travel only for a group kept as a sample.
+Invariant: every per-sample list of a message lines up with its completions; a single-turn group (or
+eval answer) leaves every episode field empty (on the wire: left out), an episode group fills each one
+a sample; texts (responses, transcripts, prompt, answer) travel only for a group kept as a sample.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ class EpisodeFigures:
         default_factory=list
     )  # the first message, then model, environment, ...
     turn_rewards: list[list[float | None]] = field(default_factory=list)  # empty: no turn got one
+
+    @property
+    def env_tokens(self) -> list[int]:
+        """Each episode's environment tokens (its mask's zeros)."""
+        return [mask.count(0) for mask in self.masks]
 
     def fields(self, keep_texts: bool) -> dict[str, Any]:
         """The `GroupResult` fields (the messages only of a group kept as a sample)."""
@@ -95,7 +100,9 @@ def group_result(
 
 
 def eval_result(job: Assignment, result: GroupResult) -> EvalResult:
-    """The dispatcher's answer to an eval assignment, from the group generated for it."""
+    """The dispatcher's answer to an eval assignment, from the group generated for it: its samples and,
+    for episodes, their figures (each episode's environment tokens in place of its mask); a
+    single-turn group's are empty."""
     return EvalResult(
         job.version,
         job.prompt_id,
@@ -105,4 +112,12 @@ def eval_result(job: Assignment, result: GroupResult) -> EvalResult:
         [len(c) for c in result.completions],
         result.gen_s,
         result.transcripts,
+        turns=result.turns,
+        tool_calls=result.tool_calls,
+        tool_errors=result.tool_errors,
+        env_timeouts=result.env_timeouts,
+        env_s=result.env_s,
+        env_tokens=result.env_tokens,
+        endings=result.endings,
+        turn_rewards=result.turn_rewards,
     )

@@ -125,13 +125,7 @@ class DispatchCore:
     def answer(self, msg: EvalResult, now: float) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """Take an eval answer `eval_problem` found nothing wrong with; the row and samples of the
         round it completes, or None."""
-        record = {
-            "rewards": msg.rewards,
-            "correct": msg.correct,
-            "responses": msg.responses,
-            "transcripts": msg.transcripts,
-        }
-        done = self.rounds.answer(msg.version, msg.prompt_id, record, now)
+        done = self.rounds.answer(msg, now)
         if done is not None:
             row = done[0]
             log.info(

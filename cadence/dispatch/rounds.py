@@ -2,8 +2,8 @@
 worker, or answered.
 
 An eval round evaluates one version on the whole eval set (`cadence.tasks.heldout`): every prompt is
-pending, then outstanding at one worker, then answered; the round's row (`eval_figures`) is written
-to `eval.jsonl` once every prompt is answered.
+pending, then outstanding at one worker, then answered; the round's row (`eval_figures`, and for
+episodes `eval_episodes`) is written to `eval.jsonl` once every prompt is answered.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import structlog
 
-from cadence.monitor.evaluation import eval_figures
+from cadence.monitor.evaluation import eval_episodes, eval_figures
 from cadence.monitor.samples import turns_of
 from cadence.tasks.base import Prompt
+from cadence.wire.messages import EvalResult
 
 log = structlog.get_logger()
 
@@ -30,7 +31,7 @@ class EvalRound:
     pending: deque[Prompt]
     started: float
     outstanding: dict[int, tuple[bytes, Prompt]] = field(default_factory=dict)
-    answers: dict[int, tuple[Prompt, dict[str, Any]]] = field(default_factory=dict)
+    answers: dict[int, tuple[Prompt, EvalResult]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -47,10 +48,10 @@ class EvalRound:
         owner = self.outstanding.get(prompt_id)
         return owner is not None and owner[0] == peer
 
-    def answer(self, prompt_id: int, record: dict[str, Any]) -> None:
-        """Take the answer to an outstanding prompt: `record` has its `rewards` and `correct`."""
-        _, prompt = self.outstanding.pop(prompt_id)
-        self.answers[prompt_id] = (prompt, record)
+    def answer(self, answer: EvalResult) -> None:
+        """Take the answer to an outstanding prompt."""
+        _, prompt = self.outstanding.pop(answer.prompt_id)
+        self.answers[answer.prompt_id] = (prompt, answer)
 
     def requeue(self, peer: bytes) -> int:
         """What `peer` held goes back to the front of pending, in id order; how many."""
@@ -64,22 +65,22 @@ class EvalRound:
 
     def row(self, k: int, now: float) -> dict[str, Any]:
         """The `eval.jsonl` row of a complete round (`period` = `version`: the period that generates with
-        these weights, or the run's end for the final version)."""
-        groups = [
-            (rec["rewards"], rec["correct"]) for _, (_, rec) in sorted(self.answers.items(), reverse=True)
-        ]
-        figures = eval_figures(groups, k)
-        return {"period": self.version, "version": self.version, **figures, "eval_s": now - self.started}
+        these weights, or the run's end for the final version); for episodes also their figures, as
+        `cadence eval` gives them (none for single-turn answers)."""
+        answers = [answer for _, (_, answer) in sorted(self.answers.items(), reverse=True)]
+        figures = eval_figures([(a.rewards, a.correct) for a in answers], k)
+        row = {"period": self.version, "version": self.version, **figures, "eval_s": now - self.started}
+        return row | eval_episodes(answers)
 
     def samples(self) -> list[dict[str, Any]]:
         """Every answered prompt with its responses, in eval-set order (ids -1, -2, ...)."""
         out = []
-        for pid, (prompt, rec) in sorted(self.answers.items(), reverse=True):
+        for pid, (prompt, answer) in sorted(self.answers.items(), reverse=True):
             responses = [
                 {"text": t, "reward": r, "correct": c}
-                for t, r, c in zip(rec["responses"], rec["rewards"], rec["correct"], strict=True)
+                for t, r, c in zip(answer.responses, answer.rewards, answer.correct, strict=True)
             ]
-            for response, transcript in zip(responses, rec.get("transcripts") or [], strict=False):
+            for response, transcript in zip(responses, answer.transcripts, strict=False):
                 response["messages"] = turns_of(transcript)  # an episode's turns
             out.append(
                 {
@@ -87,7 +88,7 @@ class EvalRound:
                     "prompt_id": pid,
                     "prompt": prompt.text,
                     "answer": prompt.answer,
-                    "reward_mean": sum(rec["rewards"]) / len(rec["rewards"]),
+                    "reward_mean": sum(answer.rewards) / len(answer.rewards),
                     "responses": responses,
                 }
             )
@@ -165,13 +166,11 @@ class EvalRounds:
             return f"no eval prompt {prompt_id} of version {version} was given to this worker"
         return None
 
-    def answer(
-        self, version: int, prompt_id: int, record: dict[str, Any], now: float
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    def answer(self, answer: EvalResult, now: float) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """Take an answer `problem` found nothing wrong with; the row and samples of the round it
         completes, or None."""
-        r = next(r for r in self.open if r.version == version)
-        r.answer(prompt_id, record)
+        r = next(r for r in self.open if r.version == answer.version)
+        r.answer(answer)
         if not r.complete:
             return None
         self.open.remove(r)

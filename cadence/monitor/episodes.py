@@ -1,9 +1,9 @@
 """A period's multi-turn episodes in figures: turns, tool calls and errors, environment timeouts,
-seconds and tokens, and why episodes ended, from the groups the trainer accepted (or, for `cadence
-eval`, the groups a checkpoint played).
+seconds and tokens, and why episodes ended, from the groups the trainer accepted (or, for an eval
+round, the answers of its prompts; for `cadence eval`, the groups a checkpoint played).
 
 Invariant: a pure function of the groups; single-turn groups (no episode figures) give nothing, so a
-single-turn run's period row keeps exactly its keys.
+single-turn run's period and eval rows keep exactly their keys.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from typing import Any, Protocol
 
 
 class EpisodeGroup(Protocol):
-    """A group's episode figures, one a sample: a `GroupResult`, or a worker's `EpisodeFigures`."""
+    """A group's episode figures, one a sample: a `GroupResult`, an `EvalResult`, or a worker's
+    `EpisodeFigures`."""
 
-    @property
-    def masks(self) -> Sequence[Sequence[int]]: ...
     @property
     def turns(self) -> Sequence[int]: ...
     @property
@@ -29,6 +28,8 @@ class EpisodeGroup(Protocol):
     @property
     def env_s(self) -> Sequence[float]: ...
     @property
+    def env_tokens(self) -> Sequence[int]: ...
+    @property
     def endings(self) -> Sequence[str]: ...
     @property
     def turn_rewards(self) -> Sequence[Sequence[float | None]]: ...
@@ -37,7 +38,7 @@ class EpisodeGroup(Protocol):
 def episode_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
     """The `PeriodMetrics` fields of the episodes among `groups` (each figure one a sample, checked by
     `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
-    seconds in environment calls and environment tokens (the masks' zeros), summed over the period,
+    seconds in environment calls and environment tokens (the masks' zeros), summed over the groups,
     and episodes by ending; the mean of the turns' own rewards when any turn got one (`Reply.reward`);
     {} when no group holds an episode."""
     played = [g for g in groups if g.turns]
@@ -53,6 +54,6 @@ def episode_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
         "tool_errors": sum(sum(g.tool_errors) for g in played),
         "env_timeouts": sum(sum(g.env_timeouts) for g in played),
         "env_s": sum(sum(g.env_s) for g in played),
-        "env_tokens": sum(mask.count(0) for g in played for mask in g.masks),
+        "env_tokens": sum(sum(g.env_tokens) for g in played),
         "endings": dict(sorted(endings.items())),
     }

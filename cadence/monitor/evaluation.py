@@ -1,5 +1,5 @@
 """Held-out evaluation's figures: of an eval round at the dispatcher (`cadence.dispatch.rounds`), and
-of `cadence eval`, which computes the same with `eval_figures` (and, for episodes, `eval_episodes`).
+of `cadence eval`, both with `eval_figures` (and, for episodes, `eval_episodes`).
 
 Invariant: the figures depend only on each prompt's rewards and correctness values, not on the order
 they came in; `eval_pass_at_k` is the unbiased estimator 1 - C(n - c, k) / C(n, k) averaged over the

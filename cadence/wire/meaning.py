@@ -121,23 +121,13 @@ def episode_problem(msg: GroupResult) -> str | None:
     and 1s, with log-prob 0.0 at every 0 (the environment's tokens were not sampled). A completion
     with a mask holds at least one token, though maybe no 1: an episode the environment ended before
     the model's first token (it failed to start, or left no room) counts in its group's rewards and
-    trains no token. Each figure list is empty or one a sample: counts, times finite and not
-    negative, tool errors at most the tool calls, endings of `ENDINGS`; transcripts empty or one a
-    sample; turn rewards empty or one a sample, each at most its episode's model turns long, every
-    value finite or None."""
+    trains no token. Each figure list is empty or one a sample, of sound values (`_figures_problem`)."""
     n = len(msg.completions)
-    figures: dict[str, Sequence[object]] = {
-        "masks": msg.masks,
-        "turns": msg.turns,
-        "tool_calls": msg.tool_calls,
-        "tool_errors": msg.tool_errors,
-        "env_timeouts": msg.env_timeouts,
-        "env_s": msg.env_s,
-        "endings": msg.endings,
-        "transcripts": msg.transcripts,
-        "turn_rewards": msg.turn_rewards,
+    wrong = {
+        name: count
+        for name, count in {"masks": len(msg.masks), **_figure_counts(msg)}.items()
+        if count and count != n
     }
-    wrong = {name: len(values) for name, values in figures.items() if values and len(values) != n}
     if wrong:
         return f"{n} completions but {wrong}"
     for i, mask in enumerate(msg.masks):
@@ -150,6 +140,28 @@ def episode_problem(msg: GroupResult) -> str | None:
             return f"completion {i}: a mask value other than 0 (environment) or 1 (sampled)"
         if any(m == 0 and lp != 0.0 for m, lp in zip(mask, logprobs, strict=True)):
             return f"completion {i}: an environment token (mask 0) with a log-prob other than 0.0"
+    return _figures_problem(msg)
+
+
+def _figure_counts(msg: GroupResult | EvalResult) -> dict[str, int]:
+    """How long each of a message's episode figure lists is (0: left empty)."""
+    figures: dict[str, Sequence[object]] = {
+        "turns": msg.turns,
+        "tool_calls": msg.tool_calls,
+        "tool_errors": msg.tool_errors,
+        "env_timeouts": msg.env_timeouts,
+        "env_s": msg.env_s,
+        "endings": msg.endings,
+        "transcripts": msg.transcripts,
+        "turn_rewards": msg.turn_rewards,
+    }
+    return {name: len(values) for name, values in figures.items()}
+
+
+def _figures_problem(msg: GroupResult | EvalResult) -> str | None:
+    """The values of episode figures already one a sample: times finite and not negative, tool errors
+    at most the tool calls, endings of `ENDINGS`, each episode's turn rewards at most its model turns
+    long, every one finite or None (counts are never negative: their type says so)."""
     if not all(math.isfinite(s) and s >= 0 for s in msg.env_s):
         return "an environment time that is not finite and non-negative"
     if (
@@ -170,7 +182,9 @@ def episode_problem(msg: GroupResult) -> str | None:
 
 def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
     """An eval answer: an eval prompt id (negative), `samples` samples each with a reward, a correctness
-    value, a text and a length, every number finite."""
+    value, a text and a length, every number finite; and its episodes' figures, when it has them: each
+    list one a sample, of sound values (`_figures_problem`), an episode's environment tokens at most
+    its length."""
     if msg.prompt_id >= 0:
         return f"prompt id {msg.prompt_id} is no eval prompt (eval ids are negative)"
     counts = {
@@ -179,14 +193,16 @@ def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
         "responses": len(msg.responses),
         "tokens": len(msg.tokens),
     }
-    if msg.transcripts:
-        counts["transcripts"] = len(msg.transcripts)
+    episodes = {"env_tokens": len(msg.env_tokens), **_figure_counts(msg)}
+    counts |= {name: count for name, count in episodes.items() if count}
     wrong = {name: count for name, count in counts.items() if count != samples}
     if wrong:
         return f"{samples} samples expected but {wrong}"
     if not _finite([*msg.rewards, *msg.correct, msg.gen_s]):
         return "a reward, correctness value or time that is not finite"
-    return None
+    if msg.env_tokens and any(e > t for e, t in zip(msg.env_tokens, msg.tokens, strict=True)):
+        return "more environment tokens than tokens"
+    return _figures_problem(msg)
 
 
 def upload_problem(msg: WeightUpload, chunk_bytes: int, max_bytes: int) -> str | None:

@@ -160,7 +160,9 @@ class Assignment(Message, tag="assignment"):
 class EvalResult(Message, tag="eval_result", omit_defaults=True):
     """A worker's answer to an eval assignment, sent to the dispatcher (never trained): the prompt's
     samples with their rewards and correctness from the run's reward functions, and their texts (an
-    episode's also its messages). Fields at their default are left out on the wire."""
+    episode's also its messages). Multi-turn episodes add `GroupResult`'s episode figures, one a
+    sample, with each episode's environment tokens in place of its mask. Fields at their default are
+    left out on the wire, so a single-turn answer carries no byte of them."""
 
     version: Version
     prompt_id: int
@@ -170,6 +172,15 @@ class EvalResult(Message, tag="eval_result", omit_defaults=True):
     tokens: list[Count]  # each sample's completion length in tokens
     gen_s: float = 0.0
     transcripts: list[list[str]] = field(default_factory=list)  # episodes' messages (`GroupResult`'s)
+    turns: list[Count] = field(default_factory=list)  # each episode's model turns
+    tool_calls: list[Count] = field(default_factory=list)  # each episode's tool calls
+    tool_errors: list[Count] = field(default_factory=list)  # of which answered with an error
+    env_timeouts: list[Count] = field(default_factory=list)  # environment calls cut at their timeout
+    env_s: list[float] = field(default_factory=list)  # seconds spent in the environment's calls
+    env_tokens: list[Count] = field(default_factory=list)  # the environment's tokens (its mask's zeros)
+    endings: list[str] = field(default_factory=list)  # why each episode ended (done, max_turns, ...)
+    turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
+    # own rewards (None: that turn got none); empty when no turn got one
 
 
 class GroupResult(Message, tag="group_result", omit_defaults=True):
@@ -213,6 +224,11 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
     # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
     # on; empty when no turn of the group got one
+
+    @property
+    def env_tokens(self) -> list[int]:
+        """Each episode's environment tokens (its mask's zeros); empty for a single-turn group."""
+        return [mask.count(0) for mask in self.masks]
 
 
 class Consumed(Message, tag="consumed"):

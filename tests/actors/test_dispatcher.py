@@ -383,6 +383,8 @@ async def test_eval_prompts_go_out_only_once_the_periods_prompts_are_all_assigne
     beating.cancel()
     rows = read_jsonl(tmp_path / "eval.jsonl")
     assert [r["period"] for r in rows] == [0, 2] and rows[1]["eval_accuracy"] == 1.0
+    for row in rows:  # single-turn answers: no episode figure in the rows
+        assert not any(k.startswith(("eval_turn", "eval_tool", "eval_env", "eval_ended")) for k in row), row
     assert dispatcher.core.rounds.open == []
 
 

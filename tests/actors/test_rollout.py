@@ -216,6 +216,7 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
         )[0]
         assert a.responses == [tokenizer.decode_response(c.tokens) for c in greedy]  # greedy (eval.greedy)
         assert a.tokens == [len(c.tokens) for c in greedy] and len(a.rewards) == len(a.correct) == 1
+        assert a.turns == a.env_tokens == a.endings == a.env_s == [] and a.turn_rewards == []  # single-turn
     assert (await expect(dispatcher, WorkRequest)).credits == 2
     # a training assignment of period 1 was seen: an eval one of version 0 is still generated, with the
     # weights loaded (older ones would not be fetched for an eval)

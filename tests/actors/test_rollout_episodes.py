@@ -190,6 +190,9 @@ async def test_every_turn_is_the_engines_and_every_message_the_environments(rig:
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, -1, "17", "7", 1, eval=True))
     answer = await expect(rig.dispatcher, EvalResult, timeout=30)
     assert eval_result_problem(answer, 1) is None and len(answer.transcripts[0]) == 6
+    # with the episode's figures, as the group's: three model turns, each but the last answered
+    assert (answer.turns, answer.endings, answer.tool_calls) == ([3], ["max_turns"], [3])
+    assert answer.env_tokens == [2 * len(message)] and len(answer.env_s) == 1
     assert rig.worker.groups_sent == 1 and rig.worker.playing is None
 
 

@@ -1,7 +1,8 @@
 """A run of multi-turn episodes as its user sees it, from the command line: the timeline shows the
 workers' environment waits inside their generation, the plot draws the episode figures, `cadence eval`
-plays the final checkpoint's episodes and agrees with the run's last eval round, and `cadence bench
-e2e` puts the environment's time beside generation and training."""
+plays the final checkpoint's episodes and agrees with the run's last eval round (its episode figures
+in `eval.jsonl` included), and `cadence bench e2e` puts the environment's time beside generation and
+training."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ EPISODES = [
     "environment.max_tokens=48",
     "environment.max_turn_tokens=8",
 ]
+EPISODE_KEYS = ("eval_turn", "eval_tool", "eval_env", "eval_ended_")
+"""What the episode figures of an eval row (and of `cadence eval`) begin with."""
 EVAL = ["eval.every=2", "eval.prompts=4", "eval.greedy=false", "eval.k=2", "eval.temperature=1.0"]
 
 
@@ -72,6 +75,14 @@ def test_an_episode_runs_timeline_plot_and_eval_show_its_episodes(tmp_path: Path
     samples = read_jsonl(out / "samples" / "eval-period-2.jsonl")
     turns = [sum(m["author"] == "model" for m in r["messages"]) for s in samples for r in s["responses"]]
     assert sum(turns) / len(turns) == got["eval_turns_mean"]
+    # and its eval.jsonl row carries the episode figures under `cadence eval`'s keys, with its values
+    # (the seconds in environment calls aside: a wall-clock time)
+    shown = {k for k in got if k.startswith(EPISODE_KEYS)}
+    assert {"eval_turns_mean", "eval_tool_calls", "eval_tool_errors", "eval_env_timeouts"} <= shown
+    assert {"eval_env_s", "eval_env_tokens"} <= shown and endings.keys() <= shown
+    assert {k for k in last if k.startswith(EPISODE_KEYS)} == shown
+    assert {k: last[k] for k in shown - {"eval_env_s"}} == {k: got[k] for k in shown - {"eval_env_s"}}
+    assert all(row["eval_turns_mean"] >= 1.0 for row in read_jsonl(out / "eval.jsonl"))
 
 
 def test_bench_e2e_of_an_episode_config_puts_the_environment_beside_generation_and_training() -> None:

@@ -35,6 +35,8 @@ def test_a_run_evaluates_at_its_periods_and_cadence_eval_agrees_on_the_final_che
         samples = read_jsonl(out / "samples" / f"eval-period-{row['period']}.jsonl")
         assert [s["prompt_id"] for s in samples] == [-1, -2, -3, -4, -5, -6]
         assert all(len(s["responses"]) == 4 for s in samples)
+        # single-turn: none of the episode figures an environment's rounds add (`eval_turns_mean`, ...)
+        assert not any(k.startswith(("eval_turn", "eval_tool", "eval_env", "eval_ended_")) for k in row)
     final = out / "checkpoints" / "final"
     got = json.loads(cadence("eval", str(final), "--config", str(out / "config.json")).stdout)
     for key in ("eval_reward", "eval_accuracy", "eval_pass_at_k", "eval_prompts", "eval_samples"):

@@ -21,7 +21,7 @@ from cadence.monitor.samples import sample_record
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Turn
 from cadence.tasks.environments.episode import EpisodeResult
-from cadence.wire.messages import GroupResult
+from cadence.wire.messages import EvalResult, GroupResult
 
 
 def played(prompt_id: int, **changes: Any) -> GroupResult:
@@ -121,7 +121,7 @@ def test_an_eval_rounds_samples_hold_the_episodes_turns() -> None:
     prompt = Prompt(-1, "q", "7")
     r = EvalRound(3, deque([prompt]), 0.0)
     r.give(b"a", 1)
-    r.answer(-1, {"rewards": [1.0], "correct": [1.0], "responses": ["7"], "transcripts": [["q", "7"]]})
+    r.answer(EvalResult(3, -1, [1.0], [1.0], ["7"], [1], transcripts=[["q", "7"]]))
     (sample,) = r.samples()
     assert sample["responses"][0]["messages"] == [
         {"author": "environment", "text": "q"},

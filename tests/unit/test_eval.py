@@ -1,5 +1,5 @@
-"""Held-out evaluation: the eval set's disjointness, pass@k and the round's figures (and episodes'), the
-config rules, the meaning check of an eval answer."""
+"""Held-out evaluation: the eval set's disjointness, pass@k and the round's figures (and episodes', in
+the round's row as `cadence eval` gives them), the config rules, the meaning check of an eval answer."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from cadence.actors.groups import EpisodeFigures
+from cadence.actors.groups import EpisodeFigures, GroupSamples, eval_result, group_result
 from cadence.config import ConfigError, load_config
 from cadence.dispatch.rounds import EvalRound, EvalRounds
 from cadence.launch.build import make_tokenizer
 from cadence.monitor.evaluation import eval_episodes, eval_figures, pass_at_k
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
-from cadence.tasks.base import Prompt
+from cadence.tasks.base import Prompt, Score
 from cadence.tasks.heldout import eval_prompts, held_out
 from cadence.tasks.registry import make_task
 from cadence.wire.meaning import eval_result_problem
-from cadence.wire.messages import DecodeError, EvalResult, decode_frames, encode_frames
+from cadence.wire.messages import Assignment, DecodeError, EvalResult, decode_frames, encode_frames
 
 
 def test_pass_at_k_against_enumerating_every_draw() -> None:
@@ -57,7 +57,7 @@ def test_a_round_does_not_depend_on_answer_order_and_requeues_a_lost_peers_promp
         assert [p.prompt_id for p in given] == [-1, -2, -3, -4] and r.complete is False
         for i in order:
             p = prompts[i]
-            r.answer(p.prompt_id, {"rewards": [i / 4], "correct": [float(i == 0)], "responses": [str(i)]})
+            r.answer(EvalResult(5, p.prompt_id, [i / 4], [float(i == 0)], [str(i)], [1]))
         assert r.complete
         rows.append(r.row(1, 1.0))
         assert [s["prompt_id"] for s in r.samples()] == [-1, -2, -3, -4]
@@ -209,11 +209,8 @@ def test_rounds_are_due_at_multiples_and_the_end_and_a_rounds_rest_goes_out_befo
     assert [(r.version, p.prompt_id) for r, p in rounds.give(b"b", 1, 1)] == [(1, -1)]
     assert rounds.problem(b"b", 0, -1) is not None and rounds.problem(b"a", 0, -1) is None
     for _, p in first:
-        assert (
-            rounds.answer(0, p.prompt_id, {"rewards": [1.0], "correct": [1.0], "responses": ["x"]}, 2.0)
-            is None
-        )
-    done = rounds.answer(0, -3, {"rewards": [0.0], "correct": [0.0], "responses": ["y"]}, 2.0)
+        assert rounds.answer(EvalResult(0, p.prompt_id, [1.0], [1.0], ["x"], [1]), 2.0) is None
+    done = rounds.answer(EvalResult(0, -3, [0.0], [0.0], ["y"], [1]), 2.0)
     assert done is not None and done[0]["version"] == 0 and abs(done[0]["eval_accuracy"] - 2 / 3) < 1e-9
     rounds.announce(2, 3.0)  # round 1 still has prompts never handed out: its rest goes first
     assert [r.version for r in rounds.open] == [1, 2] and rounds.behind(2)
@@ -264,3 +261,87 @@ def test_eval_episode_figures_are_a_period_rows_prefixed_and_none_for_single_tur
     }
     assert eval_episodes([]) == {}
     assert eval_episodes([EpisodeFigures([], [], [], [], [], [], [])]) == {}
+
+
+SINGLE_TURN_ROW = {
+    "period",
+    "version",
+    "eval_reward",
+    "eval_accuracy",
+    "eval_pass_at_k",
+    "eval_k",
+    "eval_prompts",
+    "eval_samples",
+    "eval_s",
+}
+
+
+def _played(prompt_id: int, figures: EpisodeFigures | None) -> EvalResult:
+    """A worker's answer to eval prompt `prompt_id` of two samples (episodes with `figures`), through
+    the wire."""
+    job = Assignment(3, 3, prompt_id, "q", "7", 2, eval=True)
+    completions = [[5] * len(m) for m in figures.masks] if figures else [[5, 6], [5]]
+    samples = GroupSamples(
+        [1],
+        completions,
+        [[0.0] * len(c) for c in completions],
+        ["7", "8"],
+        [Score(1.0, 1.0), Score(0.0, 0.0)],
+        figures,
+    )
+    made = group_result(job, samples, keep=True, gen_s=0.1, load_s=0.0, finished_at=1.0, following=0)
+    answer = wire(eval_result(job, made))
+    assert eval_result_problem(answer, 2) is None
+    return answer
+
+
+def test_an_eval_rounds_row_adds_its_episodes_figures_as_cadence_eval_does_and_single_turn_rows_none() -> (
+    None
+):
+    figures = [
+        EpisodeFigures(
+            [[1, 0, 0, 1], [1]], [2, 1], [2, 0], [1, 0], [1, 0], [0.25, 0.5], ["done", "max_turns"]
+        ),
+        EpisodeFigures(
+            [[1, 0, 1], [0]],
+            [2, 0],
+            [1, 0],
+            [0, 0],
+            [0, 0],
+            [0.125, 0.0],
+            ["done", "error"],
+            turn_rewards=[[1.0, None], []],
+        ),
+    ]
+    prompts = [Prompt(-1, "q1", "7"), Prompt(-2, "q2", "7")]
+    r = EvalRound(3, deque(prompts), 0.0)
+    r.give(b"a", 2)
+    answers = [_played(-1, figures[0]), _played(-2, figures[1])]
+    assert answers[0].env_tokens == [2, 0] and answers[1].env_tokens == [1, 1]
+    for answer in reversed(answers):  # the order they come in does not matter
+        r.answer(answer)
+    row = r.row(2, 4.0)
+    assert (
+        {k: v for k, v in row.items() if k not in SINGLE_TURN_ROW}
+        == eval_episodes(figures)
+        == {
+            "eval_turn_reward_mean": 1.0,
+            "eval_turns_mean": 1.25,
+            "eval_tool_calls": 3,
+            "eval_tool_errors": 1,
+            "eval_env_timeouts": 1,
+            "eval_env_s": 0.875,
+            "eval_env_tokens": 4,
+            "eval_ended_done": 2,
+            "eval_ended_error": 1,
+            "eval_ended_max_turns": 1,
+        }
+    )
+    assert (row["eval_samples"], row["eval_accuracy"]) == (4, 0.5)
+    single = EvalRound(3, deque(prompts), 0.0)
+    single.give(b"a", 2)
+    for prompt in prompts:
+        answer = _played(prompt.prompt_id, None)
+        assert answer.turns == answer.env_tokens == answer.endings == []
+        single.answer(answer)
+    assert single.row(2, 4.0).keys() == SINGLE_TURN_ROW

@@ -166,12 +166,81 @@ def test_an_eval_answer_has_a_transcript_a_sample_or_none() -> None:
     assert "'transcripts': 2" in str(eval_result_problem(wire(two), 1))
 
 
+def episode_answer(**changes: Any) -> EvalResult:
+    """A sound eval answer of two episodes, with their figures."""
+    sound = EvalResult(
+        version=2,
+        prompt_id=-1,
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        responses=["a", "b"],
+        tokens=[4, 1],
+        transcripts=[["first", "a", "[calc]"], ["first", "b"]],
+        turns=[2, 1],
+        tool_calls=[1, 0],
+        tool_errors=[1, 0],
+        env_timeouts=[0, 0],
+        env_s=[0.25, 0.0],
+        env_tokens=[2, 1],
+        endings=["max_turns", "error"],
+        turn_rewards=[[1.0, None], []],
+    )
+    return msgspec.structs.replace(sound, **changes)
+
+
+def test_a_sound_eval_answer_of_episodes_passes_and_a_single_turn_one_carries_none_of_their_figures() -> None:
+    assert eval_result_problem(wire(episode_answer()), 2) is None
+    assert (
+        eval_result_problem(wire(episode_answer(env_s=[], turn_rewards=[])), 2) is None
+    )  # each may be empty
+    single = EvalResult(2, -1, [1.0, 0.0], [1.0, 0.0], ["a", "b"], [4, 1])
+    assert msgpack.unpackb(encode_frames(single, "peer", "run")[0])["body"].keys() == {
+        "type",
+        "version",
+        "prompt_id",
+        "rewards",
+        "correct",
+        "responses",
+        "tokens",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"turns": [1]}, "2 samples expected but {'turns': 1}"),
+        ({"tool_calls": [1, 0, 0]}, "'tool_calls': 3"),
+        ({"tool_errors": [0]}, "'tool_errors': 1"),
+        ({"env_timeouts": [0]}, "'env_timeouts': 1"),
+        ({"env_s": [0.5]}, "'env_s': 1"),
+        ({"env_tokens": [2]}, "'env_tokens': 1"),
+        ({"endings": ["done"]}, "'endings': 1"),
+        ({"turn_rewards": [[1.0]]}, "'turn_rewards': 1"),
+        ({"env_s": [math.nan, 0.0]}, "an environment time that is not finite and non-negative"),
+        ({"env_s": [0.25, -0.5]}, "an environment time that is not finite and non-negative"),
+        ({"env_s": [math.inf, 0.0]}, "an environment time that is not finite and non-negative"),
+        ({"tool_errors": [2, 0]}, "more tool errors than tool calls"),
+        ({"env_tokens": [5, 1]}, "more environment tokens than tokens"),
+        ({"endings": ["done", "bored"]}, "an ending outside"),
+        ({"turn_rewards": [[1.0, 0.0, 1.0], []]}, "episode 0: 3 turn rewards for 2 model turns"),
+        ({"turn_rewards": [[1.0], [math.nan]]}, "episode 1: a turn reward that is not finite"),
+    ],
+)
+def test_a_meaningless_eval_answer_of_episodes_is_refused_with_its_reason(
+    changes: dict[str, Any], reason: str
+) -> None:
+    problem = eval_result_problem(wire(episode_answer(**changes)), 2)
+    assert problem is not None and reason in problem, problem
+
+
 @pytest.mark.parametrize(
     ("msg", "field"),
     [
         (group(completions=[[4, 11], [-1]]), "completions[1][0]"),
         (episodes(masks=[[1, -1], [1]]), "masks[0][1]"),
         (episodes(turns=[-1, 0]), "turns[0]"),
+        (episode_answer(env_tokens=[2, -1]), "env_tokens[1]"),
+        (episode_answer(tool_calls=[-1, 0]), "tool_calls[0]"),
         (group(following=-1), "following"),
         (VersionReady(-1, "s", 1), "version"),
         (VersionReady(1, "s", -3), "nbytes"),

@@ -22,7 +22,16 @@ def _metrics() -> PeriodMetrics:
 def test_the_row_has_every_field_under_its_old_key() -> None:
     row = _metrics().to_row()
     declared = {f.name for f in dataclasses.fields(PeriodMetrics)}
-    episodes = {"turns_mean", "tool_calls", "tool_errors", "env_timeouts", "env_s", "env_tokens", "endings"}
+    episodes = {
+        "turns_mean",
+        "tool_calls",
+        "tool_errors",
+        "env_timeouts",
+        "env_s",
+        "env_tokens",
+        "turn_reward_mean",
+        "endings",
+    }
     not_keys = {"reward_functions", "extra", "workers", "reassigned"} | episodes  # a single-turn row's
     assert set(row) == declared - not_keys | {"reward_shape"}
     assert row["reward_shape"] == 0.5 and row["group_arrival_s"] == [2.0, 5.0]
