@@ -9,7 +9,9 @@ batch size and the other seeds; ``sample_seed`` makes that seed a pure function 
 (run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
 A prompt that begins with the engine's ``trunk`` (the chat template's beginning every prompt shares)
 reads the trunk's keys and values, computed once for each version loaded, and computes only its own
-tokens; any other prompt is computed whole. The prompts of a batch are computed together, one after
+tokens; any other prompt is computed whole. When every prompt of one call begins with a longer common
+beginning (the episodes of a batch: one opening, a system prompt and worked examples, for all), that
+beginning is computed once for the call and read by each. The prompts of a batch are computed together, one after
 another in one row, each attending only the trunk and itself at the positions it has alone, so a
 prompt's prefill is what it computes alone up to float summation order.
 """
@@ -129,15 +131,31 @@ class TorchEngine:
         matrix product for every prompt's tokens instead of one a prompt."""
         out: dict[int, tuple[KVCache, Tensor]] = {}
         trunked = [self._begins_with_trunk(p) for p in prompts]
-        shared = [i for i, t in enumerate(trunked) if t]
-        alone = [i for i, t in enumerate(trunked) if not t]
-        for indices, cut in ((shared, len(self.trunk)), (alone, 0)):
+        common = shared_trunk(prompts)
+        if common >= MIN_TRUNK and common > (len(self.trunk) if all(trunked) else 0):
+            # every prompt of the call begins alike beyond the trunk (an episode's opening and turns)
+            plan = [(list(range(len(prompts))), common, self._prefix_cache(prompts[0][:common]))]
+        else:
+            plan = [
+                ([i for i, t in enumerate(trunked) if t], len(self.trunk), None),
+                ([i for i, t in enumerate(trunked) if not t], 0, None),
+            ]
+        for indices, cut, prefix in plan:
             for row in fill_in_order([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
                 picked = [indices[j] for j in row]
-                start = self._trunk_cache() if cut else KVCache()
+                start = prefix or (self._trunk_cache() if cut else KVCache())
                 caches, logits = self._prefill_segments(start, [list(prompts[i][cut:]) for i in picked])
                 out |= {i: (c, last) for i, c, last in zip(picked, caches, logits.split(1), strict=True)}
         return [out[i] for i in range(len(prompts))]
+
+    def _prefix_cache(self, prefix: Sequence[int]) -> KVCache:
+        """The keys and values of ``prefix`` (the trunk's read, not computed again, when it begins
+        with it), for the prompts of one call that all begin with it."""
+        n = len(self.trunk) if self._begins_with_trunk(prefix) else 0
+        cache = self._trunk_cache().fork() if n else KVCache()
+        ids = torch.tensor([list(prefix[n:])], dtype=torch.long, device=self.device)
+        self.model(ids, cache=cache, logits_at=torch.zeros_like(ids, dtype=torch.bool))
+        return cache
 
     def _prefill_segments(self, start: KVCache, own: list[list[int]]) -> tuple[list[KVCache], Tensor]:
         """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as
