@@ -132,6 +132,7 @@ class TorchEngine:
         out: dict[int, tuple[KVCache, Tensor]] = {}
         trunked = [self._begins_with_trunk(p) for p in prompts]
         common = shared_trunk(prompts)
+        plan: list[tuple[list[int], int, KVCache | None]]
         if common >= MIN_TRUNK and common > (len(self.trunk) if all(trunked) else 0):
             # every prompt of the call begins alike beyond the trunk (an episode's opening and turns)
             plan = [(list(range(len(prompts))), common, self._prefix_cache(prompts[0][:common]))]
