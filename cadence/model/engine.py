@@ -118,10 +118,14 @@ class TorchEngine:
     def _trunk_cache(self) -> KVCache:
         """The trunk's keys and values under the weights loaded now (computed on first use)."""
         if self._trunk_kv is None:
-            self._trunk_kv = KVCache()
-            ids = torch.tensor([self.trunk], dtype=torch.long, device=self.device)
-            self.model(ids, cache=self._trunk_kv, logits_at=torch.zeros_like(ids, dtype=torch.bool))
+            self._trunk_kv = self._extend(KVCache(), self.trunk)
         return self._trunk_kv
+
+    def _extend(self, cache: KVCache, ids: Sequence[int]) -> KVCache:
+        """``cache`` with the keys and values of ``ids`` after its own (no logits computed)."""
+        row = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        self.model(row, cache=cache, logits_at=torch.zeros_like(row, dtype=torch.bool))
+        return cache
 
     def _prefill_many(self, prompts: Sequence[Sequence[int]]) -> list[tuple[KVCache, Tensor]]:
         """Each prompt's batch-1 cache and its last position's logits [1, V]. A prompt that begins
@@ -153,10 +157,7 @@ class TorchEngine:
         """The keys and values of ``prefix`` (the trunk's read, not computed again, when it begins
         with it), for the prompts of one call that all begin with it."""
         n = len(self.trunk) if self._begins_with_trunk(prefix) else 0
-        cache = self._trunk_cache().fork() if n else KVCache()
-        ids = torch.tensor([list(prefix[n:])], dtype=torch.long, device=self.device)
-        self.model(ids, cache=cache, logits_at=torch.zeros_like(ids, dtype=torch.bool))
-        return cache
+        return self._extend(self._trunk_cache().fork() if n else KVCache(), prefix[n:])
 
     def _prefill_segments(self, start: KVCache, own: list[list[int]]) -> tuple[list[KVCache], Tensor]:
         """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as

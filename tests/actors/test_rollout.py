@@ -33,6 +33,7 @@ from cadence.wire.messages import (
     encode,
 )
 from tests.conftest import expect, tiny_config
+from tests.worker_rig import welcomed_worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -178,51 +179,31 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
 ) -> None:
     cfg = tiny_config("transport.liveness=200", "eval.every=1", "eval.prompts=2")
     tokenizer = make_tokenizer(cfg)
-    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
-    trainer = network.bind("trainer", "inproc://trainer")
-    store = WeightStore(chunk_bytes=4096, keep=2)
-    store.put(0, make_learner(cfg, tokenizer).weights())
-    server = network.bind("publisher", "inproc://publisher")
-    client = network.connect("publisher", "inproc://dispatcher")
-    publisher = Publisher(
-        server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
-    )
     engine = make_engine(cfg, tokenizer)
-    worker = RolloutWorker(
-        worker_settings(cfg),
-        "w0",
-        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
-        network.connect,
-        engine,
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
-        time.time,
-    )
-    tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
-    peers: dict[str, bytes] = {}
-    while len(peers) < 2:
-        peer, env = await asyncio.wait_for(dispatcher.recv(), 5)
-        if isinstance(env.message, Register):
-            peers[env.message.role] = peer
-    await dispatcher.send(peers["rollout"], Welcome("inproc://trainer", "inproc://publisher", 0))
-    await expect(dispatcher, WorkRequest)
-    for prompt_id, text in ((-1, "35"), (-2, "72")):
-        await dispatcher.send(peers["rollout"], Assignment(0, 0, prompt_id, text, "7", 1, batch=2, eval=True))
-    answers = [await expect(dispatcher, EvalResult) for _ in range(2)]
-    assert [(a.version, a.prompt_id) for a in answers] == [(0, -1), (0, -2)]
-    for a, text in zip(answers, ("35", "72"), strict=True):
-        greedy = engine.generate_many(
-            [(tokenizer.encode_prompt(text), [sample_seed(cfg.seed, 0, a.prompt_id, 0)])], temperature=0.0
-        )[0]
-        assert a.responses == [tokenizer.decode_response(c.tokens) for c in greedy]  # greedy (eval.greedy)
-        assert a.tokens == [len(c.tokens) for c in greedy] and len(a.rewards) == len(a.correct) == 1
-        assert a.turns == a.env_tokens == a.endings == a.env_s == [] and a.turn_rewards == []  # single-turn
-    assert (await expect(dispatcher, WorkRequest)).credits == 2
-    # a training assignment of period 1 was seen: an eval one of version 0 is still generated, with the
-    # weights loaded (older ones would not be fetched for an eval)
-    worker.newest_period = 1
-    await dispatcher.send(peers["rollout"], Assignment(0, 0, -3, "11", "1", 1, eval=True))
-    assert (await expect(dispatcher, EvalResult)).prompt_id == -3 and worker.loaded == 0
-    assert trainer.inbox.qsize() == 0 and worker.groups_sent == 0
-    for t in tasks:
-        t.cancel()
+    weights = make_learner(cfg, tokenizer).weights()
+    async with welcomed_worker(cfg, network, engine, weights, chunk_bytes=4096) as w:
+        dispatcher, trainer, worker, peers = w.dispatcher, w.trainer, w.worker, w.peers
+        for prompt_id, text in ((-1, "35"), (-2, "72")):
+            await dispatcher.send(
+                peers["rollout"], Assignment(0, 0, prompt_id, text, "7", 1, batch=2, eval=True)
+            )
+        answers = [await expect(dispatcher, EvalResult) for _ in range(2)]
+        assert [(a.version, a.prompt_id) for a in answers] == [(0, -1), (0, -2)]
+        for a, text in zip(answers, ("35", "72"), strict=True):
+            greedy = engine.generate_many(
+                [(tokenizer.encode_prompt(text), [sample_seed(cfg.seed, 0, a.prompt_id, 0)])], temperature=0.0
+            )[0]
+            assert a.responses == [
+                tokenizer.decode_response(c.tokens) for c in greedy
+            ]  # greedy (eval.greedy)
+            assert a.tokens == [len(c.tokens) for c in greedy] and len(a.rewards) == len(a.correct) == 1
+            assert (
+                a.turns == a.env_tokens == a.endings == a.env_s == [] and a.turn_rewards == []
+            )  # single-turn
+        assert (await expect(dispatcher, WorkRequest)).credits == 2
+        # a training assignment of period 1 was seen: an eval one of version 0 is still generated, with the
+        # weights loaded (older ones would not be fetched for an eval)
+        worker.newest_period = 1
+        await dispatcher.send(peers["rollout"], Assignment(0, 0, -3, "11", "1", 1, eval=True))
+        assert (await expect(dispatcher, EvalResult)).prompt_id == -3 and worker.loaded == 0
+        assert trainer.inbox.qsize() == 0 and worker.groups_sent == 0

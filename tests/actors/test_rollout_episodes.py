@@ -5,44 +5,34 @@ forward over the final ids gives at every sampled token, and 0.0 at the environm
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.config import RunConfig
-from cadence.launch.build import make_engine, make_episodes, make_learner, make_tokenizer, vocab_limit
-from cadence.launch.settings import session, worker_settings
+from cadence.launch.build import make_engine, make_learner, make_tokenizer, vocab_limit
 from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.turns import ChatTurns
 from cadence.monitor.samples import sample_record
-from cadence.rewards.scorer import make_scorer
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, Reply, Transcript, opening_text
 from cadence.tasks.environments.calculator import Calculator
-from cadence.tasks.registry import make_task
-from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
-from cadence.transport.session import Session
-from cadence.transport.weights import WeightStore
 from cadence.wire.meaning import eval_result_problem, group_problem
 from cadence.wire.messages import (
     Assignment,
     EvalResult,
     GroupResult,
-    Register,
-    Welcome,
     WorkRequest,
     decode_frames,
     encode_frames,
 )
 from tests.conftest import expect, tiny_config
+from tests.worker_rig import welcomed_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,40 +79,11 @@ class Rig:
 async def rig(request: pytest.FixtureRequest, network: InprocNetwork) -> AsyncIterator[Rig]:
     cfg = tiny_config(*EPISODES, f"environment.name={request.param!r}")
     tokenizer = make_tokenizer(cfg)
-    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
-    trainer = network.bind("trainer", "inproc://trainer")
-    store = WeightStore(chunk_bytes=1 << 16, keep=2)
-    store.put(0, make_learner(cfg, tokenizer).weights())
-    server = network.bind("publisher", "inproc://publisher")
-    client = network.connect("publisher", "inproc://dispatcher")
-    publisher = Publisher(
-        server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
-    )
     engine = make_engine(cfg, tokenizer)
     assert isinstance(engine, TorchRolloutEngine)
-    worker = RolloutWorker(
-        worker_settings(cfg),
-        "w0",
-        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
-        network.connect,
-        engine,
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
-        time.time,
-        episodes=make_episodes(cfg, tokenizer),
-    )
-    tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
-    peers: dict[str, bytes] = {}
-    while len(peers) < 2:
-        peer, env = await asyncio.wait_for(dispatcher.recv(), 5)
-        if isinstance(env.message, Register):
-            peers[env.message.role] = peer
-    await dispatcher.send(peers["rollout"], Welcome("inproc://trainer", "inproc://publisher", 0))
-    await expect(dispatcher, WorkRequest)
-    yield Rig(cfg, worker, engine, dispatcher, trainer, peers)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    weights = make_learner(cfg, tokenizer).weights()
+    async with welcomed_worker(cfg, network, engine, weights, chunk_bytes=1 << 16) as w:
+        yield Rig(cfg, w.worker, engine, w.dispatcher, w.trainer, w.peers)
 
 
 def wire(msg: GroupResult) -> GroupResult:

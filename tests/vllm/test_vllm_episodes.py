@@ -7,38 +7,26 @@ the final ids gives vLLM's log-prob at every sampled token."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.config import RunConfig
-from cadence.launch.build import make_episodes, make_model, make_tokenizer, vocab_limit
-from cadence.launch.settings import session, worker_settings
+from cadence.launch.build import make_model, make_tokenizer, vocab_limit
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import TurnEngine
 from cadence.model.transformer import Transformer, hf_state_dict
 from cadence.model.turns import ChatTurns
 from cadence.model.vllm_engine import VllmEngine
-from cadence.rewards.scorer import make_scorer
-from cadence.tasks.registry import make_task
-from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
-from cadence.transport.session import Session
-from cadence.transport.weights import WeightStore
 from cadence.wire.meaning import group_problem
 from cadence.wire.messages import (
     Assignment,
     GroupResult,
-    Register,
-    Welcome,
-    WorkRequest,
     decode_frames,
     encode_frames,
 )
@@ -46,6 +34,7 @@ from tests.conftest import expect, tiny_config
 from tests.turns import RecordingTurns, check_episode
 from tests.vllm.helpers import VLLM_MARKS, module_engine
 from tests.vllm.test_vllm_engine import SHAPE, random_model, teacher_forced
+from tests.worker_rig import welcomed_worker
 
 pytestmark = [*VLLM_MARKS, pytest.mark.timeout(600)]
 
@@ -100,40 +89,10 @@ async def rig(
     cfg: RunConfig, engine: VllmEngine, model: Transformer, network: InprocNetwork
 ) -> AsyncIterator[Rig]:
     """A worker on `engine` and a publisher holding `model` as version 0, the worker welcomed."""
-    tokenizer = make_tokenizer(cfg)
-    dispatcher = network.bind("dispatcher", "inproc://dispatcher")
-    trainer = network.bind("trainer", "inproc://trainer")
-    store = WeightStore(chunk_bytes=1 << 20, keep=2)
-    store.put(0, state_dict_to_bytes(model))
-    server = network.bind("publisher", "inproc://publisher")
-    client = network.connect("publisher", "inproc://dispatcher")
-    publisher = Publisher(
-        server, Session(client, "publisher", Liveness(1.0, 100, time.time), server.address), store
-    )
     recorded = RecordingTurns(engine)
-    worker = RolloutWorker(
-        worker_settings(cfg),
-        "w0",
-        session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
-        network.connect,
-        recorded,
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
-        time.time,
-        episodes=make_episodes(cfg, tokenizer),
-    )
-    tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
-    peers: dict[str, bytes] = {}
-    while len(peers) < 2:
-        peer, env = await asyncio.wait_for(dispatcher.recv(), 30)
-        if isinstance(env.message, Register):
-            peers[env.message.role] = peer
-    await dispatcher.send(peers["rollout"], Welcome("inproc://trainer", "inproc://publisher", 0))
-    await expect(dispatcher, WorkRequest, timeout=30)
-    yield Rig(worker, recorded, dispatcher, trainer, peers["rollout"])
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    weights = state_dict_to_bytes(model)
+    async with welcomed_worker(cfg, network, recorded, weights, chunk_bytes=1 << 20, timeout=30) as w:
+        yield Rig(w.worker, recorded, w.dispatcher, w.trainer, w.peers["rollout"])
 
 
 async def test_episodes_on_vllm_are_its_tokens_and_the_environments(

@@ -35,23 +35,22 @@ def draw_compare(run_dirs: list[Path], out: Path) -> Path:
 
     fig = Figure(figsize=(15, 4.5), dpi=150, layout="constrained")
     accuracy, reward, tools = fig.subplots(1, 3, sharex=True)
-    drawn = {"accuracy": False, "reward": False, "tools": False}
+    # each panel: what a run's line is (from its eval rounds and its period rows), and its marker size
+    panels = (
+        (accuracy, lambda rows, evals: series(evals, "eval_accuracy"), 4.0),
+        (reward, lambda rows, evals: series(rows, "reward_mean"), 2.5),
+        (tools, lambda rows, evals: per_episode(rows, "tool_calls"), 2.5),
+    )
+    drawn = [False] * len(panels)
     for (_, rows, evals), name, colour in zip(runs, names, _colours(len(runs)), strict=True):
-        x, y = series(evals, "eval_accuracy")
-        if x:
-            accuracy.plot(x, y, color=colour, marker="o", markersize=4, linewidth=1.6, label=name)
-            drawn["accuracy"] = True
-        x, y = series(rows, "reward_mean")
-        if x:
-            reward.plot(x, y, color=colour, marker="o", markersize=2.5, linewidth=1.4, label=name)
-            drawn["reward"] = True
-        x, y = per_episode(rows, "tool_calls")
-        if x:
-            tools.plot(x, y, color=colour, marker="o", markersize=2.5, linewidth=1.4, label=name)
-            drawn["tools"] = True
-    _finish(accuracy, "held-out eval accuracy", drawn["accuracy"], "no eval.jsonl rounds", (-0.03, 1.03))
-    _finish(reward, "training reward (mean a period)", drawn["reward"], "no reward_mean")
-    _finish(tools, "tool calls an episode", drawn["tools"], "no run played episodes")
+        for i, (ax, line, size) in enumerate(panels):
+            x, y = line(rows, evals)
+            if x:
+                ax.plot(x, y, color=colour, marker="o", markersize=size, linewidth=1.4, label=name)
+                drawn[i] = True
+    _finish(accuracy, "held-out eval accuracy", drawn[0], "no eval.jsonl rounds", (-0.03, 1.03))
+    _finish(reward, "training reward (mean a period)", drawn[1], "no reward_mean")
+    _finish(tools, "tool calls an episode", drawn[2], "no run played episodes")
     for ax in (accuracy, reward, tools):
         ax.set_xlabel("period")
     fig.suptitle(" vs ".join(names), fontsize=11)

@@ -69,19 +69,10 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
         length.set_ylabel("tokens")
     _finish(length, "response length", "response_len_mean", bool(x))
 
-    x, tok = series(rows, "tokens_per_s")
-    xs, sam = series(rows, "samples_per_s")
-    if x:
-        _curve(speed, x, tok, _BLUE, "tokens/s", smooth, window)
-        speed.set_ylabel("tokens/s", color=_BLUE)
-    if xs:
-        twin = speed.twinx() if x else speed
-        _curve(twin, xs, sam, _ORANGE, "samples/s", smooth, window)
-        twin.set_ylabel("samples/s", color=_ORANGE)
-        if x:
-            handles = speed.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-            speed.legend(handles=handles, loc="lower right", fontsize=8)
-    _finish(speed, "throughput", "tokens_per_s", bool(x or xs), legend=not (x and xs))
+    tokens = (*series(rows, "tokens_per_s"), _BLUE, "tokens/s", "tokens/s")
+    samples = (*series(rows, "samples_per_s"), _ORANGE, "samples/s", "samples/s")
+    drawn, paired = _two_scales(speed, tokens, samples, smooth, window, "lower right")
+    _finish(speed, "throughput", "tokens_per_s", drawn, legend=not paired)
 
     if played:
         _episodes(rows, panels[2][0], panels[2][1], smooth, window)
@@ -112,19 +103,34 @@ def _episodes(rows: list[dict[str, Any]], turns: Any, env: Any, smooth: bool, wi
     turns.set_ylabel("an episode")
     _finish(turns, "episodes", "turns_mean", drawn)
 
-    x, seconds = per_episode(rows, "env_s")
-    xt, tokens = per_episode(rows, "env_tokens")
+    seconds = (*per_episode(rows, "env_s"), _PURPLE, "seconds in environment calls", "seconds an episode")
+    tokens = (*per_episode(rows, "env_tokens"), _ORANGE, "environment tokens", "tokens an episode")
+    drawn, paired = _two_scales(env, seconds, tokens, smooth, window, "best")
+    _finish(env, "environment", "env_s", drawn, legend=not paired)
+
+
+# a curve on its own scale: (periods, values, colour, label, the axis's label)
+Scaled = tuple[list[float], list[float], str, str, str]
+
+
+def _two_scales(
+    ax: Any, left: Scaled, right: Scaled, smooth: bool, window: int, loc: str
+) -> tuple[bool, bool]:
+    """`left` on `ax`'s scale and `right` on a second scale at its right (on `ax` itself when `left`
+    has no point), one legend for both; (any curve drawn, both drawn)."""
+    x, y, colour, label, unit = left
     if x:
-        _curve(env, x, seconds, _PURPLE, "seconds in environment calls", smooth, window)
-        env.set_ylabel("seconds an episode", color=_PURPLE)
-    if xt:
-        twin = env.twinx() if x else env
-        _curve(twin, xt, tokens, _ORANGE, "environment tokens", smooth, window)
-        twin.set_ylabel("tokens an episode", color=_ORANGE)
+        _curve(ax, x, y, colour, label, smooth, window)
+        ax.set_ylabel(unit, color=colour)
+    xr, yr, colour, label, unit = right
+    if xr:
+        twin = ax.twinx() if x else ax
+        _curve(twin, xr, yr, colour, label, smooth, window)
+        twin.set_ylabel(unit, color=colour)
         if x:
-            handles = env.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-            env.legend(handles=handles, loc="best", fontsize=8)
-    _finish(env, "environment", "env_s", bool(x or xt), legend=not (x and xt))
+            handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+            ax.legend(handles=handles, loc=loc, fontsize=8)
+    return bool(x or xr), bool(x and xr)
 
 
 def per_episode(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

@@ -71,9 +71,7 @@ def failed(episode: Episode, stage: str, why: str, exc_info: bool = False) -> No
     """Log an environment's failure (call it inside the `except` to log the traceback)."""
     log.warning(
         "environment_failed",
-        environment=episode.name,
-        prompt_id=episode.prompt.prompt_id,
-        seed=episode.seed,
+        **_which(episode),
         stage=stage,
         turn=episode.model_turns,
         why=why,
@@ -84,9 +82,7 @@ def failed(episode: Episode, stage: str, why: str, exc_info: bool = False) -> No
 def _timed_out(episode: Episode, stage: str, timeout_s: float) -> None:
     log.warning(
         "environment_timed_out",
-        environment=episode.name,
-        prompt_id=episode.prompt.prompt_id,
-        seed=episode.seed,
+        **_which(episode),
         stage=stage,
         turn=episode.model_turns,
         timeout_s=round(timeout_s, 3),
@@ -103,11 +99,14 @@ def no_room(episode: Episode, ending: str, max_tokens: int, max_context: int) ->
     (raise `model.max_position`, or shorten the opening)."""
     log.warning(
         "episode_without_room",
-        environment=episode.name,
-        prompt_id=episode.prompt.prompt_id,
-        seed=episode.seed,
+        **_which(episode),
         ending=ending,
         opening_tokens=len(episode.prompt_tokens),
         max_tokens=max_tokens,
         max_context=max_context,
     )
+
+
+def _which(episode: Episode) -> dict[str, object]:
+    """What names an episode in its log lines: the environment, the prompt and the sample seed."""
+    return {"environment": episode.name, "prompt_id": episode.prompt.prompt_id, "seed": episode.seed}
