@@ -11,7 +11,15 @@ import pytest
 from cadence.config import RunConfig, load_config
 from cadence.transport.endpoint import Client, Server
 from cadence.transport.inproc import InprocClient, InprocNetwork
-from cadence.wire.messages import Envelope, Heartbeat, Message, Register
+from cadence.wire.messages import (
+    Envelope,
+    EpisodeFigures,
+    EvalResult,
+    GroupResult,
+    Heartbeat,
+    Message,
+    Register,
+)
 from cadence.wire.roles import SIGNED, sign
 
 M = TypeVar("M", bound=Message)
@@ -88,3 +96,35 @@ def keep_beating(clients: Sequence[Client]) -> asyncio.Task[None]:
             await asyncio.sleep(0.05)
 
     return asyncio.create_task(beat())
+
+
+def scored(
+    prompt_id: int,
+    completions: list[list[int]],
+    rewards: list[float],
+    correct: list[float],
+    gen_s: float = 0.0,
+    load_s: float = 0.0,
+    parts: dict[str, list[float]] | None = None,
+) -> GroupResult:
+    """A single-turn group of period 0 as a worker sends it, with these samples and figures."""
+    return GroupResult(
+        period=0,
+        version=0,
+        prompt_id=prompt_id,
+        prompt_tokens=[1],
+        completions=completions,
+        logprobs=[[0.0] * len(c) for c in completions],
+        rewards=rewards,
+        correct=correct,
+        gen_s=gen_s,
+        load_s=load_s,
+        finished_at=0.0,
+        reward_parts=parts or {},
+    )
+
+
+def episodes_of(msg: GroupResult | EvalResult) -> EpisodeFigures:
+    """The episode figures of a multi-turn group or eval answer (which must have them)."""
+    assert msg.episodes is not None, f"{msg.TAG} without episode figures"
+    return msg.episodes

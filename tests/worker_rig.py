@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.config import RunConfig
-from cadence.launch.build import make_episodes, make_tokenizer
+from cadence.launch.build import make_episodes, make_group_maker, make_tokenizer
 from cadence.launch.settings import session, worker_settings
 from cadence.model.rollout_engine import RolloutEngine
-from cadence.rewards.scorer import make_scorer
-from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
 from cadence.transport.session import Session
@@ -60,11 +58,8 @@ async def welcomed_worker(
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
-        engine,
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
+        make_group_maker(cfg, tokenizer, engine, make_episodes(cfg, tokenizer)),
         time.time,
-        episodes=make_episodes(cfg, tokenizer),
     )
     tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(worker.run())]
     try:

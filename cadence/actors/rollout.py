@@ -12,10 +12,13 @@ scores, and pushes every finished group to the trainer at once.
                                prompts decoded together ─► score
                             ─► m GroupResults ─► trainer ; WorkRequest(m) ─► dispatcher
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
- with environment.name: the G x m samples are episodes (actors/episodes.py), run together turn by
+ with environment.name: the G x m samples are episodes (rollout/play.py), run together turn by
    turn with version v held (no load until all end) ─► scored by the environment ─► each group: its
    prompt, the ids after it with their masks (0: the environment's) and figures; environment calls: spans
 ```
+
+The groups themselves are made by the `GroupMaker` it is given (`cadence/rollout/`), which `cadence
+eval` uses too: the worker keeps the session, the queue of assignments and the weights.
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
 verified by checksum, every turn of every episode too; an assignment of a period older than the
@@ -31,25 +34,22 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import structlog
 
-from cadence.actors.episodes import EngineGenerate, Episodes
-from cadence.actors.groups import GroupSamples, eval_result, group_result
 from cadence.model.checkpoint import state_nbytes
-from cadence.model.engine import Completion, sample_seed
-from cadence.model.rollout_engine import RolloutEngine, TurnEngine
-from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import Overlapping, span
-from cadence.tasks.base import Prompt, Score
+from cadence.rollout.maker import GroupMaker
+from cadence.rollout.results import GroupSamples, eval_result, group_result
+from cadence.tasks.base import Prompt
 from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
 from cadence.transport.weights import PULL_REPLIES, WeightError, pull_weights
-from cadence.wire.messages import Assignment, GroupResult, Message, Welcome, WorkRequest
+from cadence.wire.messages import Assignment, Message, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -59,18 +59,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
-class Scorer(Protocol):
-    async def score(
-        self, prompt: str, response: str, answer: str, finished: bool, prompt_id: int = -1
-    ) -> Score: ...
-
-
 @dataclass(frozen=True)
 class WorkerSettings:
     """What a rollout worker reads of the run's configuration (built by `launch/settings.py`).
 
     `on_trainer_loss`: "wait" when a lost trainer may come back (so a failing publisher may be
-    replaced), "fail" when its loss ends the run. `eval_temperature`: eval assignments' (0: greedy)."""
+    replaced), "fail" when its loss ends the run. `seed`: which groups are kept as samples (the
+    maker has the run's seed for the samples themselves)."""
 
     seed: int
     inflight: int
@@ -79,7 +74,6 @@ class WorkerSettings:
     broadcast_timeout_s: float
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
-    eval_temperature: float = 0.0
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
 
 
@@ -94,10 +88,10 @@ def pull_address(welcome: Welcome, host: str) -> str:
 
 class RolloutWorker:
     """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
-    channel to the trainer or publisher a Welcome names; `buffers`: where pulled versions are
-    assembled, each in the buffer of one loaded before (the engine may compute with the bytes of the
-    version it holds: the pool hands that buffer out only once nothing views it); `episodes`: run each
-    sample as an episode of this environment (`environment.name`; needs a `TurnEngine`), or None."""
+    channel to the trainer or publisher a Welcome names; `maker`: makes the groups, on the engine the
+    worker loads versions into (`maker.engine`); `buffers`: where pulled versions are assembled, each
+    in the buffer of one loaded before (the engine may compute with the bytes of the version it holds:
+    the pool hands that buffer out only once nothing views it)."""
 
     SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[RolloutWorker, Any], None]]]
     """What it takes from the dispatcher on its session, beside `Session.TAKES` (set below the class)."""
@@ -110,17 +104,13 @@ class RolloutWorker:
         name: str,
         session: Session,
         connect: Callable[[str, str], Client],
-        engine: RolloutEngine,
-        scorer: Scorer,
-        tokenizer: TextTokenizer,
+        maker: GroupMaker,
         clock: Callable[[], float],
         use_threads: Callable[[int], None] | None = None,
         buffers: BufferPool | None = None,
-        episodes: Episodes | None = None,
     ) -> None:
-        if episodes is not None and not isinstance(engine, TurnEngine):
-            raise TypeError(f"{type(engine).__name__} runs no episodes (environment.name): not a TurnEngine")
-        self.episodes = episodes
+        self.maker = maker
+        self.engine = maker.engine
         self.settings = settings
         self.use_threads = use_threads
         # two: the loaded version's (which the engine may compute with) and the one before it (free)
@@ -129,12 +119,9 @@ class RolloutWorker:
         self.session = session
         self.liveness = session.liveness
         self.connect = connect
-        self.engine = engine
-        self.scorer = scorer
-        self.tokenizer = tokenizer
         self.clock = clock
         self.queue: asyncio.Queue[Assignment] = asyncio.Queue()
-        self._carried: list[Assignment] = []  # taken from the queue for a batch it did not belong to
+        self._held_back: list[Assignment] = []  # taken from the queue for a batch it did not belong to
         self.welcome: Welcome | None = None
         self.rejoin = (
             asyncio.Event()
@@ -159,8 +146,8 @@ class RolloutWorker:
 
     def _welcomed(self, msg: Welcome) -> None:
         if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
-            dropped = len(self._carried)
-            self._carried.clear()
+            dropped = len(self._held_back)
+            self._held_back.clear()
             while not self.queue.empty():
                 self.queue.get_nowait()
                 dropped += 1
@@ -212,9 +199,7 @@ class RolloutWorker:
             if jobs and jobs[0].eval:
                 await self._evaluate(jobs, publisher)
             elif jobs:
-                for result in await self._rollout(jobs, publisher):
-                    await trainer.send(result)
-                    self.groups_sent += 1
+                await self._train(jobs, publisher, trainer)
             await self.session.send(WorkRequest(len(batch)))
 
     async def _next_batch(self) -> list[Assignment]:
@@ -222,11 +207,11 @@ class RolloutWorker:
         same version and group size; the batch is what was sent together, whenever the frames came, so
         it does not depend on timing (eval and training assignments never share a batch). One that does
         not belong waits for the next batch."""
-        first = self._carried.pop(0) if self._carried else await self.queue.get()
+        first = self._held_back.pop(0) if self._held_back else await self.queue.get()
         batch = [first]
         while len(batch) < first.batch:
-            if self._carried:
-                job = self._carried.pop(0)
+            if self._held_back:
+                job = self._held_back.pop(0)
             else:
                 try:
                     job = await asyncio.wait_for(self.queue.get(), self.liveness.timeout_s)
@@ -234,7 +219,7 @@ class RolloutWorker:
                     log.warning("batch_incomplete", expected=first.batch, got=len(batch), period=first.period)
                     break
             if (job.version, job.group_size, job.eval) != (first.version, first.group_size, first.eval):
-                self._carried.append(job)
+                self._held_back.append(job)
                 break
             batch.append(job)
         return batch
@@ -297,14 +282,6 @@ class RolloutWorker:
         self.buffers.give(data)  # a later version's pages once the engine no longer computes with them
         return "zmq", len(data)
 
-    def _generate(
-        self, groups: list[tuple[list[int], list[int]]], evaluation: bool = False
-    ) -> list[list[Completion]]:
-        with self._computing():
-            if evaluation:
-                return self.engine.generate_many(groups, temperature=self.settings.eval_temperature)
-            return self.engine.generate_many(groups)
-
     async def _evaluate(self, jobs: list[Assignment], publisher: Client) -> None:
         """Answer eval assignments to the dispatcher. Weights that can no longer be had (the round
         outlived the versions the publisher keeps) lose the round, not the worker; weights older than
@@ -314,33 +291,55 @@ class RolloutWorker:
             log.info("eval_skipped", version=jobs[0].version, newest=self.newest_period, prompts=len(jobs))
             return
         try:
-            results = await self._rollout(jobs, publisher)
+            made, gen_s, _, _ = await self._make(jobs, publisher)
         except WeightError as err:
             log.warning("eval_weights_unavailable", version=jobs[0].version, error=str(err))
             return
-        for job, result in zip(jobs, results, strict=True):
-            await self.session.send(eval_result(job, result))
+        for job, samples in zip(jobs, made, strict=True):
+            await self.session.send(eval_result(job, samples, gen_s))
 
-    async def _rollout(self, jobs: list[Assignment], publisher: Client) -> list[GroupResult]:
-        """Generate the groups of `jobs` (one version) together, score them, one result each; each
-        result's `gen_s` is its share of the batch's generation time."""
-        load_s = await self._ensure(jobs[0], publisher)
-        ids = [job.prompt_id for job in jobs]
-        with span(self.clock, "generate", period=jobs[0].period, prompt_ids=ids) as generating:
-            made = await (self._complete(jobs) if self.episodes is None else self._play(jobs))
-        share = generating.duration / len(jobs)
-        return [
-            group_result(
-                job,
-                samples,
-                job.eval or is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction),
-                share,
-                load_s if i == 0 else 0.0,
-                generating.end,
-                len(jobs) - 1 - i,
+    async def _train(self, jobs: list[Assignment], publisher: Client, trainer: Client) -> None:
+        """Make the groups of `jobs` and send each to the trainer; a result's `gen_s` is its share of
+        the batch's generation time, `following` the groups of the batch sent right behind it."""
+        made, gen_s, load_s, finished_at = await self._make(jobs, publisher)
+        for i, (job, samples) in enumerate(zip(jobs, made, strict=True)):
+            keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
+            following = len(jobs) - 1 - i
+            result = group_result(
+                job, samples, keep, gen_s, load_s if i == 0 else 0.0, finished_at, following
             )
-            for i, (job, samples) in enumerate(zip(jobs, made, strict=True))
-        ]
+            await trainer.send(result)
+            self.groups_sent += 1
+
+    async def _make(
+        self, jobs: list[Assignment], publisher: Client
+    ) -> tuple[list[GroupSamples], float, float, float]:
+        """The groups of `jobs` (one version), made together with that version loaded: the groups, each
+        one's share of the generation time, the seconds the load took, and when generation ended."""
+        first = jobs[0]
+        load_s = await self._ensure(first, publisher)
+        prompts = [Prompt(job.prompt_id, job.prompt, job.answer) for job in jobs]
+        ids = [job.prompt_id for job in jobs]
+        with span(self.clock, "generate", period=first.period, prompt_ids=ids) as generating:
+            if self.maker.episodes is None:
+                made = await self.maker.make(
+                    prompts, first.period, first.group_size, first.eval, self._computing
+                )
+            else:
+                made = await self._play(prompts, first)
+        return made, generating.duration / len(jobs), load_s, generating.end
+
+    async def _play(self, prompts: list[Prompt], first: Assignment) -> list[GroupSamples]:
+        """The batch's samples as episodes, every turn with the version the batch names (none loaded
+        until all have ended), the environment calls timed."""
+        version = first.version
+        waits = Overlapping(self.clock, "environment", period=first.period, eval=first.eval)
+        hold = functools.partial(self._turn, version)
+        self.playing = version
+        try:
+            return await self.maker.make(prompts, first.period, first.group_size, first.eval, hold, waits)
+        finally:
+            self.playing = None
 
     async def _ensure(self, job: Assignment, publisher: Client) -> float:
         """Load the version `job` names unless it is loaded; the seconds it took."""
@@ -353,48 +352,6 @@ class RolloutWorker:
         load_s = loading.duration
         log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
         return load_s
-
-    def _seeds(self, job: Assignment) -> list[int]:
-        return [sample_seed(self.settings.seed, job.period, job.prompt_id, i) for i in range(job.group_size)]
-
-    async def _complete(self, jobs: list[Assignment]) -> list[GroupSamples]:
-        """One completion a sample, every prompt of the batch decoded together, scored by the scorer."""
-        prompts = [self.tokenizer.encode_prompt(job.prompt) for job in jobs]
-        pairs = [(prompt, self._seeds(job)) for prompt, job in zip(prompts, jobs, strict=True)]
-        groups = await asyncio.to_thread(self._generate, pairs, jobs[0].eval)
-        made = []
-        for job, prompt, group in zip(jobs, prompts, groups, strict=True):
-            texts = [self.tokenizer.decode_response(c.tokens) for c in group]
-            scores = [
-                await self.scorer.score(job.prompt, text, job.answer, c.finished, job.prompt_id)
-                for text, c in zip(texts, group, strict=True)
-            ]
-            made.append(
-                GroupSamples(prompt, [c.tokens for c in group], [c.logprobs for c in group], texts, scores)
-            )
-        return made
-
-    async def _play(self, jobs: list[Assignment]) -> list[GroupSamples]:
-        """One episode a sample, every episode of the batch run together turn by turn, each turn with
-        the version the batch names (none loaded until all have ended), scored by the environment."""
-        assert self.episodes is not None and isinstance(self.engine, TurnEngine)
-        version = jobs[0].version
-        temperature = self.settings.eval_temperature if jobs[0].eval else None
-        generate = EngineGenerate(self.engine, temperature, functools.partial(self._turn, version))
-        groups = [
-            (
-                Prompt(job.prompt_id, job.prompt, job.answer),
-                self._seeds(job),
-                self.tokenizer.encode_prompt(job.prompt),
-            )
-            for job in jobs
-        ]
-        waits = Overlapping(self.clock, "environment", period=jobs[0].period, eval=jobs[0].eval)
-        self.playing = version
-        try:
-            return await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)
-        finally:
-            self.playing = None
 
 
 RolloutWorker.SESSION_HANDLERS = {Assignment: RolloutWorker._assigned, Welcome: RolloutWorker._welcomed}

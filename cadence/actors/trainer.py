@@ -19,8 +19,9 @@
 Invariant: each (period, prompt id) enters the gradient at most once, only with weights of the
 period's version, and every period ends in exactly `trainer.steps_per_period` optimizer steps (one by
 default), each after B / steps accepted groups; the new version is published after the last. The version rule lives here
-and nowhere else. Step j of period k runs at the learning rate of the run's step k x steps + j
-(ops/schedule.py), so a resumed run continues the schedule exactly.
+and nowhere else. The loss is the learner's side's (`cadence.training.steps.Steps`): each step's
+normaliser and its learning rate (step j of period k at the rate of the run's step k x steps + j, so a
+resumed run continues the schedule exactly) are fixed there, not here.
 """
 
 from __future__ import annotations
@@ -34,16 +35,12 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import structlog
 
-from cadence.config import RunConfig
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.samples import SampleWriter, sample_record
 from cadence.monitor.span import span
-from cadence.ops.losses import step_normaliser
-from cadence.ops.packing import packed_length
-from cadence.ops.sampled import sampled_lengths
-from cadence.ops.schedule import lr_at
-from cadence.training.learner import Learner, TrainGroup
-from cadence.training.resume import load_resume, save_resume
+from cadence.training.learner import Learner
+from cadence.training.resume import RunRecord, load_resume, save_resume
+from cadence.training.steps import StepRule, Steps, group_tokens
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.wire.meaning import group_problem
@@ -62,44 +59,28 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """What the trainer reads of the run's configuration (built by `launch/settings.py`)."""
+    """What the trainer reads of the run's configuration (built by `launch/settings.py`); `steps`:
+    what fixes each optimizer step's normaliser and rate, which the learner's side applies."""
 
     periods: int
     prompts_per_period: int
     mode: Literal["sync", "periodic"]
-    steps_per_period: int
     micro_batch_tokens: int
-    normaliser: Literal["tokens", "samples"]
     checkpoint_every: int
     vocab_size: int  # token ids of the model; a group with others is refused
+    steps: StepRule
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
     threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
-    objective: str = "dapo"  # fixes the step's normaliser (ops/losses.py step_normaliser)
-    max_new_tokens: int = 1  # dr_grpo's constant normaliser is max_new_tokens x samples
-    lr: float | None = None  # the peak rate; None: the learner's own, never changed
-    lr_schedule: str = "constant"
-    warmup_periods: int = 0
-    min_lr_ratio: float = 0.0
     publish_dtype: str | None = None  # versions published in this dtype (the workers'); None: the learner's
 
-    def lr_at(self, step: int) -> float | None:
-        """The learning rate of the run's optimizer step `step` (ops/schedule.py)."""
-        steps = self.steps_per_period
-        if self.lr is None:
-            return None
-        return lr_at(
-            step,
-            self.lr,
-            self.lr_schedule,
-            self.periods * steps,
-            self.warmup_periods * steps,
-            self.min_lr_ratio,
-        )
+    @property
+    def groups_per_step(self) -> int:
+        return self.prompts_per_period // self.steps.steps_per_period
 
 
 class Trainer:
-    """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `saved_config`:
-    the run's configuration, recorded in each resume checkpoint and compared with it on resume;
+    """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `run`: what each
+    resume checkpoint records of the run and a resume is checked against;
     `use_threads(n)`: make the calling thread compute with n threads (settings' `threads` and
     `threads_alone`), called in the worker thread before each computation; `alloc(nbytes)`: the
     buffer a version's weights are serialised into (a `BufferPool`'s `take`)."""
@@ -119,7 +100,7 @@ class Trainer:
         publish: Publish,
         clock: Callable[[], float],
         checkpoint_dir: Path,
-        saved_config: RunConfig,
+        run: RunRecord,
         samples: SampleWriter | None = None,
         resume: bool = False,
         use_threads: Callable[[int], None] | None = None,
@@ -135,13 +116,12 @@ class Trainer:
         self.server = server
         self.session = session
         self.learner = learner
+        self.steps = Steps(learner, settings.steps)
         self.publish = publish
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
-        self.saved_config = saved_config
-        self.B = settings.prompts_per_period
+        self.run_record = run
         self.consumed: dict[int, set[int]] = {}
-        self._batch: list[GroupResult] = []  # trained groups since the last optimizer step
         self._micro: list[GroupResult] = []  # accepted groups not yet trained
         self._micro_tokens = 0
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
@@ -225,7 +205,7 @@ class Trainer:
         """Load the resume checkpoint: the version (= period) to continue from, and the metrics of the
         period before it."""
         begin = self.clock()
-        state = await asyncio.to_thread(load_resume, self.checkpoint_dir, self.learner, self.saved_config)
+        state = await asyncio.to_thread(load_resume, self.checkpoint_dir, self.learner, self.run_record)
         version = int(state["version"])
         if self.samples is not None:
             self.samples.drop_from(version)
@@ -244,7 +224,7 @@ class Trainer:
             return
         with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
             path = await asyncio.to_thread(
-                save_resume, self.checkpoint_dir, self.learner, version, self.saved_config, metrics
+                save_resume, self.checkpoint_dir, self.learner, version, self.run_record, metrics
             )
         log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
         if asked:
@@ -256,24 +236,13 @@ class Trainer:
         held: list[GroupResult] = []
         self.alone = self.settings.mode == "sync"
         self._trained = 0
-        while len(seen) < self.B:
+        while len(seen) < self.settings.prompts_per_period:
             arrived, env = await self.arrivals.get()
             msg = self._accept(period, env, stats)
             if msg is None:
                 continue
             seen.add(msg.prompt_id)
-            stats.arrived(
-                arrived,
-                env.sender,
-                msg.prompt_id,
-                msg.completions,
-                msg.rewards,
-                msg.correct,
-                msg.gen_s,
-                msg.load_s,
-                msg.reward_parts,
-            )
-            stats.episodes(msg)
+            stats.arrived(arrived, env.sender, msg)
             if msg.responses and self.samples is not None:
                 self.samples.write(msg.period, sample_record(msg))
             await self.session.send(Consumed(period, [msg.prompt_id]))
@@ -307,12 +276,12 @@ class Trainer:
         """Put a group in the micro-batch: trained when the token budget or the optimizer step's
         share of groups would be exceeded, or when `flush` (nothing else is waiting)."""
         budget = self.settings.micro_batch_tokens
-        size = packed_length(msg.prompt_tokens, msg.completions)
+        size = group_tokens(msg)
         if self._micro and (budget == 0 or self._micro_tokens + size > budget):
             await self._flush(stats)
         self._micro.append(msg)
         self._micro_tokens += size
-        if flush or len(self._batch) + len(self._micro) >= self.B // self.settings.steps_per_period:
+        if flush or self.steps.groups + len(self._micro) >= self.settings.groups_per_step:
             await self._flush(stats)
 
     async def _flush(self, stats: PeriodStats) -> None:
@@ -325,33 +294,16 @@ class Trainer:
         # generate. Decided by the micro-batch, not by the moment the last group arrived, so that a
         # run's arithmetic (threads included) does not depend on timing
         self._trained += len(micro)
-        self.alone = self.alone or self._trained == self.B
-        steps = self.settings.steps_per_period
-        groups = [
-            TrainGroup(
-                m.prompt_tokens,
-                m.completions,
-                m.rewards,
-                m.logprobs if steps > 1 else None,
-                masks=m.masks or None,
-            )
-            for m in micro
-        ]
-        with span(self.clock, "train", period=stats.period, groups=len(groups)) as training:
-            await self._compute(self.learner.train_groups, groups)
+        self.alone = self.alone or self._trained == self.settings.prompts_per_period
+        with span(self.clock, "train", period=stats.period, groups=len(micro)) as training:
+            await self._compute(self.steps.train, micro)
         stats.spans.append((training.start, training.end))
-        self._batch.extend(micro)
-        if len(self._batch) < self.B // steps:
+        if self.steps.groups < self.settings.groups_per_step:
             return
-        s = self.settings
-        lengths = [n for g in self._batch for n in sampled_lengths(g.completions, g.masks or None)]
-        normaliser = step_normaliser(s.objective, s.normaliser, lengths, s.max_new_tokens)
-        lr = s.lr_at(stats.period * steps + len(stats.steps))
         with span(self.clock, "step", period=stats.period) as stepping:
-            info = await self._compute(self.learner.step, normaliser, lr)
+            normaliser, info = await self._compute(self.steps.step, stats.period, len(stats.steps))
         stats.step_s += stepping.duration
         stats.stepped(info)
-        self._batch = []
         log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
 
     async def _compute(self, fn: Callable[..., T], *args: Any) -> T:

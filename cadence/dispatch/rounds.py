@@ -70,7 +70,7 @@ class EvalRound:
         answers = [answer for _, (_, answer) in sorted(self.answers.items(), reverse=True)]
         figures = eval_figures([(a.rewards, a.correct) for a in answers], k)
         row = {"period": self.version, "version": self.version, **figures, "eval_s": now - self.started}
-        return row | eval_episodes(answers)
+        return row | eval_episodes([a.episodes for a in answers])
 
     def samples(self) -> list[dict[str, Any]]:
         """Every answered prompt with its responses, in eval-set order (ids -1, -2, ...)."""
@@ -80,7 +80,8 @@ class EvalRound:
                 {"text": t, "reward": r, "correct": c}
                 for t, r, c in zip(answer.responses, answer.rewards, answer.correct, strict=True)
             ]
-            for response, transcript in zip(responses, answer.transcripts, strict=False):
+            transcripts = answer.episodes.transcripts if answer.episodes is not None else []
+            for response, transcript in zip(responses, transcripts, strict=False):
                 response["messages"] = turns_of(transcript)  # an episode's turns
             out.append(
                 {

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cadence.actors.episodes import Episodes
 from cadence.config import ConfigError, RunConfig
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
@@ -24,6 +23,9 @@ from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
+from cadence.rewards.scorer import make_scorer
+from cadence.rollout.maker import GroupMaker
+from cadence.rollout.play import Episodes
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.loading import load_environment
 from cadence.tasks.registry import make_task
@@ -121,20 +123,40 @@ def make_model_config(cfg: RunConfig, tokenizer: TextTokenizer) -> ModelConfig:
     )
 
 
+def make_group_maker(
+    cfg: RunConfig, tokenizer: TextTokenizer, engine: RolloutEngine, episodes: Episodes | None
+) -> GroupMaker:
+    """What makes a worker's (or `cadence eval`'s) groups on `engine`: the run's reward functions and
+    seed, the eval temperature (0: greedy), and `episodes` (`make_episodes`) for an environment."""
+    temperature = 0.0 if cfg.eval.greedy else cfg.eval.temperature
+    scorer = make_scorer(cfg, make_task(cfg.task, cfg.seed))
+    return GroupMaker(engine, tokenizer, scorer, cfg.seed, temperature, episodes)
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    """The rollout engine's own sampling settings (an eval batch overrides the temperature)."""
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
+
+
 def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if cfg.rollout.engine == "simulated":
         digits = tokenizer.encode("0123456789")
         return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits)
     use_threads(rollout_threads(cfg))
+    if cfg.rollout.engine == "vllm":
+        return make_vllm_engine(cfg, tokenizer, sampling_params(cfg))
+    return make_torch_engine(cfg, tokenizer, make_model(cfg, tokenizer)[0])
+
+
+def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transformer) -> TorchRolloutEngine:
+    """The built-in engine on `model`, on `rollout.device` in `rollout.dtype`, the chat template's
+    beginning prefilled once a version."""
     r = cfg.rollout
-    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
-    if r.engine == "vllm":
-        return make_vllm_engine(cfg, tokenizer, params)
-    model = make_model(cfg, tokenizer)[0].eval()
     dtype = getattr(torch, r.dtype)
     device = str(open_device(r.device, 0, "rollout.device", "a rollout worker"))
-    engine = TorchEngine(model, tokenizer.eos_id, device, trunk=prompt_trunk(tokenizer), dtype=dtype)
-    return TorchRolloutEngine(engine, params)
+    engine = TorchEngine(model.eval(), tokenizer.eos_id, device, trunk=prompt_trunk(tokenizer), dtype=dtype)
+    return TorchRolloutEngine(engine, sampling_params(cfg))
 
 
 def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:

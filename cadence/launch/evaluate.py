@@ -2,11 +2,12 @@
 
 The same eval set (`cadence.tasks.heldout`), tokenizer, sampling settings (`eval.greedy`, `eval.k`,
 `eval.temperature`, `rollout.max_new_tokens`, `rollout.top_p`), sample seeds
-`sample_seed(seed, version, prompt id, i)`, reward functions (`cadence.rewards.scorer`) and figures
+`sample_seed(seed, version, prompt id, i)`, reward functions (`cadence.rewards.scorer`), engine
+(`launch/build.py` `make_torch_engine`), group maker (`cadence.rollout.maker.GroupMaker`) and figures
 (`cadence.monitor.evaluation.eval_figures`) as the rollout workers and the dispatcher. With
-`environment.name` each sample is a whole episode, played by the workers' episode runner
-(`cadence.actors.episodes.Episodes.run`) within the `[environment]` bounds and scored by the environment; the
-episode figures (`eval_turns_mean`, `eval_tool_calls`, ..., `eval_ended_<ending>`) are added.
+`environment.name` each sample is a whole episode, played as the workers play it within the
+`[environment]` bounds and scored by the environment; the episode figures (`eval_turns_mean`,
+`eval_tool_calls`, ..., `eval_ended_<ending>`) are added.
 
 Invariant: with the run's config, the final checkpoint and `version = periods`, the figures equal the
 run's last `eval.jsonl` row (exactly when greedy; sampled ones up to the engine's batch invariance).
@@ -18,27 +19,20 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from cadence.actors.episodes import EngineGenerate, Episodes
-from cadence.actors.groups import GroupSamples
 from cadence.config import RunConfig
-from cadence.launch.build import make_episodes, make_tokenizer
+from cadence.launch.build import make_episodes, make_group_maker, make_tokenizer, make_torch_engine
 from cadence.launch.threads import rollout_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint
-from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
-from cadence.model.rollout_engine import TorchRolloutEngine
-from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.evaluation import eval_episodes, eval_figures
-from cadence.rewards.scorer import make_scorer
-from cadence.tasks.base import Prompt
+from cadence.rollout.results import GroupSamples
 from cadence.tasks.heldout import eval_prompts, held_out
 from cadence.tasks.registry import make_task
-
-Scored = list[tuple[list[float], list[float]]]  # (rewards, correct) a prompt
 
 
 def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[str, Any]:
     """The eval figures of the weights in `checkpoint` (a Hugging Face folder), seeded as version
-    `version` of the run of `cfg`."""
+    `version` of the run of `cfg`: its eval prompts made into groups in batches of a worker's size
+    (`rollout.inflight`) by the maker a worker makes them with (`cadence/rollout/`)."""
     if not (checkpoint / "config.json").is_file():
         raise ValueError(f"{checkpoint}: no checkpoint folder (no config.json)")
     task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))
@@ -48,75 +42,18 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[
     tokenizer = make_tokenizer(cfg)
     episodes = make_episodes(cfg, tokenizer)  # a name that does not load: refused before the model loads
     use_threads(rollout_threads(cfg))
-    model = load_checkpoint(checkpoint)[0].eval()
-    engine = TorchEngine(model, tokenizer.eos_id)
-    e, r = cfg.eval, cfg.rollout
-    params = SamplingParams(r.max_new_tokens, 0.0 if e.greedy else e.temperature, r.top_p)
-    n = 1 if e.greedy else e.k
-    seeds = [[sample_seed(cfg.seed, version, p.prompt_id, i) for i in range(n)] for p in prompts]
-    extra: dict[str, Any] = {}
-    if episodes is None:
-        scored = _complete(cfg, engine, params, tokenizer, prompts, seeds)
-    else:
-        turns = TorchRolloutEngine(engine, params)
-        scored, extra = _episodes(episodes, turns, tokenizer, prompts, seeds, r.inflight)
-    return {"checkpoint": str(checkpoint), "version": version, **eval_figures(scored, n), **extra}
-
-
-def _complete(
-    cfg: RunConfig,
-    engine: TorchEngine,
-    params: SamplingParams,
-    tokenizer: TextTokenizer,
-    prompts: list[Prompt],
-    seeds: list[list[int]],
-) -> Scored:
-    """One completion a sample, scored by the run's reward functions."""
-    groups = [(tokenizer.encode_prompt(p.text), s) for p, s in zip(prompts, seeds, strict=True)]
-    completions = []
+    engine = make_torch_engine(cfg, tokenizer, load_checkpoint(checkpoint)[0])
+    maker = make_group_maker(cfg, tokenizer, engine, episodes)
+    n = 1 if cfg.eval.greedy else cfg.eval.k
     batch = cfg.rollout.inflight
-    for start in range(0, len(groups), batch):  # batches of a worker's size
-        completions.extend(engine.generate_many(groups[start : start + batch], params))
-    scorer = make_scorer(cfg, make_task(cfg.task, cfg.seed))
 
-    async def score_all() -> Scored:
-        out = []
-        for prompt, group in zip(prompts, completions, strict=True):
-            scores = [
-                await scorer.score(
-                    prompt.text,
-                    tokenizer.decode_response(c.tokens),
-                    prompt.answer,
-                    c.finished,
-                    prompt.prompt_id,
-                )
-                for c in group
-            ]
-            out.append(([s.reward for s in scores], [s.correct for s in scores]))
-        return out
-
-    return asyncio.run(score_all())
-
-
-def _episodes(
-    episodes: Episodes,
-    engine: TorchRolloutEngine,
-    tokenizer: TextTokenizer,
-    prompts: list[Prompt],
-    seeds: list[list[int]],
-    batch: int,
-) -> tuple[Scored, dict[str, Any]]:
-    """One episode a sample, a batch's episodes run together as a worker runs them (at the engine's
-    sampling settings, the eval ones), scored by the environment; with the episode figures."""
-    generate = EngineGenerate(engine, engine.params.temperature)
-    groups = [(p, s, tokenizer.encode_prompt(p.text)) for p, s in zip(prompts, seeds, strict=True)]
-
-    async def play_all() -> list[GroupSamples]:
+    async def make_all() -> list[GroupSamples]:
         made: list[GroupSamples] = []
-        for start in range(0, len(groups), batch):  # batches of a worker's size
-            made.extend(await episodes.run(generate, groups[start : start + batch], tokenizer.eos_id))
+        for start in range(0, len(prompts), batch):  # batches of a worker's size
+            made.extend(await maker.make(prompts[start : start + batch], version, n, evaluation=True))
         return made
 
-    made = asyncio.run(play_all())
+    made = asyncio.run(make_all())
     scored = [([s.reward for s in g.scores], [s.correct for s in g.scores]) for g in made]
-    return scored, eval_episodes([g.episodes for g in made if g.episodes is not None])
+    extra = eval_episodes([g.episodes for g in made])
+    return {"checkpoint": str(checkpoint), "version": version, **eval_figures(scored, n), **extra}

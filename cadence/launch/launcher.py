@@ -30,7 +30,7 @@ from cadence.config import ConfigError, RunConfig, load_config, to_dict
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.ranks import die_with_parent, free_port, torchrun
-from cadence.training.resume import ResumeError, check_config, check_files, find_resume
+from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
 
 
 class LaunchError(RuntimeError):
@@ -93,7 +93,7 @@ def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
         )
     where, state = found
     try:
-        check_config(state, cfg, where)
+        check_config(state, RunRecord.of(cfg), where)
     except ResumeError as err:
         raise LaunchError(str(err)) from None
     version = int(state["version"])

@@ -146,6 +146,7 @@ async def trainer_main(
     from cadence.launch.settings import session, trainer_settings
     from cadence.launch.threads import use_threads
     from cadence.monitor.samples import SampleWriter
+    from cadence.training.resume import RunRecord
     from cadence.transport.session import first_of
 
     net = _network(cfg)
@@ -166,7 +167,7 @@ async def trainer_main(
             publish,
             time.time,
             out / "checkpoints",
-            saved_config=cfg,
+            RunRecord.of(cfg),
             samples=SampleWriter(out / "samples"),
             resume=resume,
             use_threads=use_threads,
@@ -296,11 +297,9 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
 
 async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStream | None = None) -> None:
     from cadence.actors.rollout import RolloutWorker
-    from cadence.launch.build import make_engine, make_episodes, make_tokenizer
+    from cadence.launch.build import make_engine, make_episodes, make_group_maker, make_tokenizer
     from cadence.launch.settings import session, worker_settings
     from cadence.launch.threads import use_threads
-    from cadence.rewards.scorer import make_scorer
-    from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory
 
     keep_freed_memory()  # every version arrives as large frames: reuse their pages
@@ -314,12 +313,9 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             name,
             session(cfg, net.connect(name, connect), "rollout", time.time),
             net.connect,
-            engine,
-            make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-            tokenizer,
+            make_group_maker(cfg, tokenizer, engine, episodes),
             time.time,
             use_threads=use_threads,
-            episodes=episodes,
         )
         await _with_log_stream(worker.run(), net, name, connect, stream)
     finally:

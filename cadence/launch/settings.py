@@ -20,6 +20,7 @@ from cadence.launch.threads import (
     trainer_threads,
     trainer_threads_alone,
 )
+from cadence.training.steps import StepRule
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
@@ -63,21 +64,30 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         periods=cfg.periods,
         prompts_per_period=cfg.task.prompts_per_period,
         mode=cfg.mode,
-        steps_per_period=t.steps_per_period,
         micro_batch_tokens=t.micro_batch_tokens,
-        normaliser=t.normaliser,
         checkpoint_every=t.checkpoint_every,
         vocab_size=vocab_size,
+        steps=step_rule(cfg),
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
+        publish_dtype=publish_dtype(cfg),
+    )
+
+
+def step_rule(cfg: RunConfig) -> StepRule:
+    """Each optimizer step's normaliser and rate: the objective's, and the schedule's."""
+    t = cfg.trainer
+    return StepRule(
         objective=t.objective,
+        normaliser=t.normaliser,
         # dr_grpo's constant: the longest a sample's sampled tokens may be (an episode's: its budget)
-        max_new_tokens=cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens,
+        max_sampled_tokens=cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens,
+        steps_per_period=t.steps_per_period,
+        periods=cfg.periods,
         lr=t.lr,
         lr_schedule=t.lr_schedule,
         warmup_periods=t.warmup_periods,
         min_lr_ratio=t.min_lr_ratio,
-        publish_dtype=publish_dtype(cfg),
     )
 
 
@@ -98,7 +108,6 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
-        eval_temperature=0.0 if cfg.eval.greedy else cfg.eval.temperature,
         host=socket.gethostname(),
     )
 

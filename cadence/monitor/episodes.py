@@ -1,6 +1,7 @@
 """A period's multi-turn episodes in figures: turns, tool calls and errors, environment timeouts,
-seconds and tokens, and why episodes ended, from the groups the trainer accepted (or, for an eval
-round, the answers of its prompts; for `cadence eval`, the groups a checkpoint played).
+seconds and tokens, and why episodes ended, from the `EpisodeFigures` of the groups the trainer
+accepted (or, for an eval round, of the answers of its prompts; for `cadence eval`, of the groups a
+checkpoint played).
 
 Invariant: a pure function of the groups; single-turn groups (no episode figures) give nothing, so a
 single-turn run's period and eval rows keep exactly their keys.
@@ -10,38 +11,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
+
+from cadence.wire.messages import EpisodeFigures
 
 
-class EpisodeGroup(Protocol):
-    """A group's episode figures, one a sample: a `GroupResult`, an `EvalResult`, or a worker's
-    `EpisodeFigures`."""
-
-    @property
-    def turns(self) -> Sequence[int]: ...
-    @property
-    def tool_calls(self) -> Sequence[int]: ...
-    @property
-    def tool_errors(self) -> Sequence[int]: ...
-    @property
-    def env_timeouts(self) -> Sequence[int]: ...
-    @property
-    def env_s(self) -> Sequence[float]: ...
-    @property
-    def env_tokens(self) -> Sequence[int]: ...
-    @property
-    def endings(self) -> Sequence[str]: ...
-    @property
-    def turn_rewards(self) -> Sequence[Sequence[float | None]]: ...
-
-
-def episode_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
-    """The `PeriodMetrics` fields of the episodes among `groups` (each figure one a sample, checked by
+def episode_metrics(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
+    """The `PeriodMetrics` fields of the episodes among `groups`' figures (None: a single-turn group;
+    each figure one a sample, checked by
     `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
     seconds in environment calls and environment tokens (the masks' zeros), summed over the groups,
     and episodes by ending; the mean of the turns' own rewards when any turn got one (`Reply.reward`);
     {} when no group holds an episode."""
-    played = [g for g in groups if g.turns]
+    played = [g for g in groups if g is not None and g.turns]
     episodes = sum(len(g.turns) for g in played)
     if not episodes:
         return {}

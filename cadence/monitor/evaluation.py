@@ -12,7 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cadence.monitor.episodes import EpisodeGroup, episode_metrics
+from cadence.monitor.episodes import episode_metrics
+from cadence.wire.messages import EpisodeFigures
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,7 +43,7 @@ def eval_figures(groups: Sequence[tuple[Sequence[float], Sequence[float]]], k: i
     }
 
 
-def eval_episodes(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
+def eval_episodes(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
     """The episode figures of the eval groups, as a period row has them (`monitor/episodes.py`: turns
     an episode, and over all episodes tool calls, tool errors, environment timeouts, seconds and tokens,
     `ended_<ending>` counts), each key prefixed `eval_`; {} for single-turn groups."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from cadence.monitor.episodes import episode_metrics
 from cadence.monitor.period_metrics import PeriodMetrics
-from cadence.wire.messages import GroupResult
+from cadence.wire.messages import EpisodeFigures, GroupResult
 
 
 def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -48,36 +48,24 @@ class PeriodStats:
     steps: list[dict[str, float]] = field(default_factory=list)  # each optimizer step's statistics
 
     completions: dict[int, list[list[int]]] = field(default_factory=dict)
-    played: list[GroupResult] = field(default_factory=list)  # accepted groups of episodes
+    played: list[EpisodeFigures] = field(default_factory=list)  # accepted groups' episode figures
 
-    def arrived(
-        self,
-        now: float,
-        sender: str,
-        prompt_id: int,
-        completions: list[list[int]],
-        rewards: list[float],
-        correct: list[float],
-        gen_s: float,
-        load_s: float,
-        parts: dict[str, list[float]] | None = None,
-    ) -> None:
+    def arrived(self, now: float, sender: str, group: GroupResult) -> None:
+        """`group`, accepted at `now` from `sender`: its samples, rewards, times and, for episodes,
+        figures (`monitor/episodes.py`) count in the period's figures."""
         self.arrivals.append(now)
-        self.busy[sender] = self.busy.get(sender, 0.0) + gen_s + load_s
-        for name, values in (parts or {}).items():
+        self.busy[sender] = self.busy.get(sender, 0.0) + group.gen_s + group.load_s
+        for name, values in group.reward_parts.items():
             self.parts.setdefault(name, []).extend(values)
-        self.completions[prompt_id] = completions
-        self.lengths.extend(len(c) for c in completions)
+        self.completions[group.prompt_id] = group.completions
+        self.lengths.extend(len(c) for c in group.completions)
         self.workers.add(sender)
-        self.rewards.extend(rewards)
-        self.correct.extend(correct)
-        self.gen_s.append(gen_s)
-        self.load_s.append(load_s)
-
-    def episodes(self, msg: GroupResult) -> None:
-        """An accepted group, kept for its episode figures when it has them (`monitor/episodes.py`)."""
-        if msg.turns:
-            self.played.append(msg)
+        self.rewards.extend(group.rewards)
+        self.correct.extend(group.correct)
+        self.gen_s.append(group.gen_s)
+        self.load_s.append(group.load_s)
+        if group.episodes is not None and group.episodes.turns:
+            self.played.append(group.episodes)
 
     def stepped(self, info: dict[str, float]) -> None:
         """An optimizer step of the period was taken; `info`: the learner's statistics of it."""

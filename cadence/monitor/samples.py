@@ -64,18 +64,7 @@ def sample_record(msg: GroupResult) -> dict[str, Any]:
     ):
         response = {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
         response |= {name: values[i] for name, values in msg.reward_parts.items()}
-        if msg.turns:
-            response |= {
-                "turns": msg.turns[i],
-                "ended": msg.endings[i] if msg.endings else "",
-                "tool_calls": msg.tool_calls[i] if msg.tool_calls else 0,
-                "tool_errors": msg.tool_errors[i] if msg.tool_errors else 0,
-                "env_tokens": msg.masks[i].count(0) if msg.masks else 0,
-            }
-        if msg.turn_rewards:
-            response["turn_rewards"] = msg.turn_rewards[i]
-        if msg.transcripts:
-            response["messages"] = turns_of(msg.transcripts[i])
+        response |= _episode_record(msg, i)
         responses.append(response)
     return {
         "period": msg.period,
@@ -86,3 +75,25 @@ def sample_record(msg: GroupResult) -> dict[str, Any]:
         "reward_mean": sum(msg.rewards) / len(msg.rewards),
         "responses": responses,
     }
+
+
+def _episode_record(msg: GroupResult, i: int) -> dict[str, Any]:
+    """The figures, turn rewards and messages of the group's episode `i` (nothing for a single-turn
+    group)."""
+    figures = msg.episodes
+    if figures is None:
+        return {}
+    record: dict[str, Any] = {}
+    if figures.turns:
+        record |= {
+            "turns": figures.turns[i],
+            "ended": figures.endings[i] if figures.endings else "",
+            "tool_calls": figures.tool_calls[i] if figures.tool_calls else 0,
+            "tool_errors": figures.tool_errors[i] if figures.tool_errors else 0,
+            "env_tokens": msg.masks[i].count(0) if msg.masks else 0,
+        }
+    if figures.turn_rewards:
+        record["turn_rewards"] = figures.turn_rewards[i]
+    if figures.transcripts:
+        record["messages"] = turns_of(figures.transcripts[i])
+    return record

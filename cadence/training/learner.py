@@ -44,8 +44,8 @@ from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
 from cadence.ops.packing import PackedBatch, pack_groups, to_padded
 from cadence.ops.sampled import Masks, sampled_rows
-from cadence.training.groups import TrainGroup, sampled_tokens
 from cadence.training.state import read_state, write_checkpoint, write_state
+from cadence.training.train_group import TrainGroup, sampled_tokens
 
 
 class PolicyPass(NamedTuple):

@@ -31,6 +31,7 @@ import os
 import shutil
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,26 @@ class ResumeError(RuntimeError):
     """No checkpoint to resume from, or one that does not fit the configuration."""
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """What a resume checkpoint records of its run and a continuation is checked against: the seed,
+    the run id, the periods, and the config keys a continuation must share (`must_match`). What the
+    trainer is given in place of the whole configuration."""
+
+    seed: int
+    run_id: str
+    periods: int
+    config: dict[str, Any]
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunRecord:
+        return cls(cfg.seed, cfg.run_id, cfg.periods, must_match(cfg))
+
+    @property
+    def config_sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()
+
+
 def must_match(cfg: RunConfig) -> dict[str, Any]:
     """The config's keys, flattened to dotted names, that a continuation must share with the saver
     (`periods` too under a decaying learning rate schedule: the run's length shapes every rate)."""
@@ -71,19 +92,15 @@ def must_match(cfg: RunConfig) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k not in free and not k.startswith(FREE_SECTIONS)}
 
 
-def config_sha256(cfg: RunConfig) -> str:
-    return hashlib.sha256(json.dumps(must_match(cfg), sort_keys=True).encode()).hexdigest()
-
-
 def save_resume(
-    root: Path, learner: Learner, version: int, cfg: RunConfig, metrics: dict[str, Any] | None = None
+    root: Path, learner: Learner, version: int, run: RunRecord, metrics: dict[str, Any] | None = None
 ) -> Path:
     """Write the learner's state as the resume checkpoint of `version` under `root`, with `metrics`, the
     row of the period before it; its folder."""
     final, tmp, old = root / NAME, root / f"{NAME}.tmp", root / f"{NAME}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_tmp(tmp, learner, version, cfg, metrics)
+        _write_tmp(tmp, learner, version, run, metrics)
     except Exception as exc:  # a kill leaves resume.tmp/, which is never read and the next save removes
         shutil.rmtree(tmp, ignore_errors=True)  # never a half-written checkpoint left behind
         if _no_space(exc):
@@ -109,17 +126,17 @@ def _no_space(exc: BaseException) -> bool:
 
 
 def _write_tmp(
-    tmp: Path, learner: Learner, version: int, cfg: RunConfig, metrics: dict[str, Any] | None
+    tmp: Path, learner: Learner, version: int, run: RunRecord, metrics: dict[str, Any] | None
 ) -> None:
     """Every file of the checkpoint into `tmp`, fsynced, `state.json` last."""
     tmp.mkdir(parents=True)
     learner.save_state(tmp)
     state = {
         "version": version,
-        "seed": cfg.seed,
-        "run_id": cfg.run_id,
-        "config": must_match(cfg),
-        "config_sha256": config_sha256(cfg),
+        "seed": run.seed,
+        "run_id": run.run_id,
+        "config": run.config,
+        "config_sha256": run.config_sha256,
         "metrics": metrics or {},
         "saved_at": time.time(),
     }
@@ -159,9 +176,9 @@ def check_files(where: Path) -> None:
                 raise ResumeError(f"{path} is truncated or not safetensors ({size} bytes)")
 
 
-def check_config(state: dict[str, Any], cfg: RunConfig, where: Path) -> None:
+def check_config(state: dict[str, Any], run: RunRecord, where: Path) -> None:
     """Raise `ResumeError` naming every key whose value differs from the checkpoint's."""
-    saved, here = state.get("config", {}), must_match(cfg)
+    saved, here = state.get("config", {}), run.config
     wrong = [
         f"{key} = {here.get(key)!r} here, {saved.get(key)!r} in the checkpoint"
         for key in sorted(saved.keys() | here.keys())
@@ -171,13 +188,13 @@ def check_config(state: dict[str, Any], cfg: RunConfig, where: Path) -> None:
         raise ResumeError(
             f"the resume checkpoint in {where} was saved by another configuration: {'; '.join(wrong)}"
         )
-    if state["version"] > cfg.periods:
+    if state["version"] > run.periods:
         raise ResumeError(
-            f"the resume checkpoint in {where} is at period {state['version']}, beyond periods = {cfg.periods}"
+            f"the resume checkpoint in {where} is at period {state['version']}, beyond periods = {run.periods}"
         )
 
 
-def load_resume(root: Path, learner: Learner, cfg: RunConfig) -> dict[str, Any]:
+def load_resume(root: Path, learner: Learner, run: RunRecord) -> dict[str, Any]:
     """Load the resume checkpoint under `root` into `learner`; its state (`version`: the period to
     continue from; `metrics`: the row of the period before it)."""
     found = find_resume(root)
@@ -187,7 +204,7 @@ def load_resume(root: Path, learner: Learner, cfg: RunConfig) -> dict[str, Any]:
             " before its first); start without --resume to begin at period 0"
         )
     where, state = found
-    check_config(state, cfg, where)
+    check_config(state, run, where)
     check_files(where)
     try:
         learner.load_state(where)

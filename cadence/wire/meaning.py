@@ -13,7 +13,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cadence.wire.messages import EvalResult, GroupResult, RunDone, VersionReady, WeightUpload, WorkRequest
+from cadence.wire.messages import (
+    EpisodeFigures,
+    EvalResult,
+    GroupResult,
+    RunDone,
+    VersionReady,
+    WeightUpload,
+    WorkRequest,
+)
 
 MAX_CREDITS = 1 << 16
 """The most prompt groups one `WorkRequest` may grant: far above any worker's `rollout.inflight`."""
@@ -121,13 +129,11 @@ def episode_problem(msg: GroupResult) -> str | None:
     and 1s, with log-prob 0.0 at every 0 (the environment's tokens were not sampled). A completion
     with a mask holds at least one token, though maybe no 1: an episode the environment ended before
     the model's first token (it failed to start, or left no room) counts in its group's rewards and
-    trains no token. Each figure list is empty or one a sample, of sound values (`_figures_problem`)."""
+    trains no token. Each figure list is empty or one a sample, of sound values (`_figures_problem`),
+    each episode's environment tokens its mask's zeros."""
     n = len(msg.completions)
-    wrong = {
-        name: count
-        for name, count in {"masks": len(msg.masks), **_figure_counts(msg)}.items()
-        if count and count != n
-    }
+    counts = {"masks": len(msg.masks), **_figure_counts(msg.episodes)}
+    wrong = {name: count for name, count in counts.items() if count and count != n}
     if wrong:
         return f"{n} completions but {wrong}"
     for i, mask in enumerate(msg.masks):
@@ -140,41 +146,48 @@ def episode_problem(msg: GroupResult) -> str | None:
             return f"completion {i}: a mask value other than 0 (environment) or 1 (sampled)"
         if any(m == 0 and lp != 0.0 for m, lp in zip(mask, logprobs, strict=True)):
             return f"completion {i}: an environment token (mask 0) with a log-prob other than 0.0"
-    return _figures_problem(msg)
+    if msg.episodes is None:
+        return None
+    if msg.episodes.env_tokens and msg.episodes.env_tokens != [mask.count(0) for mask in msg.masks]:
+        return "environment tokens other than the masks' zeros"
+    return _figures_problem(msg.episodes)
 
 
-def _figure_counts(msg: GroupResult | EvalResult) -> dict[str, int]:
-    """How long each of a message's episode figure lists is (0: left empty)."""
-    figures: dict[str, Sequence[object]] = {
-        "turns": msg.turns,
-        "tool_calls": msg.tool_calls,
-        "tool_errors": msg.tool_errors,
-        "env_timeouts": msg.env_timeouts,
-        "env_s": msg.env_s,
-        "endings": msg.endings,
-        "transcripts": msg.transcripts,
-        "turn_rewards": msg.turn_rewards,
+def _figure_counts(figures: EpisodeFigures | None) -> dict[str, int]:
+    """How long each of the episode figure lists is (0: left empty, or no figures at all)."""
+    if figures is None:
+        return {}
+    lists: dict[str, Sequence[object]] = {
+        "turns": figures.turns,
+        "tool_calls": figures.tool_calls,
+        "tool_errors": figures.tool_errors,
+        "env_timeouts": figures.env_timeouts,
+        "env_s": figures.env_s,
+        "env_tokens": figures.env_tokens,
+        "endings": figures.endings,
+        "transcripts": figures.transcripts,
+        "turn_rewards": figures.turn_rewards,
     }
-    return {name: len(values) for name, values in figures.items()}
+    return {name: len(values) for name, values in lists.items()}
 
 
-def _figures_problem(msg: GroupResult | EvalResult) -> str | None:
+def _figures_problem(figures: EpisodeFigures) -> str | None:
     """The values of episode figures already one a sample: times finite and not negative, tool errors
     at most the tool calls, endings of `ENDINGS`, each episode's turn rewards at most its model turns
     long, every one finite or None (counts are never negative: their type says so)."""
-    if not all(math.isfinite(s) and s >= 0 for s in msg.env_s):
+    if not all(math.isfinite(s) and s >= 0 for s in figures.env_s):
         return "an environment time that is not finite and non-negative"
     if (
-        msg.tool_errors
-        and msg.tool_calls
-        and any(e > c for e, c in zip(msg.tool_errors, msg.tool_calls, strict=True))
+        figures.tool_errors
+        and figures.tool_calls
+        and any(e > c for e, c in zip(figures.tool_errors, figures.tool_calls, strict=True))
     ):
         return "more tool errors than tool calls"
-    if not set(msg.endings) <= ENDINGS:
+    if not set(figures.endings) <= ENDINGS:
         return f"an ending outside {sorted(ENDINGS)}"
-    for i, rewards in enumerate(msg.turn_rewards):
-        if msg.turns and len(rewards) > msg.turns[i]:
-            return f"episode {i}: {len(rewards)} turn rewards for {msg.turns[i]} model turns"
+    for i, rewards in enumerate(figures.turn_rewards):
+        if figures.turns and len(rewards) > figures.turns[i]:
+            return f"episode {i}: {len(rewards)} turn rewards for {figures.turns[i]} model turns"
         if not _finite([r for r in rewards if r is not None]):
             return f"episode {i}: a turn reward that is not finite"
     return None
@@ -193,16 +206,18 @@ def eval_result_problem(msg: EvalResult, samples: int) -> str | None:
         "responses": len(msg.responses),
         "tokens": len(msg.tokens),
     }
-    episodes = {"env_tokens": len(msg.env_tokens), **_figure_counts(msg)}
-    counts |= {name: count for name, count in episodes.items() if count}
+    counts |= {name: count for name, count in _figure_counts(msg.episodes).items() if count}
     wrong = {name: count for name, count in counts.items() if count != samples}
     if wrong:
         return f"{samples} samples expected but {wrong}"
     if not _finite([*msg.rewards, *msg.correct, msg.gen_s]):
         return "a reward, correctness value or time that is not finite"
-    if msg.env_tokens and any(e > t for e, t in zip(msg.env_tokens, msg.tokens, strict=True)):
+    if msg.episodes is None:
+        return None
+    env_tokens = msg.episodes.env_tokens
+    if env_tokens and any(e > t for e, t in zip(env_tokens, msg.tokens, strict=True)):
         return "more environment tokens than tokens"
-    return _figures_problem(msg)
+    return _figures_problem(msg.episodes)
 
 
 def upload_problem(msg: WeightUpload, chunk_bytes: int, max_bytes: int) -> str | None:

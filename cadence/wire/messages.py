@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
+import msgspec
 from msgspec import Meta, field
 
 from cadence.wire.codec import (
@@ -157,12 +158,31 @@ class Assignment(Message, tag="assignment"):
     eval: bool = False
 
 
+class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A group's episodes beyond their token ids, one entry a sample: declared once, carried by both
+    `GroupResult` and `EvalResult` (`episodes`; absent for a single-turn group). Each list is empty or
+    one a sample (`cadence.wire.meaning`); fields at their default are left out on the wire."""
+
+    turns: list[Count] = field(default_factory=list)  # each episode's model turns
+    tool_calls: list[Count] = field(default_factory=list)  # each episode's tool calls
+    tool_errors: list[Count] = field(default_factory=list)  # of which answered with an error
+    env_timeouts: list[Count] = field(default_factory=list)  # environment calls cut at their timeout
+    env_s: list[float] = field(default_factory=list)  # seconds spent in the environment's calls
+    env_tokens: list[Count] = field(default_factory=list)  # the environment's tokens (its mask's zeros)
+    endings: list[str] = field(default_factory=list)  # why each episode ended (done, max_turns, ...)
+    transcripts: list[list[str]] = field(default_factory=list)  # kept groups and eval answers: each
+    # episode's messages, the first message, then the model's turn and the environment's answer
+    # alternating (even: the environment's, odd: the model's)
+    turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
+    # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
+    # on; empty when no turn of the group got one
+
+
 class EvalResult(Message, tag="eval_result", omit_defaults=True):
     """A worker's answer to an eval assignment, sent to the dispatcher (never trained): the prompt's
-    samples with their rewards and correctness from the run's reward functions, and their texts (an
-    episode's also its messages). Multi-turn episodes add `GroupResult`'s episode figures, one a
-    sample, with each episode's environment tokens in place of its mask. Fields at their default are
-    left out on the wire, so a single-turn answer carries no byte of them."""
+    samples with their rewards and correctness from the run's reward functions, and their texts; a
+    multi-turn episode's figures and messages in `episodes`. Fields at their default are left out on
+    the wire, so a single-turn answer carries no byte of them."""
 
     version: Version
     prompt_id: int
@@ -171,16 +191,7 @@ class EvalResult(Message, tag="eval_result", omit_defaults=True):
     responses: list[str]
     tokens: list[Count]  # each sample's completion length in tokens
     gen_s: float = 0.0
-    transcripts: list[list[str]] = field(default_factory=list)  # episodes' messages (`GroupResult`'s)
-    turns: list[Count] = field(default_factory=list)  # each episode's model turns
-    tool_calls: list[Count] = field(default_factory=list)  # each episode's tool calls
-    tool_errors: list[Count] = field(default_factory=list)  # of which answered with an error
-    env_timeouts: list[Count] = field(default_factory=list)  # environment calls cut at their timeout
-    env_s: list[float] = field(default_factory=list)  # seconds spent in the environment's calls
-    env_tokens: list[Count] = field(default_factory=list)  # the environment's tokens (its mask's zeros)
-    endings: list[str] = field(default_factory=list)  # why each episode ended (done, max_turns, ...)
-    turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
-    # own rewards (None: that turn got none); empty when no turn got one
+    episodes: EpisodeFigures | None = None
 
 
 class GroupResult(Message, tag="group_result", omit_defaults=True):
@@ -188,8 +199,8 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
 
     Multi-turn episodes (`environment.name`): a completion is everything after the prompt, the model's
     turns and the environment's messages in order; `masks` says which is which (1: sampled by the
-    model, with its log-prob; 0: the environment's, log-prob 0.0), and the episode figures follow, one
-    a sample. A single-turn group leaves them all empty: every token sampled. Fields at their default
+    model, with its log-prob; 0: the environment's, log-prob 0.0), and `episodes` holds the figures,
+    one a sample. A single-turn group leaves both empty: every token sampled. Fields at their default
     are left out on the wire (`omit_defaults`), so a single-turn group carries no byte of them."""
 
     period: Version
@@ -212,23 +223,7 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
         0  # groups of the same batch sent right after this one (the trainer trains them together)
     )
     masks: list[list[Count]] = field(default_factory=list)  # 1 sampled, 0 the environment's; empty: all 1
-    turns: list[Count] = field(default_factory=list)  # each episode's model turns
-    tool_calls: list[Count] = field(default_factory=list)  # each episode's tool calls
-    tool_errors: list[Count] = field(default_factory=list)  # of which answered with an error
-    env_timeouts: list[Count] = field(default_factory=list)  # environment calls cut at their timeout
-    env_s: list[float] = field(default_factory=list)  # seconds spent in the environment's calls
-    endings: list[str] = field(default_factory=list)  # why each episode ended (done, max_turns, ...)
-    transcripts: list[list[str]] = field(default_factory=list)  # kept groups: each episode's messages,
-    # the first message, then the model's turn and the environment's answer alternating (even: the
-    # environment's, odd: the model's)
-    turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
-    # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
-    # on; empty when no turn of the group got one
-
-    @property
-    def env_tokens(self) -> list[int]:
-        """Each episode's environment tokens (its mask's zeros); empty for a single-turn group."""
-        return [mask.count(0) for mask in self.masks]
+    episodes: EpisodeFigures | None = None  # the episodes' figures; None: a single-turn group
 
 
 class Consumed(Message, tag="consumed"):

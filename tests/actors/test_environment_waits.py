@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import structlog
 
-from cadence.actors.episodes import Episodes
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.monitor.span import Overlapping
+from cadence.rollout.play import Episodes
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from cadence.actors.episodes import EngineGenerate, episode_runner
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.hf_tokenizer import HFTokenizer
@@ -21,6 +20,7 @@ from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.model.turns import render
+from cadence.rollout.play import EngineGenerate, episode_runner
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds

@@ -21,11 +21,11 @@ from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
 from cadence.actors.trainer import Trainer
 from cadence.config import RunConfig
-from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.build import make_engine, make_group_maker, make_learner, make_tokenizer
 from cadence.launch.settings import dispatcher_settings, liveness, session, trainer_settings, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
-from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
+from cadence.training.resume import RunRecord
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightStore
 from tests.conftest import tiny_config
@@ -58,7 +58,7 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
         publisher.publish,
         time.time,
         out / "checkpoints",
-        saved_config=cfg,
+        RunRecord.of(cfg),
     )
     workers = [
         RolloutWorker(
@@ -66,9 +66,7 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
             f"w{i}",
             session(cfg, net.connect(f"w{i}", "inproc://d"), "rollout", time.time),
             net.connect,
-            make_engine(cfg, tokenizer),
-            make_scorer(cfg, task),
-            tokenizer,
+            make_group_maker(cfg, tokenizer, make_engine(cfg, tokenizer), None),
             time.time,
         )
         for i in range(cfg.rollout.workers)

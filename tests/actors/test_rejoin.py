@@ -13,10 +13,9 @@ import structlog
 from cadence.actors.dispatcher import Dispatcher
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
-from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.build import make_engine, make_group_maker, make_learner, make_tokenizer
 from cadence.launch.settings import dispatcher_settings, liveness, session, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
-from cadence.rewards.scorer import make_scorer
 from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
@@ -129,9 +128,7 @@ async def test_a_worker_told_of_a_new_trainer_drops_its_jobs_and_serves_the_new_
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher", route=b"w0"), "rollout", time.time),
         network.connect,
-        make_engine(cfg, tokenizer),
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
+        make_group_maker(cfg, tokenizer, make_engine(cfg, tokenizer), None),
         time.time,
     )
     tasks = [asyncio.create_task(p.run()) for p in publishers] + [asyncio.create_task(worker.run())]

@@ -11,12 +11,10 @@ import pytest
 
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout import RolloutWorker
-from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.build import make_engine, make_group_maker, make_learner, make_tokenizer
 from cadence.launch.settings import session, worker_settings
 from cadence.model.engine import sample_seed
 from cadence.rewards.base import Sample, reward
-from cadence.rewards.scorer import make_scorer
-from cadence.tasks.registry import make_task
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.session import Session
@@ -58,9 +56,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
-        engine,
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
+        make_group_maker(cfg, tokenizer, engine, None),
         time.time,
         use_threads=budgets.append,
     )
@@ -82,7 +78,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     assert result.prompt_tokens == tokenizer.encode("3+4=", bos=True)
     assert result.load_s > 0 and worker.loaded == 0
     # single-turn: every token sampled, no episode figures, and none of their keys on the wire
-    assert result.masks == [] and result.turns == [] and result.endings == [] and result.transcripts == []
+    assert result.masks == [] and result.episodes is None
     assert b"masks" not in encode(result, "w0") and b"endings" not in encode(result, "w0")
     # the engine now holds exactly the published bytes: same weights, same generation
     again = make_engine(cfg, tokenizer)
@@ -143,9 +139,7 @@ async def test_a_slow_sync_reward_function_does_not_stop_the_heartbeats(network:
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,
-        make_engine(cfg, tokenizer),
-        make_scorer(cfg, make_task(cfg.task, cfg.seed)),
-        tokenizer,
+        make_group_maker(cfg, tokenizer, make_engine(cfg, tokenizer), None),
         time.time,
     )
     _HEARTBEATS_SEEN.clear()
@@ -197,9 +191,7 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
                 tokenizer.decode_response(c.tokens) for c in greedy
             ]  # greedy (eval.greedy)
             assert a.tokens == [len(c.tokens) for c in greedy] and len(a.rewards) == len(a.correct) == 1
-            assert (
-                a.turns == a.env_tokens == a.endings == a.env_s == [] and a.turn_rewards == []
-            )  # single-turn
+            assert a.episodes is None  # single-turn
         assert (await expect(dispatcher, WorkRequest)).credits == 2
         # a training assignment of period 1 was seen: an eval one of version 0 is still generated, with the
         # weights loaded (older ones would not be fetched for an eval)

@@ -31,7 +31,7 @@ from cadence.wire.messages import (
     decode_frames,
     encode_frames,
 )
-from tests.conftest import expect, tiny_config
+from tests.conftest import episodes_of, expect, tiny_config
 from tests.worker_rig import welcomed_worker
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,13 +105,16 @@ def check_lined_up(result: GroupResult, vocab: int) -> None:
 
 @pytest.mark.parametrize("rig", ["calculator"], indirect=True)
 async def test_a_calculator_worker_answers_an_assignment_with_episodes(rig: Rig) -> None:
-    tokenizer = rig.worker.tokenizer
+    tokenizer = rig.worker.maker.tokenizer
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 7, "What is 3+4?", "7", 4))
     result = await expect(rig.trainer, GroupResult, timeout=30)
     check_lined_up(result, vocab_limit(rig.cfg, tokenizer))
     opening = await Calculator(Prompt(7, "What is 3+4?", "7"), 0).start()
     assert result.prompt_tokens == ChatTurns(tokenizer).encode_prompt(opening)
-    assert len(result.turns) == len(result.env_s) == 4 and "error" not in result.endings
+    assert (
+        len(episodes_of(result).turns) == len(episodes_of(result).env_s) == 4
+        and "error" not in episodes_of(result).endings
+    )
     assert all(r in (0.0, 1.0) for r in result.rewards) and set(result.reward_parts) == {"answer"}
     # each episode's first turn is today's single-turn sample of the same seed
     for i, tokens in enumerate(result.completions):
@@ -119,18 +122,24 @@ async def test_a_calculator_worker_answers_an_assignment_with_episodes(rig: Rig)
         (alone,) = rig.engine.generate_many([(result.prompt_tokens, [seed])], max_new_tokens=12)[0]
         assert tokens[: len(alone.tokens)] == alone.tokens
         assert result.masks[i][: len(alone.tokens)] == [1] * len(alone.tokens)
-    assert result.responses == [[text for j, text in enumerate(t) if j % 2][-1] for t in result.transcripts]
-    assert result.transcripts[0][0] == opening_text(opening)
+    assert result.responses == [
+        [text for j, text in enumerate(t) if j % 2][-1] for t in episodes_of(result).transcripts
+    ]
+    assert episodes_of(result).transcripts[0][0] == opening_text(opening)
     assert (await expect(rig.dispatcher, WorkRequest)).credits == 1
 
 
 @pytest.mark.parametrize("rig", ["tests.actors.test_rollout_episodes:Again"], indirect=True)
 async def test_every_turn_is_the_engines_and_every_message_the_environments(rig: Rig) -> None:
-    tokenizer = rig.worker.tokenizer
+    tokenizer = rig.worker.maker.tokenizer
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 5, "42", "4", 3))
     result = await expect(rig.trainer, GroupResult, timeout=30)
     check_lined_up(result, vocab_limit(rig.cfg, tokenizer))
-    assert result.turns == [3, 3, 3] and result.endings == ["max_turns"] * 3 and result.tool_calls == [3] * 3
+    assert (
+        episodes_of(result).turns == [3, 3, 3]
+        and episodes_of(result).endings == ["max_turns"] * 3
+        and episodes_of(result).tool_calls == [3] * 3
+    )
     message = tokenizer.encode("Once more.")
     model = rig.engine.engine.model
     for tokens, mask, logprobs in zip(result.completions, result.masks, result.logprobs, strict=True):
@@ -150,10 +159,14 @@ async def test_every_turn_is_the_engines_and_every_message_the_environments(rig:
     # an eval assignment plays whole episodes at the eval settings (greedy) and answers the dispatcher
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, -1, "17", "7", 1, eval=True))
     answer = await expect(rig.dispatcher, EvalResult, timeout=30)
-    assert eval_result_problem(answer, 1) is None and len(answer.transcripts[0]) == 6
+    assert eval_result_problem(answer, 1) is None and len(episodes_of(answer).transcripts[0]) == 6
     # with the episode's figures, as the group's: three model turns, each but the last answered
-    assert (answer.turns, answer.endings, answer.tool_calls) == ([3], ["max_turns"], [3])
-    assert answer.env_tokens == [2 * len(message)] and len(answer.env_s) == 1
+    assert (episodes_of(answer).turns, episodes_of(answer).endings, episodes_of(answer).tool_calls) == (
+        [3],
+        ["max_turns"],
+        [3],
+    )
+    assert episodes_of(answer).env_tokens == [2 * len(message)] and len(episodes_of(answer).env_s) == 1
     assert rig.worker.groups_sent == 1 and rig.worker.playing is None
 
 

@@ -22,6 +22,7 @@ from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.ops.schedule import lr_at
 from cadence.training.learner import TrainGroup
+from cadence.training.resume import RunRecord
 from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import (
@@ -144,7 +145,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         publish,
         time.time,
         tmp_path,
-        saved_config=cfg,
+        RunRecord.of(cfg),
         samples=SampleWriter(tmp_path / "samples"),
         use_threads=learner.use_threads,
     )

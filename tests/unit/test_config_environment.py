@@ -134,4 +134,6 @@ def test_the_character_tokenizer_takes_the_environments_text_after_the_tasks() -
     tokenizer = make_tokenizer(cfg)
     assert isinstance(single.alphabet, str) and tokenizer.alphabet.startswith(single.alphabet)  # type: ignore[attr-defined]
     assert set(string.ascii_letters + "<>/()*\n") <= set(tokenizer.alphabet)  # type: ignore[attr-defined]
-    assert trainer_settings(cfg, tokenizer.vocab_size).max_new_tokens == 256  # dr_grpo's constant: the budget
+    assert (
+        trainer_settings(cfg, tokenizer.vocab_size).steps.max_sampled_tokens == 256
+    )  # dr_grpo's constant: the budget

@@ -1,6 +1,6 @@
 """Episodes in what a run writes and shows: the period row's episode figures (left out of a single-turn
 run's row), the progress line, the samples' turns with who wrote each; and a group's episodes as one
-prompt and a completion each (`actors/episodes.py`)."""
+prompt and a completion each (`rollout/play.py`)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,32 @@ from typing import Any
 import msgspec
 import pytest
 
-from cadence.actors.episodes import episode_group, shared_prompt
 from cadence.dispatch.rounds import EvalRound
 from cadence.monitor.episodes import episode_metrics
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.progress import period_line, status_line
 from cadence.monitor.samples import sample_record
+from cadence.rollout.play import episode_group, shared_prompt
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Turn
 from cadence.tasks.environments.episode import EpisodeResult
-from cadence.wire.messages import EvalResult, GroupResult
+from cadence.wire.messages import EpisodeFigures, EvalResult, GroupResult
+
+FIGURES = {name for name in EpisodeFigures.__struct_fields__}
 
 
 def played(prompt_id: int, **changes: Any) -> GroupResult:
+    """A sound group of two episodes; `changes` to its fields or to its episodes' figures."""
+    figures = EpisodeFigures(
+        turns=[2, 1],
+        tool_calls=[2, 0],
+        tool_errors=[1, 0],
+        env_timeouts=[1, 0],
+        env_s=[0.25, 0.5],
+        env_tokens=[2, 0],
+        endings=["done", "max_turns"],
+    )
     sound = GroupResult(
         period=0,
         version=0,
@@ -38,18 +50,18 @@ def played(prompt_id: int, **changes: Any) -> GroupResult:
         load_s=0.0,
         finished_at=1.0,
         masks=[[1, 0, 0, 1], [1, 1]],
-        turns=[2, 1],
-        tool_calls=[2, 0],
-        tool_errors=[1, 0],
-        env_timeouts=[1, 0],
-        env_s=[0.25, 0.5],
-        endings=["done", "max_turns"],
+        episodes=msgspec.structs.replace(figures, **{k: v for k, v in changes.items() if k in FIGURES}),
     )
-    return msgspec.structs.replace(sound, **changes)
+    return msgspec.structs.replace(sound, **{k: v for k, v in changes.items() if k not in FIGURES})
+
+
+def single_turn(msg: GroupResult) -> GroupResult:
+    """`msg` as a single-turn group: no masks, no episode figures."""
+    return msgspec.structs.replace(msg, masks=[], episodes=None)
 
 
 def test_the_episode_figures_of_a_period() -> None:
-    figures = episode_metrics([played(0), played(1, endings=["done", "error"])])
+    figures = episode_metrics([played(0).episodes, played(1, endings=["done", "error"]).episodes])
     assert figures == {
         "turns_mean": 1.5,
         "tool_calls": 4,
@@ -59,19 +71,19 @@ def test_the_episode_figures_of_a_period() -> None:
         "env_tokens": 4,
         "endings": {"done": 2, "error": 1, "max_turns": 1},
     }
-    single = msgspec.structs.replace(played(2), masks=[], turns=[], tool_calls=[], endings=[], env_s=[])
-    assert episode_metrics([single]) == {}
+    assert episode_metrics([single_turn(played(2)).episodes]) == {}
     # the turns' own rewards: a mean over the turns that got one
     rewarded = played(3, turn_rewards=[[1.0, None], [0.0]])
-    figures = episode_metrics([played(0), rewarded, played(4, turn_rewards=[[None, 0.5], []])])
+    figures = episode_metrics(
+        [played(0).episodes, rewarded.episodes, played(4, turn_rewards=[[None, 0.5], []]).episodes]
+    )
     assert figures["turn_reward_mean"] == 0.5
 
 
 def _row(*groups: GroupResult) -> PeriodMetrics:
     stats = PeriodStats(period=0, start=0.0)
     for msg in groups:
-        stats.arrived(1.0, "w0", msg.prompt_id, msg.completions, msg.rewards, msg.correct, 0.5, 0.0)
-        stats.episodes(msg)
+        stats.arrived(1.0, "w0", msg)
     return stats.finish(end=2.0, publish_s=0.5)
 
 
@@ -83,7 +95,7 @@ def test_the_row_of_an_episode_run_and_its_round_trip() -> None:
     assert row["tokens_generated"] == 12 - 4 and row["response_len_mean"] == 3.0  # sampled; all
     assert PeriodMetrics.from_row(row) == metrics and PeriodMetrics.from_row(row).to_row() == row
     assert json.loads(json.dumps(row)) == row
-    single = _row(msgspec.structs.replace(played(0), masks=[], turns=[], endings=[])).to_row()
+    single = _row(single_turn(played(0))).to_row()
     assert not {"turns_mean", "tool_calls", "env_s", "env_tokens"} & set(single)
     assert not [key for key in single if key.startswith("ended_")]
 
@@ -111,9 +123,11 @@ def test_a_kept_episode_group_writes_every_turn_with_its_author() -> None:
     assert first["messages"][2]["text"] == "<result>7</result>"
     assert (first["turns"], first["ended"], first["tool_calls"], first["env_tokens"]) == (2, "done", 2, 2)
     assert record["reward_mean"] == 0.5
-    bare = sample_record(msgspec.structs.replace(msg, transcripts=[]))  # kept without its turns
+    bare = sample_record(played(0, prompt="3+4", answer="7", responses=["7", "8"]))  # kept without its turns
     assert "messages" not in bare["responses"][0] and "turn_rewards" not in first
-    rewarded = sample_record(msgspec.structs.replace(msg, turn_rewards=[[1.0, None], [0.0]]))
+    assert msg.episodes is not None
+    with_rewards = msgspec.structs.replace(msg.episodes, turn_rewards=[[1.0, None], [0.0]])
+    rewarded = sample_record(msgspec.structs.replace(msg, episodes=with_rewards))
     assert [r["turn_rewards"] for r in rewarded["responses"]] == [[1.0, None], [0.0]]
 
 
@@ -121,7 +135,7 @@ def test_an_eval_rounds_samples_hold_the_episodes_turns() -> None:
     prompt = Prompt(-1, "q", "7")
     r = EvalRound(3, deque([prompt]), 0.0)
     r.give(b"a", 1)
-    r.answer(EvalResult(3, -1, [1.0], [1.0], ["7"], [1], transcripts=[["q", "7"]]))
+    r.answer(EvalResult(3, -1, [1.0], [1.0], ["7"], [1], episodes=EpisodeFigures(transcripts=[["q", "7"]])))
     (sample,) = r.samples()
     assert sample["responses"][0]["messages"] == [
         {"author": "environment", "text": "q"},
@@ -162,7 +176,7 @@ def test_a_groups_episodes_share_one_prompt_and_each_keeps_its_own_ids() -> None
     assert group.prompt == [1, 2]
     assert group.completions == [[3, 7, 8, 2], [4, 9], [2], [3]]
     assert group.episodes is not None
-    assert group.episodes.masks == [[0, 1, 0, 1], [0, 1], [0], [0]]
+    assert group.masks == [[0, 1, 0, 1], [0, 1], [0], [0]]
     assert group.logprobs == [[0.0, -0.5, 0.0, -0.5], [0.0, -0.5], [0.0], [0.0]]
     assert group.episodes.endings == ["done", "done", "error", "context"] and group.texts == [
         "a",

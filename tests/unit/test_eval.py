@@ -12,17 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from cadence.actors.groups import EpisodeFigures, GroupSamples, eval_result, group_result
 from cadence.config import ConfigError, load_config
 from cadence.dispatch.rounds import EvalRound, EvalRounds
 from cadence.launch.build import make_tokenizer
 from cadence.monitor.evaluation import eval_episodes, eval_figures, pass_at_k
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
+from cadence.rollout.results import GroupSamples, eval_result
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.heldout import eval_prompts, held_out
 from cadence.tasks.registry import make_task
 from cadence.wire.meaning import eval_result_problem
-from cadence.wire.messages import Assignment, DecodeError, EvalResult, decode_frames, encode_frames
+from cadence.wire.messages import (
+    Assignment,
+    DecodeError,
+    EpisodeFigures,
+    EvalResult,
+    decode_frames,
+    encode_frames,
+)
+from tests.conftest import episodes_of
 
 
 def test_pass_at_k_against_enumerating_every_draw() -> None:
@@ -243,7 +251,8 @@ def test_a_char_tokenizer_also_spells_a_held_out_files_characters(tmp_path: Path
 def test_eval_episode_figures_are_a_period_rows_prefixed_and_none_for_single_turn_groups() -> None:
     def group(turns: list[int], endings: list[str], masks: list[list[int]]) -> EpisodeFigures:
         n = len(turns)
-        return EpisodeFigures(masks, turns, [2] * n, [1] * n, [0] * n, [0.25] * n, endings)
+        env_tokens = [mask.count(0) for mask in masks]
+        return EpisodeFigures(turns, [2] * n, [1] * n, [0] * n, [0.25] * n, env_tokens, endings)
 
     groups = [
         group([1, 3], ["done", "max_turns"], [[1, 1], [1, 0, 0, 1]]),
@@ -260,7 +269,7 @@ def test_eval_episode_figures_are_a_period_rows_prefixed_and_none_for_single_tur
         "eval_ended_max_turns": 1,
     }
     assert eval_episodes([]) == {}
-    assert eval_episodes([EpisodeFigures([], [], [], [], [], [], [])]) == {}
+    assert eval_episodes([EpisodeFigures()]) == {} and eval_episodes([None]) == {}
 
 
 SINGLE_TURN_ROW = {
@@ -276,21 +285,21 @@ SINGLE_TURN_ROW = {
 }
 
 
-def _played(prompt_id: int, figures: EpisodeFigures | None) -> EvalResult:
-    """A worker's answer to eval prompt `prompt_id` of two samples (episodes with `figures`), through
-    the wire."""
+def _played(prompt_id: int, masks: list[list[int]], figures: EpisodeFigures | None) -> EvalResult:
+    """A worker's answer to eval prompt `prompt_id` of two samples (episodes with these masks and
+    `figures`), through the wire."""
     job = Assignment(3, 3, prompt_id, "q", "7", 2, eval=True)
-    completions = [[5] * len(m) for m in figures.masks] if figures else [[5, 6], [5]]
+    completions = [[5] * len(m) for m in masks] if figures else [[5, 6], [5]]
     samples = GroupSamples(
         [1],
         completions,
         [[0.0] * len(c) for c in completions],
         ["7", "8"],
         [Score(1.0, 1.0), Score(0.0, 0.0)],
+        masks,
         figures,
     )
-    made = group_result(job, samples, keep=True, gen_s=0.1, load_s=0.0, finished_at=1.0, following=0)
-    answer = wire(eval_result(job, made))
+    answer = wire(eval_result(job, samples, 0.1))
     assert eval_result_problem(answer, 2) is None
     return answer
 
@@ -298,17 +307,16 @@ def _played(prompt_id: int, figures: EpisodeFigures | None) -> EvalResult:
 def test_an_eval_rounds_row_adds_its_episodes_figures_as_cadence_eval_does_and_single_turn_rows_none() -> (
     None
 ):
+    masks = [[[1, 0, 0, 1], [1]], [[1, 0, 1], [0]]]
     figures = [
+        EpisodeFigures([2, 1], [2, 0], [1, 0], [1, 0], [0.25, 0.5], [2, 0], ["done", "max_turns"]),
         EpisodeFigures(
-            [[1, 0, 0, 1], [1]], [2, 1], [2, 0], [1, 0], [1, 0], [0.25, 0.5], ["done", "max_turns"]
-        ),
-        EpisodeFigures(
-            [[1, 0, 1], [0]],
             [2, 0],
             [1, 0],
             [0, 0],
             [0, 0],
             [0.125, 0.0],
+            [1, 1],
             ["done", "error"],
             turn_rewards=[[1.0, None], []],
         ),
@@ -316,8 +324,8 @@ def test_an_eval_rounds_row_adds_its_episodes_figures_as_cadence_eval_does_and_s
     prompts = [Prompt(-1, "q1", "7"), Prompt(-2, "q2", "7")]
     r = EvalRound(3, deque(prompts), 0.0)
     r.give(b"a", 2)
-    answers = [_played(-1, figures[0]), _played(-2, figures[1])]
-    assert answers[0].env_tokens == [2, 0] and answers[1].env_tokens == [1, 1]
+    answers = [_played(-1, masks[0], figures[0]), _played(-2, masks[1], figures[1])]
+    assert episodes_of(answers[0]).env_tokens == [2, 0] and episodes_of(answers[1]).env_tokens == [1, 1]
     for answer in reversed(answers):  # the order they come in does not matter
         r.answer(answer)
     row = r.row(2, 4.0)
@@ -341,7 +349,7 @@ def test_an_eval_rounds_row_adds_its_episodes_figures_as_cadence_eval_does_and_s
     single = EvalRound(3, deque(prompts), 0.0)
     single.give(b"a", 2)
     for prompt in prompts:
-        answer = _played(prompt.prompt_id, None)
-        assert answer.turns == answer.env_tokens == answer.endings == []
+        answer = _played(prompt.prompt_id, [], None)
+        assert answer.episodes is None
         single.answer(answer)
     assert single.row(2, 4.0).keys() == SINGLE_TURN_ROW

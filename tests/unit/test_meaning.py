@@ -26,6 +26,7 @@ from cadence.wire.meaning import (
 )
 from cadence.wire.messages import (
     DecodeError,
+    EpisodeFigures,
     EvalResult,
     GroupResult,
     Message,
@@ -99,27 +100,33 @@ def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any],
     assert problem is not None and reason in problem
 
 
+FIGURES = set(EpisodeFigures.__struct_fields__)
+
+
 def episodes(**changes: Any) -> GroupResult:
     """A sound group of two episodes: the first sampled a token, then the environment wrote one."""
-    sound = group(
-        logprobs=[[-0.5, 0.0], [-2.0]],
-        masks=[[1, 0], [1]],
+    figures = EpisodeFigures(
         turns=[2, 1],
         tool_calls=[1, 0],
         tool_errors=[1, 0],
         env_timeouts=[0, 0],
         env_s=[0.25, 0.0],
+        env_tokens=[1, 0],
         endings=["max_turns", "done"],
         transcripts=[["first", "a", "[calc]"], ["first", "b"]],
     )
-    return msgspec.structs.replace(sound, **changes)
+    figures = msgspec.structs.replace(figures, **{k: v for k, v in changes.items() if k in FIGURES})
+    sound = group(logprobs=[[-0.5, 0.0], [-2.0]], masks=[[1, 0], [1]], episodes=figures)
+    return msgspec.structs.replace(sound, **{k: v for k, v in changes.items() if k not in FIGURES})
 
 
 def test_a_sound_episode_group_passes() -> None:
     assert group_problem(wire(episodes()), VOCAB) is None
     assert group_problem(wire(episodes(transcripts=[], env_s=[])), VOCAB) is None  # each list may be empty
     # an episode the environment ended before the model's first token: one environment token, no 1
-    ended = episodes(completions=[[4, 11], [2]], logprobs=[[-0.5, 0.0], [0.0]], masks=[[1, 0], [0]])
+    ended = episodes(
+        completions=[[4, 11], [2]], logprobs=[[-0.5, 0.0], [0.0]], masks=[[1, 0], [0]], env_tokens=[1, 1]
+    )
     assert group_problem(wire(ended), VOCAB) is None
     # turn rewards: one list an episode, at most its model turns long, a turn without one None
     assert group_problem(wire(episodes(turn_rewards=[[1.0, None], []])), VOCAB) is None
@@ -152,6 +159,7 @@ def test_the_endings_are_the_runners() -> None:
         ({"turn_rewards": [[1.0]]}, "2 completions but {'turn_rewards': 1}"),
         ({"turn_rewards": [[1.0, 0.0, 1.0], []]}, "episode 0: 3 turn rewards for 2 model turns"),
         ({"turn_rewards": [[1.0], [math.inf]]}, "episode 1: a turn reward that is not finite"),
+        ({"env_tokens": [0, 0]}, "environment tokens other than the masks' zeros"),
     ],
 )
 def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
@@ -160,21 +168,17 @@ def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[st
 
 
 def test_an_eval_answer_has_a_transcript_a_sample_or_none() -> None:
-    answer = EvalResult(0, -1, [1.0], [1.0], ["a"], [1], transcripts=[["first", "a"]])
+    answer = EvalResult(
+        0, -1, [1.0], [1.0], ["a"], [1], episodes=EpisodeFigures(transcripts=[["first", "a"]])
+    )
     assert eval_result_problem(wire(answer), 1) is None
-    two = msgspec.structs.replace(answer, transcripts=[["first", "a"], ["x"]])
+    two = msgspec.structs.replace(answer, episodes=EpisodeFigures(transcripts=[["first", "a"], ["x"]]))
     assert "'transcripts': 2" in str(eval_result_problem(wire(two), 1))
 
 
 def episode_answer(**changes: Any) -> EvalResult:
     """A sound eval answer of two episodes, with their figures."""
-    sound = EvalResult(
-        version=2,
-        prompt_id=-1,
-        rewards=[1.0, 0.0],
-        correct=[1.0, 0.0],
-        responses=["a", "b"],
-        tokens=[4, 1],
+    figures = EpisodeFigures(
         transcripts=[["first", "a", "[calc]"], ["first", "b"]],
         turns=[2, 1],
         tool_calls=[1, 0],
@@ -185,7 +189,16 @@ def episode_answer(**changes: Any) -> EvalResult:
         endings=["max_turns", "error"],
         turn_rewards=[[1.0, None], []],
     )
-    return msgspec.structs.replace(sound, **changes)
+    sound = EvalResult(
+        version=2,
+        prompt_id=-1,
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        responses=["a", "b"],
+        tokens=[4, 1],
+        episodes=msgspec.structs.replace(figures, **changes),
+    )
+    return sound
 
 
 def test_a_sound_eval_answer_of_episodes_passes_and_a_single_turn_one_carries_none_of_their_figures() -> None:
@@ -238,9 +251,9 @@ def test_a_meaningless_eval_answer_of_episodes_is_refused_with_its_reason(
     [
         (group(completions=[[4, 11], [-1]]), "completions[1][0]"),
         (episodes(masks=[[1, -1], [1]]), "masks[0][1]"),
-        (episodes(turns=[-1, 0]), "turns[0]"),
-        (episode_answer(env_tokens=[2, -1]), "env_tokens[1]"),
-        (episode_answer(tool_calls=[-1, 0]), "tool_calls[0]"),
+        (episodes(turns=[-1, 0]), "episodes.turns[0]"),
+        (episode_answer(env_tokens=[2, -1]), "episodes.env_tokens[1]"),
+        (episode_answer(tool_calls=[-1, 0]), "episodes.tool_calls[0]"),
         (group(following=-1), "following"),
         (VersionReady(-1, "s", 1), "version"),
         (VersionReady(1, "s", -3), "nbytes"),

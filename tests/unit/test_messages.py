@@ -52,6 +52,11 @@ def sample(hint: Any, salt: int = 0) -> Any:
         return {sample(key, salt): sample(item, salt + 1), sample(key, salt + 7): sample(item, salt + 2)}
     if origin in (typing.Union, types.UnionType):
         return sample(get_args(hint)[0], salt)
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):  # a struct nested in a message
+        hints = typing.get_type_hints(hint)
+        return hint(
+            **{f.name: sample(hints[f.name], salt + i) for i, f in enumerate(msgspec.structs.fields(hint))}
+        )
     raise TypeError(f"no sample for {hint!r}")
 
 

@@ -13,6 +13,7 @@ from cadence.monitor.metrics import PeriodStats, overlap, samples_digest, serial
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import summarize
 from cadence.tasks.digits import DigitsTask
+from tests.conftest import scored
 
 # ---------------------------------------------------------------- overlap and serial finish
 
@@ -55,8 +56,10 @@ def test_serial_finish_refuses_mismatched_lists() -> None:
 
 def _stats() -> PeriodStats:
     stats = PeriodStats(period=3, start=100.0)
-    stats.arrived(102.0, "w1", 7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0], gen_s=1.5, load_s=0.2)
-    stats.arrived(105.0, "w2", 8, [[4, 5, 6], [7, 8, 9]], [0.5, 0.5], [0.0, 1.0], gen_s=2.5, load_s=0.4)
+    stats.arrived(102.0, "w1", scored(7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0], gen_s=1.5, load_s=0.2))
+    stats.arrived(
+        105.0, "w2", scored(8, [[4, 5, 6], [7, 8, 9]], [0.5, 0.5], [0.0, 1.0], gen_s=2.5, load_s=0.4)
+    )
     stats.spans = [(102.5, 104.0), (105.0, 106.0)]
     stats.step_s = 0.5
     stats.stale_dropped = 2

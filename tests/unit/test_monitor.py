@@ -14,14 +14,19 @@ from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
 from cadence.monitor.samples import SampleWriter, is_sampled
 from cadence.monitor.writers import TensorBoardWriter, make_writers, scalars
+from tests.conftest import scored
 
 
 def test_reward_functions_and_inference_idle_per_period() -> None:
     stats = PeriodStats(period=0, start=100.0)
     parts = {"math": [1.0, 0.0], "format": [1.0, 1.0]}
-    stats.arrived(101.0, "w1", 0, [[1], [2]], [1.2, 0.2], [1.0, 0.0], gen_s=1.0, load_s=0.5, parts=parts)
-    stats.arrived(103.0, "w1", 1, [[1], [2]], [0.0, 0.2], [0.0, 0.0], gen_s=2.0, load_s=0.0, parts=parts)
-    stats.arrived(104.0, "w2", 2, [[1, 2], [3]], [0.2, 0.2], [0.0, 0.0], gen_s=1.0, load_s=0.0)
+    stats.arrived(
+        101.0, "w1", scored(0, [[1], [2]], [1.2, 0.2], [1.0, 0.0], gen_s=1.0, load_s=0.5, parts=parts)
+    )
+    stats.arrived(
+        103.0, "w1", scored(1, [[1], [2]], [0.0, 0.2], [0.0, 0.0], gen_s=2.0, load_s=0.0, parts=parts)
+    )
+    stats.arrived(104.0, "w2", scored(2, [[1, 2], [3]], [0.2, 0.2], [0.0, 0.0], gen_s=1.0, load_s=0.0))
     row = stats.finish(end=110.0, publish_s=0.5).to_row()
     assert row["reward_math"] == pytest.approx(0.5) and row["reward_format"] == pytest.approx(1.0)
     # w1 busy 3.5 s, w2 1 s, of a 10 s period: idle 6.5 and 9, mean 7.75

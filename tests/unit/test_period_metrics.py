@@ -9,12 +9,15 @@ from pathlib import Path
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
+from tests.conftest import scored
 
 
 def _metrics() -> PeriodMetrics:
     stats = PeriodStats(period=3, start=100.0)
-    stats.arrived(102.0, "w1", 7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0], 1.5, 0.2, {"shape": [1.0, 0.5]})
-    stats.arrived(105.0, "w2", 8, [[4, 5, 6]], [0.5], [0.0], 2.5, 0.4, {"shape": [0.0]})
+    stats.arrived(
+        102.0, "w1", scored(7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0], 1.5, 0.2, {"shape": [1.0, 0.5]})
+    )
+    stats.arrived(105.0, "w2", scored(8, [[4, 5, 6]], [0.5], [0.0], 2.5, 0.4, {"shape": [0.0]}))
     stats.spans = [(102.5, 104.0), (105.0, 106.0)]
     return stats.finish(end=108.0, publish_s=1.0)
 

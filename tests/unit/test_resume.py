@@ -14,7 +14,14 @@ from cadence.config import ConfigError, SimulatedConfig
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder, read_jsonl, truncate_metrics
 from cadence.training.learner import TorchLearner
-from cadence.training.resume import ResumeError, check_config, find_resume, load_resume, save_resume
+from cadence.training.resume import (
+    ResumeError,
+    RunRecord,
+    check_config,
+    find_resume,
+    load_resume,
+    save_resume,
+)
 from cadence.training.simulated import SimulatedLearner
 from tests.conftest import tiny_config
 from tests.unit.test_learner import learner, micro_batch
@@ -84,43 +91,43 @@ def test_checkpoints_replace_each_other_whole_and_leftovers_are_ignored(tmp_path
     cfg = tiny_config("periods=8", "trainer.checkpoint_every=2")
     model = SimulatedLearner(SimulatedConfig(step_s=0.0, weights_bytes=64))
     assert find_resume(tmp_path) is None
-    save_resume(tmp_path, model, 2, cfg)
+    save_resume(tmp_path, model, 2, RunRecord.of(cfg))
     model.step(1.0)
-    path = save_resume(tmp_path, model, 4, cfg, {"period": 3})
+    path = save_resume(tmp_path, model, 4, RunRecord.of(cfg), {"period": 3})
     assert path == tmp_path / "resume" and sorted(p.name for p in tmp_path.iterdir()) == ["resume"]
     found = find_resume(tmp_path)
     assert found is not None and found[1]["version"] == 4 and found[1]["metrics"] == {"period": 3}
     # a kill while writing the next one: the half-written folder is never read, the old one stays
     with pytest.raises(KeyboardInterrupt):
-        save_resume(tmp_path, Failing(model.cfg), 6, cfg)
+        save_resume(tmp_path, Failing(model.cfg), 6, RunRecord.of(cfg))
     assert (tmp_path / "resume.tmp").is_dir()
     again = SimulatedLearner(model.cfg)
-    assert load_resume(tmp_path, again, cfg)["version"] == 4 and again.steps == 1
+    assert load_resume(tmp_path, again, RunRecord.of(cfg))["version"] == 4 and again.steps == 1
     # a kill between the two renames: only resume.old is left, and it is taken
     os.replace(tmp_path / "resume", tmp_path / "resume.old")
     found = find_resume(tmp_path)
     assert found is not None and found[0] == tmp_path / "resume.old" and found[1]["version"] == 4
     # the next save clears every leftover
-    save_resume(tmp_path, model, 6, cfg)
+    save_resume(tmp_path, model, 6, RunRecord.of(cfg))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume"]
     assert json.loads((tmp_path / "resume" / "state.json").read_text())["version"] == 6
 
 
 def test_a_checkpoint_of_another_configuration_is_refused_naming_the_keys(tmp_path: Path) -> None:
     cfg = tiny_config("periods=8", "trainer.checkpoint_every=2")
-    save_resume(tmp_path, SimulatedLearner(cfg.simulated), 4, cfg)
+    save_resume(tmp_path, SimulatedLearner(cfg.simulated), 4, RunRecord.of(cfg))
     state = json.loads((tmp_path / "resume" / "state.json").read_text())
     # how long the run lasts, how it is carried out: free to change
-    check_config(state, tiny_config("periods=20", "rollout.workers=3", "mode='sync'"), tmp_path)
+    check_config(state, RunRecord.of(tiny_config("periods=20", "rollout.workers=3", "mode='sync'")), tmp_path)
     with pytest.raises(ResumeError, match=r"trainer\.lr = 0\.002 here, 0\.001 in the checkpoint") as err:
-        check_config(state, tiny_config("periods=8", "trainer.lr=0.002", "seed=5"), tmp_path)
+        check_config(state, RunRecord.of(tiny_config("periods=8", "trainer.lr=0.002", "seed=5")), tmp_path)
     assert "seed = 5 here, 0 in the checkpoint" in str(err.value)
     with pytest.raises(ResumeError, match=r"model\.hidden_size = 48 here, 32 in the checkpoint"):
-        check_config(state, tiny_config("periods=8", "model.hidden_size=48"), tmp_path)
+        check_config(state, RunRecord.of(tiny_config("periods=8", "model.hidden_size=48")), tmp_path)
     with pytest.raises(ResumeError, match="at period 4, beyond periods = 3"):
-        check_config(state, tiny_config("periods=3"), tmp_path)
+        check_config(state, RunRecord.of(tiny_config("periods=3")), tmp_path)
     with pytest.raises(ResumeError, match="no resume checkpoint"):
-        load_resume(tmp_path / "elsewhere", SimulatedLearner(cfg.simulated), cfg)
+        load_resume(tmp_path / "elsewhere", SimulatedLearner(cfg.simulated), RunRecord.of(cfg))
 
 
 def test_checkpoint_every_must_not_be_negative() -> None:

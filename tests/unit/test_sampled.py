@@ -16,8 +16,8 @@ from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum, step_normaliser
 from cadence.ops.packing import packed_row_length
 from cadence.ops.sampled import check_masks, sampled_lengths, sampled_rows
-from cadence.training.groups import TrainGroup, sampled_tokens
 from cadence.training.learner import TorchLearner
+from cadence.training.train_group import TrainGroup, sampled_tokens
 from tests.unit.test_objectives import CLIP, MAX_NEW_TOKENS, reference_advantages, reference_objective
 from tests.unit.test_prefix import CONFIGS
 

@@ -15,7 +15,7 @@ from cadence.launch.launcher import LaunchError, check_out, prepare
 from cadence.model.checkpoint import CheckpointError, check_checkpoint, load_checkpoint
 from cadence.model.hf_tokenizer import HFTokenizer, open_tokenizer
 from cadence.model.tokenizer import CharTokenizer
-from cadence.training.resume import ResumeError, find_resume, load_resume, save_resume
+from cadence.training.resume import ResumeError, RunRecord, find_resume, load_resume, save_resume
 from tests.conftest import tiny_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
@@ -109,15 +109,15 @@ def test_an_empty_state_or_truncated_resume_file_is_named(tmp_path: Path) -> Non
     cfg = tiny_config("trainer.checkpoint_every=1")
     tokenizer = make_tokenizer(cfg)
     learner = make_learner(cfg, tokenizer)
-    where = save_resume(tmp_path, learner, 1, cfg)
+    where = save_resume(tmp_path, learner, 1, RunRecord.of(cfg))
     optimizer = where / "optimizer.pt"
     optimizer.unlink()
     with pytest.raises(ResumeError, match=f"{where} cannot be read: .*{optimizer}"):
-        load_resume(tmp_path, learner, cfg)
+        load_resume(tmp_path, learner, RunRecord.of(cfg))
     weights = where / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:50])
     with pytest.raises(ResumeError, match=f"{weights} is truncated or not safetensors"):
-        load_resume(tmp_path, learner, cfg)
+        load_resume(tmp_path, learner, RunRecord.of(cfg))
     (where / "state.json").write_text("")
     with pytest.raises(ResumeError, match=f"{where / 'state.json'} is empty or damaged"):
         find_resume(tmp_path)
@@ -136,7 +136,7 @@ def test_a_full_disk_while_checkpointing_says_so_and_leaves_no_resume_tmp(
     cfg = tiny_config("trainer.checkpoint_every=1")
     tokenizer = make_tokenizer(cfg)
     learner = make_learner(cfg, tokenizer)
-    save_resume(tmp_path, learner, 1, cfg)
+    save_resume(tmp_path, learner, 1, RunRecord.of(cfg))
     real = learner.save_state
 
     def fill_the_disk(directory: Path) -> None:
@@ -145,7 +145,7 @@ def test_a_full_disk_while_checkpointing_says_so_and_leaves_no_resume_tmp(
 
     monkeypatch.setattr(learner, "save_state", fill_the_disk)
     with pytest.raises(ResumeError, match=f"no space left on the device of {tmp_path}") as full:
-        save_resume(tmp_path, learner, 2, cfg)
+        save_resume(tmp_path, learner, 2, RunRecord.of(cfg))
     assert "period 2 was not written" in str(full.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume"]  # no resume.tmp, the last one kept
     found = find_resume(tmp_path)

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from cadence.actors.episodes import EngineGenerate, play
 from cadence.config import RunConfig, VllmConfig
 from cadence.launch.build import make_tokenizer
 from cadence.model.engine import SamplingParams, sample_seed
 from cadence.model.rollout_engine import TurnEngine
 from cadence.model.turns import ChatTurns
 from cadence.model.vllm_engine import VllmEngine
+from cadence.rollout.play import EngineGenerate, play
 from cadence.tasks.base import Prompt
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.guess import GuessNumber
@@ -181,7 +181,7 @@ def test_episodes_on_the_vllm_engine_are_its_ids_and_the_environments(cfg: RunCo
                 seed,
                 group.prompt,
                 group.completions[i],
-                figures.masks[i],
+                group.masks[i],
                 group.logprobs[i],
                 figures.transcripts[i],
                 codec,

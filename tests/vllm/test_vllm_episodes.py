@@ -30,7 +30,7 @@ from cadence.wire.messages import (
     decode_frames,
     encode_frames,
 )
-from tests.conftest import expect, tiny_config
+from tests.conftest import episodes_of, expect, tiny_config
 from tests.turns import RecordingTurns, check_episode
 from tests.vllm.helpers import VLLM_MARKS, module_engine
 from tests.vllm.test_vllm_engine import SHAPE, random_model, teacher_forced
@@ -104,9 +104,9 @@ async def test_episodes_on_vllm_are_its_tokens_and_the_environments(
     sent = await expect(rig.trainer, GroupResult, timeout=300)
     result = decode_frames(encode_frames(sent, "w0", "test")).message  # as the trainer reads it
     assert isinstance(result, GroupResult)
-    tokenizer = rig.worker.tokenizer
+    tokenizer = rig.worker.maker.tokenizer
     assert group_problem(result, vocab_limit(cfg, tokenizer)) is None
-    assert result.prompt_tokens == tokenizer.encode_prompt(result.transcripts[0][0])
+    assert result.prompt_tokens == tokenizer.encode_prompt(episodes_of(result).transcripts[0][0])
     codec = ChatTurns(tokenizer)
     n = len(result.prompt_tokens)
     for i in range(group_size):
@@ -119,7 +119,7 @@ async def test_episodes_on_vllm_are_its_tokens_and_the_environments(
             completion,
             mask,
             logprobs,
-            result.transcripts[i],
+            episodes_of(result).transcripts[i],
             codec,
             TURN_TOKENS,
         )
@@ -133,8 +133,8 @@ async def test_episodes_on_vllm_are_its_tokens_and_the_environments(
         (alone,) = engine.generate(result.prompt_tokens, [seed])
         assert first.tokens == alone.tokens[: len(first.tokens)]
         assert first.logprobs == pytest.approx(alone.logprobs[: len(first.tokens)], abs=2e-4)
-    assert max(result.turns) >= 2 and "context" in result.endings
-    assert set(result.endings) <= {"context", "done"}
+    assert max(episodes_of(result).turns) >= 2 and "context" in episodes_of(result).endings
+    assert set(episodes_of(result).endings) <= {"context", "done"}
     assert rig.worker.playing is None and rig.worker.groups_sent == 1
 
 

@@ -1,6 +1,6 @@
 """What the episode runner asks of the rest: an engine that continues token ids, and the chat
 template's turn boundaries as token ids. Both are Protocols: the tasks layer imports no model code;
-`cadence.model.turns.ChatTurns` is the template side, `cadence.actors.episodes.EngineGenerate` the
+`cadence.model.turns.ChatTurns` is the template side, `cadence.rollout.play.EngineGenerate` the
 built-in engine's side.
 
 Invariant (token in, token out): the runner never decodes and re-encodes what it already holds; an

@@ -1,7 +1,7 @@
-"""Episodes on a worker's engine: the episode runner's `Generate` (`cadence.tasks.environments`) made of
-a `TurnEngine`, what a worker needs to run an assignment's samples as episodes (`Episodes`), and a
-group's episodes as a `GroupResult` carries them (`episode_group`). Here because it joins two sibling
-layers, the model and the tasks.
+"""Episodes played on a worker's engine: the episode runner's `Generate` (`cadence.tasks.environments`)
+made of a `TurnEngine`, what a worker needs to run an assignment's samples as episodes (`Episodes`),
+and a group's episodes as one prompt and a completion each (`episode_group`). Here because it joins
+two sibling layers, the model and the tasks.
 
 ```
  runner: generate(contexts, turn seeds, room) ─► a thread: hold() (the worker's engine lock, thread
@@ -27,17 +27,18 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from cadence.actors.groups import EpisodeFigures, GroupSamples
 from cadence.model.rollout_engine import TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.monitor.span import Overlapping
+from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, EnvironmentFactory, Opening, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
 from cadence.tasks.environments.runner import EpisodeRunner
+from cadence.wire.messages import EpisodeFigures
 
 Hold = Callable[[], AbstractContextManager[object]]
 
@@ -187,12 +188,12 @@ def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id:
         masks.append(mask)
         logprobs.append(lps)
     figures = EpisodeFigures(
-        masks=masks,
         turns=[r.model_turns for r in results],
         tool_calls=[r.tool_calls for r in results],
         tool_errors=[r.tool_errors for r in results],
         env_timeouts=[r.timeouts for r in results],
         env_s=[r.env_seconds for r in results],
+        env_tokens=[mask.count(0) for mask in masks],
         endings=[r.ended for r in results],
         transcripts=[[turn.text for turn in r.turns] for r in results],
         turn_rewards=[list(r.turn_rewards) for r in results]
@@ -200,7 +201,7 @@ def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id:
         else [],
     )
     texts = [next((t.text for t in reversed(r.turns) if t.author == "model"), "") for r in results]
-    return GroupSamples(prompt, completions, logprobs, texts, [r.score for r in results], figures)
+    return GroupSamples(prompt, completions, logprobs, texts, [r.score for r in results], masks, figures)
 
 
 async def play(

@@ -1,4 +1,4 @@
-"""A GRPO group as the learner takes it: one prompt, its completions and their rewards, and what the
+"""A GRPO group as the learner takes it (`TrainGroup.of` a `GroupResult`, with no copy of its lists): one prompt, its completions and their rewards, and what the
 sampler knew of them (old log-probs; which tokens the model sampled and which an environment wrote).
 
 Invariant: every per-completion list (`rewards`, `old_logprobs`, `advantages`, `masks`) lines up with
@@ -16,6 +16,7 @@ import torch
 
 from cadence.ops.advantages import group_advantages
 from cadence.ops.sampled import check_masks, sampled_lengths
+from cadence.wire.messages import GroupResult
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class TrainGroup:
 
     def __post_init__(self) -> None:
         check_masks(self.completions, self.masks)
+
+    @classmethod
+    def of(cls, group: GroupResult, sampler_logprobs: bool) -> TrainGroup:
+        """The learner's view of a group as the wire carries it: its prompt, completions, rewards and
+        masks, with the sampler's log-probs as the old policy's when `sampler_logprobs` (else the
+        detached policy's)."""
+        old = group.logprobs if sampler_logprobs else None
+        return cls(group.prompt_tokens, group.completions, group.rewards, old, masks=group.masks or None)
 
     def advantage_list(self, scale: bool) -> list[float]:
         """The given advantages, or the group's own from its rewards (`scale`: divided by their std)."""

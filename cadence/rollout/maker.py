@@ -1,0 +1,77 @@
+"""The maker of scored groups: a batch of prompts in, one `GroupSamples` a prompt out, generated with
+the weights the engine holds, seeded by (seed, period, prompt id, sample), as single-turn completions
+scored by the run's reward functions or, with an environment, as whole episodes it scores.
+
+```
+ make(prompts, period, samples, evaluation)
+   seeds: sample_seed(seed, period, prompt id, i), i < samples
+   temperature: the eval one for an eval batch, else the engine's own
+   single turn ─► single_turn.complete: one generate_many, then each completion scored
+   episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its environment
+```
+
+Invariant: the same prompts, period, sample count and weights give the same groups whoever makes
+them, a rollout worker or `cadence eval`; the engine computes only inside the caller's `hold()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+from cadence.model.engine import sample_seed
+from cadence.model.rollout_engine import RolloutEngine, TurnEngine
+from cadence.model.tokenizer import TextTokenizer
+from cadence.monitor.span import Overlapping
+from cadence.rollout.play import EngineGenerate, Episodes
+from cadence.rollout.results import GroupSamples
+from cadence.rollout.single_turn import Hold, Scorer, complete
+from cadence.tasks.base import Prompt
+
+
+class GroupMaker:
+    """Makes a batch's groups on `engine`: `tokenizer` for prompts and texts, `scorer` for single-turn
+    completions, `episodes` to play each sample as an episode instead (needs a `TurnEngine`), `seed`
+    the run's, `eval_temperature` an eval batch's (0: greedy)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: TextTokenizer,
+        scorer: Scorer,
+        seed: int,
+        eval_temperature: float = 0.0,
+        episodes: Episodes | None = None,
+    ) -> None:
+        if episodes is not None and not isinstance(engine, TurnEngine):
+            raise TypeError(f"{type(engine).__name__} runs no episodes (environment.name): not a TurnEngine")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+        self.seed = seed
+        self.eval_temperature = eval_temperature
+        self.episodes = episodes
+
+    def seeds(self, period: int, prompt_id: int, samples: int) -> list[int]:
+        """The seeds of a group's samples (`sample_seed`)."""
+        return [sample_seed(self.seed, period, prompt_id, i) for i in range(samples)]
+
+    async def make(
+        self,
+        prompts: Sequence[Prompt],
+        period: int,
+        samples: int,
+        evaluation: bool = False,
+        hold: Hold = nullcontext,
+        waits: Overlapping | None = None,
+    ) -> list[GroupSamples]:
+        """The groups of `prompts`, `samples` samples each, made together; with episodes, every
+        environment call timed in `waits` when given."""
+        temperature = self.eval_temperature if evaluation else None
+        seeded = [(prompt, self.seeds(period, prompt.prompt_id, samples)) for prompt in prompts]
+        if self.episodes is None:
+            return await complete(self.engine, self.tokenizer, self.scorer, seeded, temperature, hold)
+        assert isinstance(self.engine, TurnEngine)
+        generate = EngineGenerate(self.engine, temperature, hold)
+        groups = [(p, seeds, self.tokenizer.encode_prompt(p.text)) for p, seeds in seeded]
+        return await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)

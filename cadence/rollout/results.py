@@ -1,0 +1,85 @@
+"""A group as made and scored (`GroupSamples`), and the messages that carry it: a training group's
+`GroupResult` to the trainer, an eval prompt's `EvalResult` to the dispatcher.
+
+Invariant: every per-sample list of a message lines up with its completions; a single-turn group (or
+eval answer) leaves its masks empty and its episode figures out (on the wire: left out), an episode
+group fills each one a sample; texts (responses, transcripts, prompt, answer) travel only for a group
+kept as a sample, and always in an eval answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from cadence.tasks.base import Score
+from cadence.wire.messages import Assignment, EpisodeFigures, EvalResult, GroupResult
+
+
+@dataclass(frozen=True)
+class GroupSamples:
+    """A group's samples: the prompt's ids, each sample's ids after it with their log-probs, its text
+    and score; for episodes also which tokens the environment wrote (`masks`: 1 sampled, 0 the
+    environment's; empty: every token sampled) and the episodes' figures, as the wire carries them."""
+
+    prompt: list[int]
+    completions: list[list[int]]
+    logprobs: list[list[float]]
+    texts: list[str]  # the completion's text; an episode's: the model's last turn
+    scores: list[Score]
+    masks: list[list[int]] = field(default_factory=list)
+    episodes: EpisodeFigures | None = None
+
+
+def group_result(
+    job: Assignment,
+    samples: GroupSamples,
+    keep: bool,
+    gen_s: float,
+    load_s: float,
+    finished_at: float,
+    following: int,
+) -> GroupResult:
+    """The `GroupResult` of `job`'s samples; `keep`: the group is kept as a sample (its texts travel)."""
+    scores = samples.scores
+    names = list(dict.fromkeys(name for s in scores for name in s.parts))  # an error episode's too
+    episodes = samples.episodes
+    if episodes is not None and not keep:
+        episodes = msgspec.structs.replace(episodes, transcripts=[])
+    return GroupResult(
+        period=job.period,
+        version=job.version,
+        prompt_id=job.prompt_id,
+        prompt_tokens=samples.prompt,
+        completions=samples.completions,
+        logprobs=samples.logprobs,
+        rewards=[s.reward for s in scores],
+        correct=[s.correct for s in scores],
+        gen_s=gen_s,
+        load_s=load_s,
+        finished_at=finished_at,
+        reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in names},
+        prompt=job.prompt if keep else "",
+        answer=job.answer if keep else "",
+        responses=samples.texts if keep else [],
+        ticket=job.ticket,
+        following=following,
+        masks=samples.masks,
+        episodes=episodes,
+    )
+
+
+def eval_result(job: Assignment, samples: GroupSamples, gen_s: float) -> EvalResult:
+    """The dispatcher's answer to an eval assignment: its samples' rewards, texts and lengths and, for
+    episodes, their figures and messages."""
+    return EvalResult(
+        job.version,
+        job.prompt_id,
+        [s.reward for s in samples.scores],
+        [s.correct for s in samples.scores],
+        samples.texts,
+        [len(c) for c in samples.completions],
+        gen_s,
+        episodes=samples.episodes,
+    )
