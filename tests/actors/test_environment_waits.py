@@ -9,11 +9,11 @@ import asyncio
 import itertools
 import string
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
 import structlog
+from msgspec.structs import replace
 
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.turns import ChatTurns

@@ -11,27 +11,35 @@ import structlog
 
 from cadence.transport.endpoint import RefusalLog
 from cadence.transport.inproc import InprocNetwork
-from cadence.wire.messages import Consumed, GroupResult, Register, VersionReady
+from cadence.wire.messages import Consumed, EpisodeFigures, GroupResult, Register, VersionReady
 from tests.actors.test_trainer import group, start
 from tests.conftest import expect
 
 pytestmark = pytest.mark.timeout(30)
 
 
+FIGURES = set(EpisodeFigures.__struct_fields__)
+
+
 def episodes(period: int, prompt_id: int, **changes: object) -> GroupResult:
-    """A sound group of two episodes (`test_trainer.group`'s tokens), the environment's tokens 0."""
-    sound = msgspec.structs.replace(
-        group(period, prompt_id),
-        logprobs=[[-1.0, 0.0], [-1.0, 0.0, -1.0]],
-        masks=[[1, 0], [1, 0, 1]],
+    """A sound group of two episodes (`test_trainer.group`'s tokens), the environment's tokens 0;
+    `changes` to its fields or to its episodes' figures."""
+    figures = EpisodeFigures(
         turns=[1, 2],
         tool_calls=[1, 1],
         tool_errors=[0, 1],
         env_timeouts=[0, 0],
         env_s=[0.5, 0.25],
+        env_tokens=[1, 1],
         endings=["done", "max_turns"],
     )
-    return msgspec.structs.replace(sound, **changes)
+    sound = msgspec.structs.replace(
+        group(period, prompt_id),
+        logprobs=[[-1.0, 0.0], [-1.0, 0.0, -1.0]],
+        masks=[[1, 0], [1, 0, 1]],
+        episodes=msgspec.structs.replace(figures, **{k: v for k, v in changes.items() if k in FIGURES}),
+    )
+    return msgspec.structs.replace(sound, **{k: v for k, v in changes.items() if k not in FIGURES})
 
 
 async def test_meaningless_episode_groups_are_refused_and_the_trainer_goes_on(
