@@ -24,9 +24,10 @@ from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
+from cadence.tasks.base import Task
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.loading import load_environment
-from cadence.tasks.registry import make_task
+from cadence.tasks.registry import task_alphabet
 from cadence.training.learner import Learner, TorchLearner
 from cadence.training.ranks import Ranks
 from cadence.training.simulated import SimulatedEngine, SimulatedLearner
@@ -35,17 +36,19 @@ if TYPE_CHECKING:
     from cadence.training.collectives import Collectives
 
 
-def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
+def make_tokenizer(cfg: RunConfig, task: Task | None = None) -> TextTokenizer:
+    """The checkpoint's tokenizer, else a char tokenizer of the task's alphabet (`task`'s where given,
+    else read from the config without building the task), a held-out file's characters and, with an
+    environment, printable ASCII."""
     if cfg.model.checkpoint:
         from cadence.model.hf_tokenizer import open_tokenizer
 
         return open_tokenizer(Path(cfg.model.checkpoint).expanduser())
-    task = make_task(cfg.task, cfg.seed)
-    alphabet = task.alphabet
+    alphabet = task.alphabet if task is not None else task_alphabet(cfg.task, cfg.seed)
     if cfg.eval.path:  # a held-out file's characters too, after the task's (whose ids stay the same)
-        from cadence.tasks.heldout import eval_prompts
+        from cadence.tasks.heldout import eval_file_records
 
-        extra = {c for p in eval_prompts(cfg.task, cfg.eval, task) for c in p.text + p.answer}
+        extra = {c for text, answer in eval_file_records(cfg.task, cfg.eval) for c in text + answer}
         alphabet += "".join(sorted(extra - set(alphabet)))
     if cfg.environment.name:  # an environment writes text of its own: printable ASCII, after the rest
         alphabet += "".join(c for c in string.printable if c not in alphabet and c not in "\t\r\x0b\x0c")

@@ -306,7 +306,8 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     keep_freed_memory()  # every version arrives as large frames: reuse their pages
     net = _network(cfg)
     try:
-        tokenizer = make_tokenizer(cfg)
+        task = make_task(cfg.task, cfg.seed)
+        tokenizer = make_tokenizer(cfg, task)
         episodes = make_episodes(cfg, tokenizer)  # a name that does not load stops the worker here
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
         worker = RolloutWorker(
@@ -315,7 +316,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             session(cfg, net.connect(name, connect), "rollout", time.time),
             net.connect,
             engine,
-            make_scorer(cfg, make_task(cfg.task, cfg.seed)),
+            make_scorer(cfg, task),
             tokenizer,
             time.time,
             use_threads=use_threads,
