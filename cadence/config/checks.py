@@ -45,7 +45,7 @@ def waiting_needs_checkpoints(cfg: RunConfig) -> None:
         )
 
 
-def normaliser_is_dapo_s(cfg: RunConfig) -> None:
+def normaliser_only_for_dapo(cfg: RunConfig) -> None:
     """`trainer.normaliser = "samples"` only with `trainer.objective = "dapo"`: the other objectives
     fix their own normaliser."""
     t = cfg.trainer
@@ -56,7 +56,7 @@ def normaliser_is_dapo_s(cfg: RunConfig) -> None:
         )
 
 
-def old_log_probs_at_the_temperature(cfg: RunConfig) -> None:
+def several_steps_need_old_log_probs_at_the_temperature(cfg: RunConfig) -> None:
     """`trainer.steps_per_period > 1` takes the old log-probs from the engine: not with
     `rollout.engine = "vllm"` sampling with both a temperature (other than 0 and 1) and `rollout.top_p
     < 1`, where vLLM returns them at temperature 1."""
@@ -80,7 +80,7 @@ def ranks_need_the_torch_learner(cfg: RunConfig) -> None:
         )
 
 
-def sharding_needs_ranks(cfg: RunConfig) -> None:
+def sharding_needs_ranks_and_shared_prompt_packing(cfg: RunConfig) -> None:
     """`trainer.sharding = "fsdp2"` needs `trainer.ranks > 1` and `trainer.packing = "shared_prompt"`
     (every rank runs one forward a micro-batch)."""
     trainer = cfg.trainer
@@ -96,7 +96,7 @@ def sharding_needs_ranks(cfg: RunConfig) -> None:
         )
 
 
-def engine_settings_are_the_built_in_s(cfg: RunConfig) -> None:
+def rollout_device_and_dtype_only_for_builtin_engine(cfg: RunConfig) -> None:
     """`rollout.device` other than "cpu" needs `rollout.engine = "torch"`, and `rollout.dtype` other
     than "float32" is not for `rollout.engine = "vllm"` (a vLLM worker has its build's device and
     `vllm.dtype`)."""
@@ -137,7 +137,7 @@ def evaluation_has_prompts(cfg: RunConfig) -> None:
         )
 
 
-def evaluation_sampling(cfg: RunConfig) -> None:
+def eval_k_and_temperature_agree_with_greedy(cfg: RunConfig) -> None:
     """`eval.greedy = true` takes `eval.k = 1`; `eval.greedy = false` a finite, positive
     `eval.temperature`."""
     e = cfg.eval
@@ -192,7 +192,7 @@ def episodes_fit_the_positions(cfg: RunConfig) -> None:
         )
 
 
-def episodes_score_themselves(cfg: RunConfig) -> None:
+def episodes_take_no_reward_weights(cfg: RunConfig) -> None:
     """`environment.name` takes no `rewards.weights`: an episode's reward is its environment's score."""
     if cfg.environment.name and cfg.rewards.weights:
         raise ConfigError(
@@ -206,17 +206,17 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     steps_divide_the_batch,
     warmup_within_the_run,
     waiting_needs_checkpoints,
-    normaliser_is_dapo_s,
-    old_log_probs_at_the_temperature,
+    normaliser_only_for_dapo,
+    several_steps_need_old_log_probs_at_the_temperature,
     ranks_need_the_torch_learner,
-    sharding_needs_ranks,
-    engine_settings_are_the_built_in_s,
+    sharding_needs_ranks_and_shared_prompt_packing,
+    rollout_device_and_dtype_only_for_builtin_engine,
     chunks_fit_a_frame,
     evaluation_has_prompts,
-    evaluation_sampling,
+    eval_k_and_temperature_agree_with_greedy,
     episodes_need_a_turn_engine,
     episodes_fit_the_positions,
-    episodes_score_themselves,
+    episodes_take_no_reward_weights,
 )
 
 

@@ -30,7 +30,7 @@ class TaskConfig:
     )
     gym_dataset: str = doc("basic_arithmetic", "reasoning_gym task: the generator's name")
     gym_size: int = doc(1000, "reasoning_gym task: problems generated (seeded by the run seed)", Rule(ge=1))
-    max_operand: int = doc(50, "arithmetic task: operands are drawn from 0..max_operand")
+    max_operand: int = doc(50, "arithmetic task: operands are drawn from 0..max_operand", Rule(ge=1))
     prompts_per_period: int = doc(
         16,
         "B: prompt groups in one period; the period's trainer.steps_per_period optimizer steps share them",
@@ -40,7 +40,9 @@ class TaskConfig:
     rule: Literal["sum", "copy", "max"] = doc(
         "max", "digits task: what the answer is (sum mod 10, last digit, largest)"
     )
-    format_weight: float = doc(0.25, "share of the reward for a well-formed answer (one digit, then end)")
+    format_weight: float = doc(
+        0.25, "share of the reward for a well-formed answer (one digit, then end)", SHARE
+    )
     reward: Literal["exact", "distance"] = doc(
         "exact", "digits task: credit for a wrong digit: none, or partial, by its distance to the answer"
     )

@@ -26,9 +26,10 @@ from cadence.model.transformer import Transformer, init_model
 from cadence.rewards.scorer import make_scorer
 from cadence.rollout.maker import GroupMaker
 from cadence.rollout.play import Episodes
+from cadence.tasks.base import Task
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.loading import load_environment
-from cadence.tasks.registry import make_task
+from cadence.tasks.registry import make_task, task_alphabet
 from cadence.training.learner import Learner, TorchLearner
 from cadence.training.ranks import Ranks
 from cadence.training.simulated import SimulatedEngine, SimulatedLearner
@@ -37,17 +38,19 @@ if TYPE_CHECKING:
     from cadence.training.collectives import Collectives
 
 
-def make_tokenizer(cfg: RunConfig) -> TextTokenizer:
+def make_tokenizer(cfg: RunConfig, task: Task | None = None) -> TextTokenizer:
+    """The checkpoint's tokenizer, else a char tokenizer of the task's alphabet (`task`'s where given,
+    else read from the config without building the task), a held-out file's characters and, with an
+    environment, printable ASCII."""
     if cfg.model.checkpoint:
         from cadence.model.hf_tokenizer import open_tokenizer
 
         return open_tokenizer(Path(cfg.model.checkpoint).expanduser())
-    task = make_task(cfg.task, cfg.seed)
-    alphabet = task.alphabet
+    alphabet = task.alphabet if task is not None else task_alphabet(cfg.task, cfg.seed)
     if cfg.eval.path:  # a held-out file's characters too, after the task's (whose ids stay the same)
-        from cadence.tasks.heldout import eval_prompts
+        from cadence.tasks.heldout import eval_file_records
 
-        extra = {c for p in eval_prompts(cfg.task, cfg.eval, task) for c in p.text + p.answer}
+        extra = {c for text, answer in eval_file_records(cfg.task, cfg.eval) for c in text + answer}
         alphabet += "".join(sorted(extra - set(alphabet)))
     if cfg.environment.name:  # an environment writes text of its own: printable ASCII, after the rest
         alphabet += "".join(c for c in string.printable if c not in alphabet and c not in "\t\r\x0b\x0c")
@@ -124,12 +127,17 @@ def make_model_config(cfg: RunConfig, tokenizer: TextTokenizer) -> ModelConfig:
 
 
 def make_group_maker(
-    cfg: RunConfig, tokenizer: TextTokenizer, engine: RolloutEngine, episodes: Episodes | None
+    cfg: RunConfig,
+    tokenizer: TextTokenizer,
+    engine: RolloutEngine,
+    episodes: Episodes | None,
+    task: Task | None = None,
 ) -> GroupMaker:
-    """What makes a worker's (or `cadence eval`'s) groups on `engine`: the run's reward functions and
-    seed, the eval temperature (0: greedy), and `episodes` (`make_episodes`) for an environment."""
+    """What makes a worker's (or `cadence eval`'s) groups on `engine`: the run's reward functions (with
+    the training task's own check: `task`, built here when not given) and seed, the eval temperature
+    (0: greedy), and `episodes` (`make_episodes`) for an environment."""
     temperature = 0.0 if cfg.eval.greedy else cfg.eval.temperature
-    scorer = make_scorer(cfg, make_task(cfg.task, cfg.seed))
+    scorer = make_scorer(cfg, task if task is not None else make_task(cfg.task, cfg.seed))
     return GroupMaker(engine, tokenizer, scorer, cfg.seed, temperature, episodes)
 
 

@@ -300,12 +300,14 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
     from cadence.launch.build import make_engine, make_episodes, make_group_maker, make_tokenizer
     from cadence.launch.settings import session, worker_settings
     from cadence.launch.threads import use_threads
+    from cadence.tasks.registry import make_task
     from cadence.transport.malloc import keep_freed_memory
 
     keep_freed_memory()  # every version arrives as large frames: reuse their pages
     net = _network(cfg)
     try:
-        tokenizer = make_tokenizer(cfg)
+        task = make_task(cfg.task, cfg.seed)
+        tokenizer = make_tokenizer(cfg, task)
         episodes = make_episodes(cfg, tokenizer)  # a name that does not load stops the worker here
         engine = await asyncio.to_thread(make_engine, cfg, tokenizer)
         worker = RolloutWorker(
@@ -313,7 +315,7 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
             name,
             session(cfg, net.connect(name, connect), "rollout", time.time),
             net.connect,
-            make_group_maker(cfg, tokenizer, engine, episodes),
+            make_group_maker(cfg, tokenizer, engine, episodes, task),
             time.time,
             use_threads=use_threads,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -46,6 +46,16 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+
+    def overridden(
+        self, temperature: float | None = None, max_new_tokens: int | None = None
+    ) -> SamplingParams:
+        """These params with one call's own `temperature` and `max_new_tokens` where given (None: this
+        one's)."""
+        params = self if temperature is None else replace(self, temperature=temperature)
+        if max_new_tokens is not None:
+            params = replace(params, max_new_tokens=max_new_tokens)
+        return params
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ the worker decides which version that is.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -88,7 +87,5 @@ class TorchRolloutEngine:
         temperature: float | None = None,
         max_new_tokens: int | None = None,
     ) -> list[list[Completion]]:
-        params = self.params if temperature is None else replace(self.params, temperature=temperature)
-        if max_new_tokens is not None:
-            params = replace(params, max_new_tokens=max_new_tokens)
+        params = self.params.overridden(temperature, max_new_tokens)
         return self.engine.generate_many(groups, params)

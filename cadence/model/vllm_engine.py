@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +139,7 @@ class VllmEngine:
         """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch;
         `temperature`: this call's instead of the engine's own; `max_new_tokens`: this call's token
         limit (an episode's turn) instead of the engine's own."""
-        p = self.params if temperature is None else replace(self.params, temperature=temperature)
-        if max_new_tokens is not None:
-            p = replace(p, max_new_tokens=max_new_tokens)
+        p = self.params.overridden(temperature, max_new_tokens)
         requests = [
             self._sampling(
                 n=1,

@@ -99,33 +99,20 @@ def grpo_loss_sum(
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
     weights: Tensor | None = None,
+    *,
+    sample_mean: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """dapo and dr_grpo: the token-level summed loss over tokens where `mask` is set, and summed
-    statistics for logging.
+    """The token-level terms where `mask` is set, summed (dapo, dr_grpo) or, with `sample_mean`,
+    averaged over each sample's tokens and the means summed over samples (grpo); and summed statistics
+    for logging.
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample) or [N, T].
     """
     per_token, stats = _token_terms(
         logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights
     )
-    return _masked(per_token, mask).sum(), stats
-
-
-def sequence_mean_loss_sum(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float,
-    clip_high: float,
-    ref_logp: Tensor | None = None,
-    kl_beta: float = 0.0,
-    weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """grpo: the sum over samples of each sample's token-mean of the token-level terms."""
-    per_token, stats = _token_terms(
-        logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights
-    )
+    if not sample_mean:
+        return _masked(per_token, mask).sum(), stats
     lengths = mask.sum(dim=-1).clamp_min(1).to(per_token.dtype)
     return (_masked(per_token, mask).sum(dim=-1) / lengths).sum(), stats
 
@@ -179,15 +166,12 @@ def objective_loss_sum(
 ) -> tuple[Tensor, dict[str, float]]:
     """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics, each sample
     weighted by `weights` [N] where given."""
-    if objective in ("dapo", "dr_grpo"):
-        loss = grpo_loss_sum
-    elif objective == "grpo":
-        loss = sequence_mean_loss_sum
-    elif objective == "gspo":
-        loss = gspo_loss_sum
-    else:
-        raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
-    return loss(logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights)
+    args = (logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights)
+    if objective in ("dapo", "dr_grpo", "grpo"):
+        return grpo_loss_sum(*args, sample_mean=objective == "grpo")
+    if objective == "gspo":
+        return gspo_loss_sum(*args)
+    raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
 
 
 def step_normaliser(objective: str, normaliser: str, lengths: Sequence[int], max_new_tokens: int) -> float:

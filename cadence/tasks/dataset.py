@@ -57,6 +57,30 @@ def alphabet_of(texts: list[str]) -> str:
     return "".join(sorted(set(MATH_CHARACTERS).union(*texts)))
 
 
+def records_alphabet(records: list[tuple[str, str]]) -> str:
+    """The alphabet of a task over `records` (prompt, answer): `alphabet_of` their texts."""
+    return alphabet_of([text + answer for text, answer in records])
+
+
+def templated(template: str, rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(prompt, answer) rows, each prompt set in `template` (task.prompt_template: `{prompt}` replaced)."""
+    return [(template.replace("{prompt}", question), answer) for question, answer in rows]
+
+
+def file_records(cfg: TaskConfig) -> list[tuple[str, str]]:
+    """The file task's records: (prompt, answer) of every record of `task.path`, set in the template."""
+    return templated(cfg.prompt_template, read_records(cfg.path, cfg.prompt_field, cfg.answer_field))
+
+
+def record_prompts(
+    records: list[tuple[str, str]], held_out: int, seed: int, period: int, count: int
+) -> list[Prompt]:
+    """The `count` prompts of `period` of a task over `records`, its last `held_out` left out: the
+    records `walk` picks, with the ids `period * count + index`."""
+    indices = walk(len(records) - held_out, seed, period, count)
+    return [Prompt(period * count + i, *records[r]) for i, r in enumerate(indices)]
+
+
 def stated_reward(format_weight: float, finished: bool, response: str, correct: bool) -> float:
     """format_weight for a finished response that states an answer, the rest for a correct one."""
     stated = finished and extract_answer(response) is not None
@@ -68,20 +92,14 @@ class FileTask:
     walks the others only."""
 
     def __init__(self, cfg: TaskConfig, seed: int, held_out: int = 0) -> None:
-        if not 0.0 <= cfg.format_weight <= 1.0:
-            raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
         self.cfg = cfg
         self.seed = seed
-        self.records = [
-            (cfg.prompt_template.replace("{prompt}", question), answer)
-            for question, answer in read_records(cfg.path, cfg.prompt_field, cfg.answer_field)
-        ]
-        self.alphabet = alphabet_of([text + answer for text, answer in self.records])
+        self.records = file_records(cfg)
+        self.alphabet = records_alphabet(self.records)
         self.held_out = check_held_out(held_out, len(self.records))
 
     def prompts(self, period: int, count: int) -> list[Prompt]:
-        indices = walk(len(self.records) - self.held_out, self.seed, period, count)
-        return [Prompt(period * count + i, *self.records[r]) for i, r in enumerate(indices)]
+        return record_prompts(self.records, self.held_out, self.seed, period, count)
 
     def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
         correct = is_correct(response, answer)

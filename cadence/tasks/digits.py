@@ -21,8 +21,6 @@ class DigitsTask:
     def __init__(self, cfg: TaskConfig, seed: int) -> None:
         if cfg.digits < 1:
             raise ValueError(f"task.digits must be >= 1, got {cfg.digits}")
-        if not 0.0 <= cfg.format_weight <= 1.0:
-            raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
         self.cfg = cfg
         self.seed = seed
 

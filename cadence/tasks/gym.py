@@ -14,7 +14,7 @@ from typing import Any
 from cadence.config import TaskConfig
 from cadence.tasks.answers import extract_answer, is_correct
 from cadence.tasks.base import Prompt, Score
-from cadence.tasks.dataset import alphabet_of, check_held_out, stated_reward, walk
+from cadence.tasks.dataset import check_held_out, record_prompts, records_alphabet, stated_reward, templated
 
 
 def generate(name: str, size: int, seed: int, options: dict[str, Any] | None = None) -> Any:
@@ -32,33 +32,38 @@ def generate(name: str, size: int, seed: int, options: dict[str, Any] | None = N
         raise ValueError(f"reasoning-gym dataset {name!r}: {exc}") from None
 
 
+def problems(cfg: TaskConfig, seed: int) -> tuple[Any, list[dict[str, Any]]]:
+    """The generator of `task.gym_dataset` and its `task.gym_size` problems, seeded by the run seed;
+    a ValueError naming the key if it cannot make them."""
+    if cfg.gym_size < 1:
+        raise ValueError(f"task.gym_size must be >= 1, got {cfg.gym_size}")
+    try:
+        dataset = generate(cfg.gym_dataset, cfg.gym_size, seed)
+    except ValueError as exc:
+        raise ValueError(f"task.gym_dataset = {cfg.gym_dataset!r}: {exc}") from None
+    return dataset, [dataset[i] for i in range(len(dataset))]
+
+
+def problem_records(cfg: TaskConfig, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(prompt, answer) of each generated problem, the prompt set in `task.prompt_template`."""
+    return templated(cfg.prompt_template, [(str(e["question"]), str(e["answer"])) for e in entries])
+
+
 class ReasoningGymTask:
     """`held_out`: the last that many problems are the eval set's; training walks the others only."""
 
     def __init__(self, cfg: TaskConfig, seed: int, held_out: int = 0) -> None:
-        if not 0.0 <= cfg.format_weight <= 1.0:
-            raise ValueError(f"task.format_weight must be in [0, 1], got {cfg.format_weight}")
-        if cfg.gym_size < 1:
-            raise ValueError(f"task.gym_size must be >= 1, got {cfg.gym_size}")
         self.cfg = cfg
         self.seed = seed
-        try:
-            self.dataset = generate(cfg.gym_dataset, cfg.gym_size, seed)
-        except ValueError as exc:
-            raise ValueError(f"task.gym_dataset = {cfg.gym_dataset!r}: {exc}") from None
-        self.entries: list[dict[str, Any]] = [self.dataset[i] for i in range(len(self.dataset))]
-        self.records = [
-            (cfg.prompt_template.replace("{prompt}", str(e["question"])), str(e["answer"]))
-            for e in self.entries
-        ]
+        self.dataset, self.entries = problems(cfg, seed)
+        self.records = problem_records(cfg, self.entries)
         # score() receives the prompt text and the answer: they find the entry the generator scores against
         self.by_prompt = {record: entry for record, entry in zip(self.records, self.entries, strict=True)}
-        self.alphabet = alphabet_of([text + answer for text, answer in self.records])
+        self.alphabet = records_alphabet(self.records)
         self.held_out = check_held_out(held_out, len(self.records))
 
     def prompts(self, period: int, count: int) -> list[Prompt]:
-        indices = walk(len(self.records) - self.held_out, self.seed, period, count)
-        return [Prompt(period * count + i, *self.records[r]) for i, r in enumerate(indices)]
+        return record_prompts(self.records, self.held_out, self.seed, period, count)
 
     def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
         entry = self.by_prompt.get((prompt, answer))

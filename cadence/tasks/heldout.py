@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from cadence.config import EvalConfig, TaskConfig
 from cadence.tasks.base import Prompt, Task
-from cadence.tasks.dataset import read_records
+from cadence.tasks.dataset import read_records, templated
 
 
 def held_out(task: TaskConfig, evaluation: EvalConfig) -> int:
@@ -26,12 +26,17 @@ def held_out(task: TaskConfig, evaluation: EvalConfig) -> int:
     return 0
 
 
+def eval_file_records(task_cfg: TaskConfig, evaluation: EvalConfig) -> list[tuple[str, str]]:
+    """(prompt, answer) of the first `eval.prompts` records of `eval.path` (all with 0), each prompt set
+    in the task's template."""
+    rows = read_records(evaluation.path, task_cfg.prompt_field, task_cfg.answer_field)
+    return templated(task_cfg.prompt_template, rows[: evaluation.prompts or len(rows)])
+
+
 def eval_prompts(task_cfg: TaskConfig, evaluation: EvalConfig, task: Task) -> list[Prompt]:
     """The eval set of a run whose training task is `task` (see the module docstring)."""
     if evaluation.path:
-        rows = read_records(evaluation.path, task_cfg.prompt_field, task_cfg.answer_field)
-        chosen = rows[: evaluation.prompts or len(rows)]
-        texts = [(task_cfg.prompt_template.replace("{prompt}", q), a) for q, a in chosen]
+        texts = eval_file_records(task_cfg, evaluation)
     elif task_cfg.name in ("file", "reasoning_gym"):
         records: list[tuple[str, str]] = getattr(task, "records")  # noqa: B009
         texts = records[len(records) - evaluation.prompts :] if evaluation.prompts else []

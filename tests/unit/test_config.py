@@ -205,6 +205,17 @@ def test_other_sizes_must_be_positive(key: str) -> None:
     assert key in config_error([f"{key}=0"])
 
 
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_the_format_weight_is_a_share(value: str) -> None:
+    assert f"task.format_weight must be in [0, 1], got {value}" in config_error(
+        [f"task.format_weight={value}"]
+    )
+
+
+def test_an_arithmetic_operand_range_is_refused_below_one() -> None:
+    assert "task.max_operand must be >= 1, got 0" in config_error(["task.max_operand=0"])
+
+
 def test_bad_file_is_named(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
     path.write_text("mode = \n")

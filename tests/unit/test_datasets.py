@@ -14,7 +14,7 @@ from cadence.cli import main
 from cadence.config import load_config
 from cadence.tasks.base import Task
 from cadence.tasks.dataset import FileTask, walk
-from cadence.tasks.registry import make_task
+from cadence.tasks.registry import make_task, task_alphabet
 
 
 def file_task(path: Path, *overrides: str, seed: int = 0) -> Task:
@@ -71,6 +71,23 @@ def test_prompts_are_deterministic_and_cover_every_record_once_an_epoch(tmp_path
         assert sorted(epoch, key=int) == [str(i) for i in range(10)]
     assert len({tuple(epoch) for epoch in epochs}) > 1  # each epoch is shuffled anew
     assert walk(10, 0, 3, 4) == [int(p.answer) for p in task.prompts(3, 4)]  # any period on its own
+
+
+@pytest.mark.parametrize("name", ["digits", "arithmetic", "file", "reasoning_gym"])
+def test_a_tasks_alphabet_is_known_without_building_it(tmp_path: Path, name: str) -> None:
+    if name == "reasoning_gym":
+        pytest.importorskip("reasoning_gym")
+    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "What is 20 + 22 ~?", "answer": "42 €"}])
+    cfg = load_config(
+        None,
+        [
+            f"task.name='{name}'",
+            f"task.path='{path}'",
+            "task.gym_size=12",
+            "task.prompt_template='Q {prompt}'",
+        ],
+    )
+    assert task_alphabet(cfg.task, 5) == make_task(cfg.task, 5).alphabet
 
 
 @pytest.mark.parametrize(

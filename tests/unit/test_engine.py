@@ -55,6 +55,16 @@ def test_sample_depends_only_on_its_own_seed() -> None:
     assert batch[0].tokens != batch[1].tokens  # different seeds, different samples
 
 
+def test_a_calls_overrides_replace_only_what_they_name() -> None:
+    params = SamplingParams(max_new_tokens=40, temperature=1.3, top_p=0.9)
+    assert params.overridden() is params
+    assert params.overridden(temperature=0.0) == SamplingParams(max_new_tokens=40, temperature=0.0, top_p=0.9)
+    assert params.overridden(max_new_tokens=7) == SamplingParams(max_new_tokens=7, temperature=1.3, top_p=0.9)
+    assert params.overridden(0.5, 3) == SamplingParams(max_new_tokens=3, temperature=0.5, top_p=0.9)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        params.overridden(max_new_tokens=0)
+
+
 def test_greedy_equals_argmax_of_full_forward() -> None:
     engine = _engine(seed=1)
     out = engine.generate(PROMPT, [1, 2], SamplingParams(max_new_tokens=20, temperature=0.0))

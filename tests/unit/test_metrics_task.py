@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cadence.config import TaskConfig
+from cadence.config import TaskConfig, load_config
 from cadence.monitor.metrics import PeriodStats, overlap, samples_digest, serial_finish
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import summarize
@@ -262,7 +262,7 @@ def test_bad_task_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="task.digits"):
         task(digits=0)
     with pytest.raises(ValueError, match="task.format_weight"):
-        task(format_weight=1.5)
+        load_config(None, ["task.format_weight=1.5"])
 
 
 @settings(max_examples=200, deadline=None, database=None)

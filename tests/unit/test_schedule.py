@@ -75,7 +75,7 @@ def test_the_objective_and_schedule_keys_load_and_bad_values_name_the_key() -> N
             load_config(None, [override])
 
 
-def test_the_samples_normaliser_is_dapo_s_alone() -> None:
+def test_the_samples_normaliser_is_for_dapo_alone() -> None:
     load_config(None, ["trainer.normaliser='samples'"])
     with pytest.raises(ConfigError, match=r"trainer\.normaliser = 'samples' applies to trainer\.objective"):
         load_config(None, ["trainer.normaliser='samples'", "trainer.objective='grpo'"])
