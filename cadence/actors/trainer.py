@@ -43,7 +43,7 @@ from cadence.ops.packing import packed_length
 from cadence.ops.sampled import sampled_lengths
 from cadence.ops.schedule import lr_at
 from cadence.training.learner import Learner, TrainGroup
-from cadence.training.resume import load_resume, save_resume
+from cadence.training.resume import checkpoint_asked, clear_checkpoint_ask, load_resume, save_resume
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.wire.meaning import group_problem
@@ -51,10 +51,6 @@ from cadence.wire.messages import Consumed, Envelope, GroupResult, Message, RunD
 from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
-
-CHECKPOINT_ASKED = "asked"
-"""A file in the checkpoint folder asking for a resume checkpoint after the current period, whatever
-`trainer.checkpoint_every` says; removed once it is written (`cadence slurm`, before a time limit)."""
 
 Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
 T = TypeVar("T")
@@ -239,7 +235,7 @@ class Trainer:
         before version `version` is announced: the resume checkpoint of `version`, with the metrics of
         the period just done (a kill may come before the dispatcher has recorded them)."""
         every = self.settings.checkpoint_every
-        asked = (self.checkpoint_dir / CHECKPOINT_ASKED).exists()  # cadence slurm, before a time limit
+        asked = checkpoint_asked(self.checkpoint_dir)  # cadence slurm, before a time limit
         if not asked and (every <= 0 or (version % every and version != self.settings.periods)):
             return
         with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
@@ -248,7 +244,7 @@ class Trainer:
             )
         log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
         if asked:
-            (self.checkpoint_dir / CHECKPOINT_ASKED).unlink(missing_ok=True)  # the answer
+            clear_checkpoint_ask(self.checkpoint_dir)  # the answer
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         seen = self.consumed.setdefault(period, set())

@@ -14,7 +14,16 @@ from cadence.config import ConfigError, SimulatedConfig
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder, read_jsonl, truncate_metrics
 from cadence.training.learner import TorchLearner
-from cadence.training.resume import ResumeError, check_config, find_resume, load_resume, save_resume
+from cadence.training.resume import (
+    ResumeError,
+    ask_for_checkpoint,
+    check_config,
+    checkpoint_asked,
+    clear_checkpoint_ask,
+    find_resume,
+    load_resume,
+    save_resume,
+)
 from cadence.training.simulated import SimulatedLearner
 from tests.conftest import tiny_config
 from tests.unit.test_learner import learner, micro_batch
@@ -148,3 +157,12 @@ def test_metrics_are_continued_and_a_period_never_appears_twice(tmp_path: Path) 
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["period"] for r in lines] == [0, 1, 2, 3, 4] and lines[3]["reward_mean"] == 1.0
     assert [r.period for r in resumed.rows] == [0, 1, 2, 3, 4]
+
+
+def test_a_checkpoint_asked_for_is_asked_until_its_ask_is_cleared(tmp_path: Path) -> None:
+    assert not checkpoint_asked(tmp_path)
+    ask_for_checkpoint(tmp_path)
+    assert checkpoint_asked(tmp_path) and (tmp_path / "asked").is_file()  # the file `cadence slurm` writes
+    clear_checkpoint_ask(tmp_path)
+    assert not checkpoint_asked(tmp_path)
+    clear_checkpoint_ask(tmp_path)  # no ask: nothing to clear

@@ -1,4 +1,5 @@
-"""`cadence doctor`: what this host offers a run, and what a run's config asks of it that it lacks.
+"""What this host offers a run, and what a run's config asks of it that it lacks: what `cadence doctor`
+(`doctor.py`) prints.
 
 ```
  probes, each on its own, each catching its own failure         a config (optional)
