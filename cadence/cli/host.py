@@ -216,7 +216,7 @@ def probe_backends(build: TorchBuild) -> dict[str, bool]:
         with contextlib.suppress(Exception):
             from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]  # noqa: F401
 
-            found["hccl"] = True  # what transport/groups.py builds an hccl group with
+            found["hccl"] = True  # what transport/process_groups.py builds an hccl group with
     return found
 
 

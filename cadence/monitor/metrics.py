@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from cadence.monitor.episodes import episode_metrics
+from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.wire.messages import GroupResult
 
@@ -75,7 +75,7 @@ class PeriodStats:
         self.load_s.append(load_s)
 
     def episodes(self, msg: GroupResult) -> None:
-        """An accepted group, kept for its episode figures when it has them (`monitor/episodes.py`)."""
+        """An accepted group, kept for its episode figures when it has them (`monitor/episode_figures.py`)."""
         if msg.turns:
             self.played.append(msg)
 

@@ -13,7 +13,7 @@ import pytest
 
 from cadence.actors.episodes import episode_group, shared_prompt
 from cadence.dispatch.rounds import EvalRound
-from cadence.monitor.episodes import episode_metrics
+from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.progress import period_line, status_line
