@@ -20,7 +20,7 @@ from cadence.monitor.progress import period_line, status_line
 from cadence.monitor.samples import sample_record
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Turn
-from cadence.tasks.environments.episode import EpisodeResult
+from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.wire.messages import EvalResult, GroupResult
 
 
