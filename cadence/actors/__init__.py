@@ -1,3 +1,3 @@
-"""The four actors: dispatcher, rollout worker, trainer, weight publisher, one actor a file; and
-`episodes.py`, which joins the multi-turn episode runner (`cadence.tasks.environments`) to the
-built-in engine."""
+"""The four actors: dispatcher, rollout worker, trainer, weight publisher, one actor a file, each the
+loop around its state (the groups a worker makes: `cadence.rollout`; the loss the trainer steps:
+`cadence.training.steps`)."""

@@ -39,7 +39,13 @@ from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.samples import SampleWriter, sample_record
 from cadence.monitor.span import span
 from cadence.training.learner import Learner
-from cadence.training.resume import RunRecord, load_resume, save_resume
+from cadence.training.resume import (
+    RunRecord,
+    checkpoint_asked,
+    clear_checkpoint_ask,
+    load_resume,
+    save_resume,
+)
 from cadence.training.steps import StepRule, Steps, group_tokens
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
@@ -48,10 +54,6 @@ from cadence.wire.messages import Consumed, Envelope, GroupResult, Message, RunD
 from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
-
-CHECKPOINT_ASKED = "asked"
-"""A file in the checkpoint folder asking for a resume checkpoint after the current period, whatever
-`trainer.checkpoint_every` says; removed once it is written (`cadence slurm`, before a time limit)."""
 
 Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
 T = TypeVar("T")
@@ -219,7 +221,7 @@ class Trainer:
         before version `version` is announced: the resume checkpoint of `version`, with the metrics of
         the period just done (a kill may come before the dispatcher has recorded them)."""
         every = self.settings.checkpoint_every
-        asked = (self.checkpoint_dir / CHECKPOINT_ASKED).exists()  # cadence slurm, before a time limit
+        asked = checkpoint_asked(self.checkpoint_dir)  # cadence slurm, before a time limit
         if not asked and (every <= 0 or (version % every and version != self.settings.periods)):
             return
         with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
@@ -228,7 +230,7 @@ class Trainer:
             )
         log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
         if asked:
-            (self.checkpoint_dir / CHECKPOINT_ASKED).unlink(missing_ok=True)  # the answer
+            clear_checkpoint_ask(self.checkpoint_dir)  # the answer
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         seen = self.consumed.setdefault(period, set())

@@ -89,7 +89,8 @@ def _start(
 
 def _ranks(command: str, cfg: RunConfig) -> Ranks:
     """The trainer's place among torchrun's processes (alone elsewhere); under torchrun it dies with it."""
-    from cadence.training.ranks import Ranks, die_with_parent, ranks_from_env
+    from cadence.launch.torchrun import die_with_parent
+    from cadence.training.ranks import Ranks, ranks_from_env
 
     if command != "trainer":
         return Ranks()

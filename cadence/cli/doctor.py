@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cadence.cli.common import Subparsers
 
 if TYPE_CHECKING:
-    from cadence.launch.doctor import Facts, Problem, Threads
+    from cadence.cli.host import Facts, Problem, Threads
 
 
 def add(sub: Subparsers) -> None:
@@ -29,8 +29,8 @@ def add(sub: Subparsers) -> None:
 
 def doctor_handler(args: argparse.Namespace) -> int:
     """Exit 0 when no config is given or it can run here; 1 with a line a missing thing otherwise."""
+    from cadence.cli.host import gather, problems, thread_plan
     from cadence.config import load_config
-    from cadence.launch.doctor import gather, problems, thread_plan
 
     checked = args.config is not None or bool(args.overrides)
     cfg = load_config(args.config, args.overrides)  # a bad config stops here, before any probe

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -68,8 +68,11 @@ class RunConfig:
         check_run(self)
 
 
-def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config in TOML or JSON file `path` (defaults if None), with `key=value` overrides."""
+def load_config(
+    path: Path | None, overrides: Sequence[str] = (), fixed: Mapping[str, Any] | None = None
+) -> RunConfig:
+    """The config in TOML or JSON file `path` (defaults if None), with `key=value` overrides, then the
+    values a command sets itself by dotted key (`fixed`: `{"trainer.ranks": 8}`), all checked together."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -87,6 +90,8 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not key=value")
         _set_path(data, key.strip().split("."), _parse_value(raw.strip()))
+    for key, value in (fixed or {}).items():
+        _set_path(data, key.split("."), value)
     return from_dict(RunConfig, data)
 
 

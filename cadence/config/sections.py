@@ -308,3 +308,8 @@ class TransportConfig:
         "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"
         " without the client key",
     )
+
+    @property
+    def liveness_timeout_s(self) -> float:
+        """Seconds of silence after which a peer is declared dead: `heartbeat_s` x `liveness`."""
+        return self.heartbeat_s * self.liveness

@@ -2,7 +2,7 @@
 
 ```
  config.json ─► dispatcher (binds, writes dispatcher.addr) ─► trainer + publisher ─► N rollout workers
- (trainer.ranks > 1: torchrun starts the trainer's ranks; rank 0 is the actor, see cadence/training/ranks.py)
+ (trainer.ranks > 1: torchrun starts the trainer's ranks; rank 0 is the actor, see cadence/launch/torchrun.py)
  (--resume DIR: metrics.jsonl cut back to the checkpoint's period; dispatcher and trainer get --resume)
  every 0.2 s: new metrics.jsonl lines ─► progress; a process that failed ─► stop all, exit 1
  dispatcher done ─► summary.json ─► the rest stop on its Shutdown (or are terminated)
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
+from cadence.launch.torchrun import die_with_parent, free_port, torchrun
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
-from cadence.training.ranks import die_with_parent, free_port, torchrun
 from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
 
 

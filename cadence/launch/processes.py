@@ -113,7 +113,7 @@ async def dispatcher_main(
 
     net = _network(cfg)
     server = net.bind("dispatcher", bind)
-    lease = cfg.transport.heartbeat_s * cfg.transport.liveness
+    lease = cfg.transport.liveness_timeout_s
     hub = LogHub(server, out / "logs", time.time, lease, own=stream)
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
@@ -211,7 +211,7 @@ def _publish_function(
             " run the trainer without --publisher"
         )
     uploads = net.connect("trainer", publisher_address)
-    timeout = cfg.transport.heartbeat_s * cfg.transport.liveness
+    timeout = cfg.transport.liveness_timeout_s
 
     async def upload(version: int, data: bytes | bytearray) -> str:
         uploaded = await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)

@@ -116,5 +116,5 @@ def publisher_settings(cfg: RunConfig) -> PublisherSettings:
     """Uploads held to `weights.max_upload_bytes`, and freed when silent for a liveness timeout."""
     return PublisherSettings(
         max_upload_bytes=cfg.weights.max_upload_bytes,
-        upload_timeout_s=cfg.transport.heartbeat_s * cfg.transport.liveness,
+        upload_timeout_s=cfg.transport.liveness_timeout_s,
     )

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cadence.monitor.episodes import episode_metrics
+from cadence.monitor.episode_figures import episode_metrics
 from cadence.wire.messages import EpisodeFigures
 
 
@@ -44,7 +44,7 @@ def eval_figures(groups: Sequence[tuple[Sequence[float], Sequence[float]]], k: i
 
 
 def eval_episodes(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
-    """The episode figures of the eval groups, as a period row has them (`monitor/episodes.py`: turns
+    """The episode figures of the eval groups, as a period row has them (`monitor/episode_figures.py`: turns
     an episode, and over all episodes tool calls, tool errors, environment timeouts, seconds and tokens,
     `ended_<ending>` counts), each key prefixed `eval_`; {} for single-turn groups."""
     figures = episode_metrics(groups)

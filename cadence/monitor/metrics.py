@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from cadence.monitor.episodes import episode_metrics
+from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.wire.messages import EpisodeFigures, GroupResult
 
@@ -52,7 +52,7 @@ class PeriodStats:
 
     def arrived(self, now: float, sender: str, group: GroupResult) -> None:
         """`group`, accepted at `now` from `sender`: its samples, rewards, times and, for episodes,
-        figures (`monitor/episodes.py`) count in the period's figures."""
+        figures (`monitor/episode_figures.py`) count in the period's figures."""
         self.arrivals.append(now)
         self.busy[sender] = self.busy.get(sender, 0.0) + group.gen_s + group.load_s
         for name, values in group.reward_parts.items():

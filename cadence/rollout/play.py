@@ -35,7 +35,7 @@ from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, EnvironmentFactory, Opening, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
-from cadence.tasks.environments.episode import EpisodeResult
+from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
 from cadence.tasks.environments.runner import EpisodeRunner
 from cadence.wire.messages import EpisodeFigures

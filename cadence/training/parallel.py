@@ -14,7 +14,7 @@
 ```
 
 A group's completions are dealt round-robin: completion i goes to rank i mod N with the whole group's
-advantage (and its own old log-probs and mask, groups.py), so one group alone still keeps every rank busy; a rank with no completion this micro-batch
+advantage (and its own old log-probs and mask, train_group.py), so one group alone still keeps every rank busy; a rank with no completion this micro-batch
 adds nothing (zero gradient). Losses are sums, so the summed gradient is the one-rank gradient up to
 floating-point summation order. Sharded, every backward already sums the gradients (reduce-scatter),
 and a rank with no completion still runs its forward and backward.

@@ -1,6 +1,8 @@
 """Resume checkpoints: all a trainer needs to continue a run exactly where it stood.
 
 ```
+ checkpoints/asked                        a resume checkpoint asked for after the current period
+                                          (`cadence slurm`, before a time limit); removed once written
  checkpoints/resume/   state.json         version (= the next period), seed, run id, the config keys
                                           that must match to continue (with their sha256), and the
                                           metrics row of the period before (a kill may come before the
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 
 NAME = "resume"
 STATE = "state.json"
+ASKED = "asked"
+"""A file in the checkpoint folder asking for a resume checkpoint after the current period, whatever
+`trainer.checkpoint_every` says; removed once it is written (`cadence slurm`, before a time limit)."""
 # what may differ between the saved run and its continuation: how the run is carried out or how
 # long it lasts, not what it computes (keys, and sections by their prefix)
 FREE_KEYS = {
@@ -211,6 +216,22 @@ def load_resume(root: Path, learner: Learner, run: RunRecord) -> dict[str, Any]:
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ResumeError(f"the resume checkpoint in {where} cannot be read: {exc}") from exc
     return state
+
+
+def ask_for_checkpoint(root: Path) -> None:
+    """Ask the trainer whose checkpoints are under `root` for a resume checkpoint after its current
+    period; `checkpoint_asked(root)` holds until it is written."""
+    (root / ASKED).write_text("asked\n")
+
+
+def checkpoint_asked(root: Path) -> bool:
+    return (root / ASKED).exists()
+
+
+def clear_checkpoint_ask(root: Path) -> None:
+    """Remove the ask under `root`: the trainer's answer once the checkpoint is written, or an ask left
+    by an earlier job."""
+    (root / ASKED).unlink(missing_ok=True)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -36,7 +36,7 @@ from cadence.config.devices import DEVICES
 from cadence.log import one_line
 from cadence.transport.buckets import BucketPlan, plan_buckets, plan_from_layout
 from cadence.transport.endpoint import Client, Server
-from cadence.transport.groups import (
+from cadence.transport.process_groups import (
     BroadcastError,
     connect_store,
     host_store,

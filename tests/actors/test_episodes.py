@@ -24,7 +24,7 @@ from cadence.rollout.play import EngineGenerate, episode_runner
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
-from cadence.tasks.environments.episode import EpisodeResult
+from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import turn_seed
 
 ReplyIds = Callable[[str, bool], list[int]]

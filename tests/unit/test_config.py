@@ -136,6 +136,22 @@ def test_the_last_override_wins() -> None:
     assert load_config(None, ["seed=1", "seed=2"]).seed == 2
 
 
+def test_values_a_command_fixes_win_and_are_checked_with_the_rest() -> None:
+    fsdp2 = ["trainer.sharding='fsdp2'", "trainer.packing='shared_prompt'", "trainer.ranks=1"]
+    with pytest.raises(ConfigError, match=r"trainer.sharding = 'fsdp2' needs trainer.ranks > 1"):
+        load_config(None, fsdp2)
+    assert load_config(None, fsdp2, {"trainer.ranks": 2}).trainer.ranks == 2  # one check, after all
+    with pytest.raises(ConfigError, match="trainer.ranks"):
+        load_config(None, [], {"trainer.ranks": 0})
+
+
+def test_the_liveness_timeout_is_the_heartbeat_times_the_liveness() -> None:
+    assert (
+        load_config(None, ["transport.heartbeat_s=0.25", "transport.liveness=8"]).transport.liveness_timeout_s
+        == 2.0
+    )
+
+
 @pytest.mark.parametrize("item", ["seed", "=3", "  =x"])
 def test_malformed_override_is_refused(item: str) -> None:
     assert "is not key=value" in config_error([item])

@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from cadence.config import load_config
-from cadence.launch.doctor import (
+from cadence.cli.host import (
     Device,
     Facts,
     Requirement,
@@ -17,6 +16,7 @@ from cadence.launch.doctor import (
     release,
     thread_plan,
 )
+from cadence.config import load_config
 
 
 def cpu_host(**changes: object) -> Facts:

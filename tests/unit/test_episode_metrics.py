@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from cadence.dispatch.rounds import EvalRound
-from cadence.monitor.episodes import episode_metrics
+from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.progress import period_line, status_line
@@ -20,7 +20,7 @@ from cadence.monitor.samples import sample_record
 from cadence.rollout.play import episode_group, shared_prompt
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Turn
-from cadence.tasks.environments.episode import EpisodeResult
+from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.wire.messages import EpisodeFigures, EvalResult, GroupResult
 
 FIGURES = {name for name in EpisodeFigures.__struct_fields__}

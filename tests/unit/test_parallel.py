@@ -18,13 +18,14 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from cadence.config import ConfigError, TrainerConfig
+from cadence.launch.torchrun import free_port
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
 from cadence.training.collectives import CollectiveError, Collectives, local_device
 from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.parallel import DistributedLearner, follow, share
-from cadence.training.ranks import Ranks, free_port, ranks_from_env
+from cadence.training.ranks import Ranks, ranks_from_env
 from cadence.training.sharding import ShardedLearner
 from cadence.training.train_group import sampled_tokens
 from tests.conftest import tiny_config

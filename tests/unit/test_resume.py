@@ -17,7 +17,10 @@ from cadence.training.learner import TorchLearner
 from cadence.training.resume import (
     ResumeError,
     RunRecord,
+    ask_for_checkpoint,
     check_config,
+    checkpoint_asked,
+    clear_checkpoint_ask,
     find_resume,
     load_resume,
     save_resume,
@@ -155,3 +158,12 @@ def test_metrics_are_continued_and_a_period_never_appears_twice(tmp_path: Path) 
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["period"] for r in lines] == [0, 1, 2, 3, 4] and lines[3]["reward_mean"] == 1.0
     assert [r.period for r in resumed.rows] == [0, 1, 2, 3, 4]
+
+
+def test_a_checkpoint_asked_for_is_asked_until_its_ask_is_cleared(tmp_path: Path) -> None:
+    assert not checkpoint_asked(tmp_path)
+    ask_for_checkpoint(tmp_path)
+    assert checkpoint_asked(tmp_path) and (tmp_path / "asked").is_file()  # the file `cadence slurm` writes
+    clear_checkpoint_ask(tmp_path)
+    assert not checkpoint_asked(tmp_path)
+    clear_checkpoint_ask(tmp_path)  # no ask: nothing to clear

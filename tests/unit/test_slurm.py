@@ -187,6 +187,12 @@ def test_submit_writes_the_run_and_records_every_job_it_submitted(tmp_path: Path
     assert state["last_period"] is None and not state["ended"]
 
 
+def test_submit_gives_the_trainer_a_rank_a_gpu_of_its_nodes_whatever_the_config_says(tmp_path: Path) -> None:
+    opts = SubmitOptions(trainer_nodes=2, gpus_per_node=2)
+    submit(ROOT_CONFIG, ["trainer.ranks=3"], tmp_path / "run", opts, run=FakeSlurm(), say=print)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["trainer"]["ranks"] == 4
+
+
 def test_submit_refuses_what_cannot_run_and_a_dry_run_touches_nothing(tmp_path: Path) -> None:
     slurm, said = FakeSlurm(nodes=3), list[str]()
     with pytest.raises(SlurmError, match="--trainer-nodes 4: partition main has 3 nodes"):

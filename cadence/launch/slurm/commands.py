@@ -57,7 +57,7 @@ def submit(
     except LaunchError as err:
         raise SlurmError(str(err)) from None
     ranks = opts.trainer_nodes * opts.ranks_per_node
-    cfg = load_config(config, [*overrides, *([f"trainer.ranks={ranks}"] if ranks > 1 else [])])
+    cfg = load_config(config, overrides, {"trainer.ranks": ranks} if ranks > 1 else {})
     out = out.resolve()
     if not dry_run and run is run_command and shutil.which("sbatch") is None:
         raise SlurmError("sbatch is not on PATH: submit from a host of the cluster with Slurm's client")

@@ -20,13 +20,13 @@ from types import FrameType
 
 import structlog
 
-from cadence.actors.trainer import CHECKPOINT_ASKED
 from cadence.config import load_config
 from cadence.launch.launcher import LaunchError, prepare_resume
 from cadence.launch.slurm.allocation import Allocation, SlurmError
 from cadence.launch.slurm.interfaces import choose_address
 from cadence.launch.slurm.jobs import read_jobs, run_command, squeue_jobs
-from cadence.training.ranks import free_port
+from cadence.launch.torchrun import free_port
+from cadence.training.resume import ask_for_checkpoint, checkpoint_asked, clear_checkpoint_ask
 
 log = structlog.get_logger()
 
@@ -179,7 +179,7 @@ class ControlTask:
         else:
             (self.out / "dispatcher.addr").unlink(missing_ok=True)
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (self.out / "checkpoints" / CHECKPOINT_ASKED).unlink(missing_ok=True)
+        clear_checkpoint_ask(self.out / "checkpoints")  # an earlier job's, never answered
         again = ["--resume"] if resume else []
         dispatcher = self._start(
             _cadence("dispatcher", "--config", str(config), "--out", str(self.out), "--bind",
@@ -241,11 +241,14 @@ class ControlTask:
 
     def _checkpoint(self, dispatcher: subprocess.Popen[bytes]) -> None:
         """Ask the trainer for a resume checkpoint after its current period and wait until written."""
-        asked = self.out / "checkpoints" / CHECKPOINT_ASKED
-        asked.write_text("asked\n")
+        root = self.out / "checkpoints"
+        ask_for_checkpoint(root)
         try:
             _wait_for(
-                lambda: not asked.exists() or dispatcher.poll() is not None, 600, self.signals, "checkpoint"
+                lambda: not checkpoint_asked(root) or dispatcher.poll() is not None,
+                600,
+                self.signals,
+                "checkpoint",
             )
         except SlurmError as err:
             log.warning("checkpoint_not_written", error=str(err))

@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from cadence.tasks.environments.episode import Episode
+from cadence.tasks.environments.episode_record import Episode
 
 log = structlog.get_logger()
 

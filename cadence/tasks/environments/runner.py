@@ -40,7 +40,7 @@ from cadence.tasks.environments.base import (
     opening_text,
 )
 from cadence.tasks.environments.bounds import Bounds
-from cadence.tasks.environments.episode import Episode, EpisodeResult
+from cadence.tasks.environments.episode_record import Episode, EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec, turn_seed
 
 

@@ -1,4 +1,5 @@
-"""`cadence doctor`: what this host offers a run, and what a run's config asks of it that it lacks.
+"""What this host offers a run, and what a run's config asks of it that it lacks: what `cadence doctor`
+(`doctor.py`) prints.
 
 ```
  probes, each on its own, each catching its own failure         a config (optional)
@@ -215,7 +216,7 @@ def probe_backends(build: TorchBuild) -> dict[str, bool]:
         with contextlib.suppress(Exception):
             from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]  # noqa: F401
 
-            found["hccl"] = True  # what transport/groups.py builds an hccl group with
+            found["hccl"] = True  # what transport/process_groups.py builds an hccl group with
     return found
 
 
