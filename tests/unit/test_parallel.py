@@ -8,6 +8,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+import traceback
 from pathlib import Path
 
 import msgpack
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from cadence.config import ConfigError, TrainerConfig
+from cadence.launch.processes import end_rank
 from cadence.launch.torchrun import free_port
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.tokenizer import CharTokenizer
@@ -135,10 +137,27 @@ def _rank(rank: int, port: int, out: str, scenario: str, sharding: str) -> None:
         comm.close()
 
 
+def _rank_process(rank: int, port: int, out: str, scenario: str, sharding: str) -> None:
+    """`_rank` ended as a trainer rank's process ends (`processes.end_rank`): its status and output
+    kept, without the interpreter's teardown, in which gloo's threads may abort a process whose group
+    was destroyed ("terminate called without an active exception") after every check has passed."""
+    status = 0
+    try:
+        _rank(rank, port, out, scenario, sharding)
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    end_rank(status)
+
+
 def _spawn(out: Path, scenario: str = "drive", sharding: str = "none") -> list[int | None]:
     port = free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, port, str(out), scenario, sharding)) for r in range(2)]
+    procs = [
+        ctx.Process(target=_rank_process, args=(r, port, str(out), scenario, sharding)) for r in range(2)
+    ]
     for p in procs:
         p.start()
     deadline = time.time() + 120
