@@ -129,7 +129,7 @@ class RolloutWorker:
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
         self.loaded: int | None = None
-        self.playing: int | None = None  # the version a batch's episodes run with: nothing loads meanwhile
+        self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
         for kind, handler in self.SESSION_HANDLERS.items():
@@ -252,7 +252,8 @@ class RolloutWorker:
 
     @contextlib.contextmanager
     def _turn(self, version: int) -> Iterator[None]:
-        """`_computing` for one turn of the episodes of `version`, refused when another is loaded."""
+        """`_computing` for one generation (a batch's, or a turn of its episodes) of `version`, refused
+        when another is loaded."""
         with self._computing():
             if self.loaded != version:
                 raise RuntimeError(f"episodes of version {version} would go on with {self.loaded} loaded")
@@ -314,32 +315,24 @@ class RolloutWorker:
     async def _make(
         self, jobs: list[Assignment], publisher: Client
     ) -> tuple[list[GroupSamples], float, float, float]:
-        """The groups of `jobs` (one version), made together with that version loaded: the groups, each
+        """The groups of `jobs` (one version), made together with that version loaded and held (none
+        loaded until all are made; with episodes, their environment calls timed): the groups, each
         one's share of the generation time, the seconds the load took, and when generation ended."""
         first = jobs[0]
         load_s = await self._ensure(first, publisher)
         prompts = [Prompt(job.prompt_id, job.prompt, job.answer) for job in jobs]
+        hold = functools.partial(self._turn, first.version)
+        waits = None
+        if self.maker.episodes is not None:
+            waits = Overlapping(self.clock, "environment", period=first.period, eval=first.eval)
         ids = [job.prompt_id for job in jobs]
-        with span(self.clock, "generate", period=first.period, prompt_ids=ids) as generating:
-            if self.maker.episodes is None:
-                made = await self.maker.make(
-                    prompts, first.period, first.group_size, first.eval, self._computing
-                )
-            else:
-                made = await self._play(prompts, first)
-        return made, generating.duration / len(jobs), load_s, generating.end
-
-    async def _play(self, prompts: list[Prompt], first: Assignment) -> list[GroupSamples]:
-        """The batch's samples as episodes, every turn with the version the batch names (none loaded
-        until all have ended), the environment calls timed."""
-        version = first.version
-        waits = Overlapping(self.clock, "environment", period=first.period, eval=first.eval)
-        hold = functools.partial(self._turn, version)
-        self.playing = version
+        self.playing = first.version
         try:
-            return await self.maker.make(prompts, first.period, first.group_size, first.eval, hold, waits)
+            with span(self.clock, "generate", period=first.period, prompt_ids=ids) as generating:
+                made = await self.maker.make(prompts, first.period, first.group_size, first.eval, hold, waits)
         finally:
             self.playing = None
+        return made, generating.duration / len(jobs), load_s, generating.end
 
     async def _ensure(self, job: Assignment, publisher: Client) -> float:
         """Load the version `job` names unless it is loaded; the seconds it took."""

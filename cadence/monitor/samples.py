@@ -90,7 +90,7 @@ def _episode_record(msg: GroupResult, i: int) -> dict[str, Any]:
             "ended": figures.endings[i] if figures.endings else "",
             "tool_calls": figures.tool_calls[i] if figures.tool_calls else 0,
             "tool_errors": figures.tool_errors[i] if figures.tool_errors else 0,
-            "env_tokens": msg.masks[i].count(0) if msg.masks else 0,
+            "env_tokens": figures.env_tokens[i] if figures.env_tokens else 0,
         }
     if figures.turn_rewards:
         record["turn_rewards"] = figures.turn_rewards[i]

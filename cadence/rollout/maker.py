@@ -23,9 +23,9 @@ from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import RolloutEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
-from cadence.rollout.play import EngineGenerate, Episodes
+from cadence.rollout.play import EngineGenerate, Episodes, Hold
 from cadence.rollout.results import GroupSamples
-from cadence.rollout.single_turn import Hold, Scorer, complete
+from cadence.rollout.single_turn import Scorer, complete
 from cadence.tasks.base import Prompt
 
 

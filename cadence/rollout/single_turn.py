@@ -9,17 +9,16 @@ so the event loop is free meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Protocol
 
 from cadence.model.engine import Completion
 from cadence.model.rollout_engine import RolloutEngine
 from cadence.model.tokenizer import TextTokenizer
+from cadence.rollout.play import Hold
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
-
-Hold = Callable[[], AbstractContextManager[object]]
 
 
 class Scorer(Protocol):
