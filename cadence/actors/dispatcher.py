@@ -13,7 +13,8 @@
                               opened if due; metrics of k-1 ─► metrics.jsonl (rewound first if the
                               trainer resumed from a checkpoint)
  worker  ─ WorkRequest(n) ──► the core: credits += n; what it assigns goes out at once
- trainer ─ Consumed(k, ids) ► the core: consumed
+ trainer ─ Consumed(k, ids) ► the core: consumed; filtered ones may draw more of the period's prompts;
+                              closed: its rest stopped ─► StopPeriod(k) to each worker holding some
  worker  ─ EvalResult ──────► the core: answered; a complete round ─► eval.jsonl, samples/
  worker silent > liveness ──► the core: what it held goes back to the front of the queue, reassigned
  worker welcomed again ─────► the same, and its credits start from 0
@@ -67,6 +68,7 @@ from cadence.wire.messages import (
     Register,
     RunDone,
     Shutdown,
+    StopPeriod,
     Subscribe,
     TrainerKey,
     VersionReady,
@@ -101,7 +103,9 @@ class Dispatcher:
         s = settings
         self.settings = s
         rounds = EvalRounds(eval_set, s.eval_every, s.periods, s.eval_samples, s.keep_versions)
-        self.core = DispatchCore(task, s.periods, s.prompts_per_period, s.group_size, rounds)
+        self.core = DispatchCore(
+            task, s.periods, s.prompts_per_period, s.group_size, rounds, extra=s.oversample, stream=s.stream
+        )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
         self.hub = hub
@@ -205,7 +209,10 @@ class Dispatcher:
         self.core.credit(peer, msg.credits)
 
     def _on_consumed(self, peer: bytes, sender: str, msg: Consumed) -> None:
-        self.core.consume(msg.period, msg.prompt_ids)
+        held = self.core.consume(msg.period, msg.prompt_ids, msg.filtered, msg.closed)
+        for route in held:  # a worker still holding some of the closed period's prompts
+            if route in self.peers:
+                self._outbox.append((route, StopPeriod(msg.period)))
 
     def _on_run_done(self, peer: bytes, sender: str, msg: RunDone) -> None:
         log.info("run_done", version=msg.version, sha256=msg.sha256, checkpoint=msg.checkpoint)
@@ -265,7 +272,13 @@ class Dispatcher:
             log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if row is not None:
             workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-            self.recorder.period(replace(row, workers=workers, reassigned=self.reassigned))
+            row = replace(row, workers=workers, reassigned=self.reassigned)
+            ledger = self.core.ledger
+            if row.groups_filtered is not None and ledger.period == row.period:  # an over-sampled run's
+                issued = ledger.issued
+                stopped = max(issued - row.groups - row.groups_filtered, 0)
+                row = replace(row, prompts_issued=issued, groups_stopped=stopped)
+            self.recorder.period(row)
         self.core.announce(msg.version, self.clock())
 
     def _lost(self, name: str, silent_s: float, reason: str = "silent") -> None:

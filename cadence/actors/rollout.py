@@ -9,8 +9,11 @@ scores, and pushes every finished group to the trainer at once.
  Assignment(k, v, batch=m) ─► queue ─► the m sent together (same v) ─► v loaded? else v broadcast to
                             this worker? load it : pull v, verify, load
                             ─► G samples of each prompt seeded by (seed, k, prompt id, i), all m
-                               prompts decoded together ─► score
-                            ─► m GroupResults ─► trainer ; WorkRequest(m) ─► dispatcher
+                               prompts decoded together ─► each group, as soon as its own G samples
+                               have ended: scored ─► GroupResult ─► trainer
+                            ─► WorkRequest(m) ─► dispatcher once the batch is done
+ StopPeriod(k) ────────────► period k closed: its queued assignments skipped, the batch of k being
+                            generated dropped between two decode steps (nothing of it sent)
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
  with environment.name: the G x m samples are episodes (rollout/play.py), run together turn by
    turn with version v held (no load until all end) ─► scored by the environment ─► each group: its
@@ -22,8 +25,9 @@ eval` uses too: the worker keeps the session, the queue of assignments and the w
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
 verified by checksum, every turn of every episode too; an assignment of a period older than the
-newest one seen is skipped (an eval assignment is not: its round may outlive its period); an eval
-answer never goes to the trainer.
+newest one seen, or of a stopped period, is skipped (an eval assignment is not: its round may outlive
+its period); nothing of a stopped period is sent once the StopPeriod is in; an eval answer never goes
+to the trainer.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import Overlapping, span
 from cadence.rollout.maker import GroupMaker
 from cadence.rollout.results import GroupSamples, eval_result, group_result
+from cadence.rollout.single_turn import Ready
 from cadence.tasks.base import Prompt
 from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
 from cadence.transport.weights import PULL_REPLIES, WeightError, pull_weights
-from cadence.wire.messages import Assignment, Message, Welcome, WorkRequest
+from cadence.wire.messages import Assignment, Message, StopPeriod, Welcome, WorkRequest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -132,6 +137,8 @@ class RolloutWorker:
         self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
+        self.stopped: set[int] = set()  # periods the dispatcher closed (the newest few)
+        self._stop_at: dict[int, float] = {}  # when each stop came
         for kind, handler in self.SESSION_HANDLERS.items():
             session.on(kind, functools.partial(handler, self))
 
@@ -143,6 +150,15 @@ class RolloutWorker:
         if not msg.eval:
             self.newest_period = max(self.newest_period, msg.period)
         self.queue.put_nowait(msg)
+
+    def _stop(self, msg: StopPeriod) -> None:
+        """Period `msg.period` is closed: nothing more of it is generated or sent."""
+        self.stopped = {p for p in self.stopped if p > msg.period - 4} | {msg.period}
+        self._stop_at[msg.period] = self.clock()
+        log.info("period_stop_received", period=msg.period)
+
+    def _is_stopped(self, job: Assignment) -> bool:
+        return not job.eval and job.period in self.stopped
 
     def _welcomed(self, msg: Welcome) -> None:
         if self.welcome is not None:  # a new trainer: what was assigned for the old one is void
@@ -159,6 +175,7 @@ class RolloutWorker:
             )
         self.welcome = msg
         self.newest_period = -1
+        self.stopped.clear()  # a resumed trainer may run a stopped period again
         self.rejoin.set()
 
     async def _work(self) -> None:
@@ -192,7 +209,11 @@ class RolloutWorker:
         await self.session.send(WorkRequest(self.settings.inflight))
         while True:
             batch = await self._next_batch()
-            jobs = [job for job in batch if job.eval or job.period >= self.newest_period]
+            jobs = [
+                job
+                for job in batch
+                if job.eval or (job.period >= self.newest_period and not self._is_stopped(job))
+            ]
             for job in batch:
                 if job not in jobs:
                     log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
@@ -292,34 +313,56 @@ class RolloutWorker:
             log.info("eval_skipped", version=jobs[0].version, newest=self.newest_period, prompts=len(jobs))
             return
         try:
-            made, gen_s, _, _ = await self._make(jobs, publisher)
+            made, gen_s = await self._make(jobs, publisher)
         except WeightError as err:
             log.warning("eval_weights_unavailable", version=jobs[0].version, error=str(err))
             return
         for job, samples in zip(jobs, made, strict=True):
-            await self.session.send(eval_result(job, samples, gen_s))
+            if samples is not None:
+                await self.session.send(eval_result(job, samples, gen_s))
 
     async def _train(self, jobs: list[Assignment], publisher: Client, trainer: Client) -> None:
-        """Make the groups of `jobs` and send each to the trainer; a result's `gen_s` is its share of
-        the batch's generation time, `following` the groups of the batch sent right behind it."""
-        made, gen_s, load_s, finished_at = await self._make(jobs, publisher)
-        for i, (job, samples) in enumerate(zip(jobs, made, strict=True)):
+        """Make the groups of `jobs` and send each to the trainer as soon as its own samples are made
+        and scored; a result's `gen_s` is the generation time since the batch's group before it left
+        (the batch's groups together: its generation time), `following` the groups of the batch
+        already made and sent right behind it. Nothing once the period is stopped."""
+        load_s = await self._ensure(jobs[0], publisher)
+        sent: list[float] = []
+        waiting = 0  # groups made and not yet sent
+
+        async def ready(i: int, samples: GroupSamples, following: int) -> None:
+            nonlocal waiting
+            job = jobs[i]
+            if self._is_stopped(job):
+                return
+            now = self.clock()
+            gen_s = now - (sent[-1] if sent else started)
+            sent.append(now)
             keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
-            following = len(jobs) - 1 - i
-            result = group_result(
-                job, samples, keep, gen_s, load_s if i == 0 else 0.0, finished_at, following
-            )
+            first_load = load_s if len(sent) == 1 else 0.0
+            result = group_result(job, samples, keep, gen_s, first_load, now, following)
             await trainer.send(result)
             self.groups_sent += 1
 
+        started = self.clock()
+        made, _ = await self._make(jobs, publisher, ready)
+        dropped = sum(1 for samples in made if samples is None)
+        if dropped:
+            period = jobs[0].period
+            stop_at = self._stop_at.pop(period, started)
+            # the generation after the stop came: drawn apart on the timeline
+            log.debug("span", kind="stopped", start=max(stop_at, started), end=self.clock(), period=period)
+            log.info("groups_stopped", period=period, groups=dropped, sent=len(sent))
+
     async def _make(
-        self, jobs: list[Assignment], publisher: Client
-    ) -> tuple[list[GroupSamples], float, float, float]:
+        self, jobs: list[Assignment], publisher: Client, ready: Ready | None = None
+    ) -> tuple[list[GroupSamples | None], float]:
         """The groups of `jobs` (one version), made together with that version loaded and held (none
-        loaded until all are made; with episodes, their environment calls timed): the groups, each
-        one's share of the generation time, the seconds the load took, and when generation ended."""
+        loaded until all are made; with episodes, their environment calls timed), each handed to
+        `ready` as soon as it is made; a group of a period stopped meanwhile is dropped (None). The
+        groups, and each one's share of the generation time."""
         first = jobs[0]
-        load_s = await self._ensure(first, publisher)
+        await self._ensure(first, publisher)
         prompts = [Prompt(job.prompt_id, job.prompt, job.answer) for job in jobs]
         hold = functools.partial(self._turn, first.version)
         waits = None
@@ -329,10 +372,19 @@ class RolloutWorker:
         self.playing = first.version
         try:
             with span(self.clock, "generate", period=first.period, prompt_ids=ids) as generating:
-                made = await self.maker.make(prompts, first.period, first.group_size, first.eval, hold, waits)
+                made = await self.maker.make(
+                    prompts,
+                    first.period,
+                    first.group_size,
+                    first.eval,
+                    hold,
+                    waits,
+                    ready,
+                    functools.partial(self._is_stopped, first),
+                )
         finally:
             self.playing = None
-        return made, generating.duration / len(jobs), load_s, generating.end
+        return made, generating.duration / len(jobs)
 
     async def _ensure(self, job: Assignment, publisher: Client) -> float:
         """Load the version `job` names unless it is loaded; the seconds it took."""
@@ -347,4 +399,8 @@ class RolloutWorker:
         return load_s
 
 
-RolloutWorker.SESSION_HANDLERS = {Assignment: RolloutWorker._assigned, Welcome: RolloutWorker._welcomed}
+RolloutWorker.SESSION_HANDLERS = {
+    Assignment: RolloutWorker._assigned,
+    Welcome: RolloutWorker._welcomed,
+    StopPeriod: RolloutWorker._stop,
+}

@@ -7,18 +7,24 @@
  (--resume: load checkpoints/resume, k = its version)
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
-              ─► version != k?              stale_dropped
-              ─► accept: Consumed(k, id) ─► periodic: forward/backward now (summed loss), packed
-                                            with the groups that arrived meanwhile (token budget)
-                                            sync: hold until all B are in, then the same
-   B accepted ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
+              ─► version != k?              stale_dropped (a closed period's late group: the same)
+              ─► accept ─► resolved by the period's Selection (training/selection.py: filters,
+                           order) ─► Consumed(k, id, filtered ids, closed)
+                 kept ─► periodic: forward/backward now (summed loss), packed with the groups that
+                                   arrived meanwhile (token budget)
+                         sync: hold until the period closes, then the same
+                 filtered ─► counted, written to the samples with its reason, never trained
+   B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
+         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
               checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
  last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
 ```
 
 Invariant: each (period, prompt id) enters the gradient at most once, only with weights of the
-period's version, and every period ends in exactly `trainer.steps_per_period` optimizer steps (one by
-default), each after B / steps accepted groups; the new version is published after the last. The version rule lives here
+period's version, and only once a filter has kept it; every period ends in exactly
+`trainer.steps_per_period` optimizer steps (one by default), each after B / steps kept groups, save a
+period short of B kept groups (`sampling.ceiling` reached), whose last step takes what it kept and
+which takes none when it kept none; the new version is published after the last. The version rule lives here
 and nowhere else. The loss is the learner's side's (`cadence.training.steps.Steps`): each step's
 normaliser and its learning rate (step j of period k at the rate of the run's step k x steps + j, so a
 resumed run continues the schedule exactly) are fixed there, not here.
@@ -46,6 +52,7 @@ from cadence.training.resume import (
     load_resume,
     save_resume,
 )
+from cadence.training.selection import Selection, SelectionRule
 from cadence.training.steps import StepRule, Steps, group_tokens
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
@@ -75,9 +82,17 @@ class TrainerSettings:
     threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
     publish_dtype: str | None = None  # versions published in this dtype (the workers'); None: the learner's
 
+    sampling: SelectionRule = SelectionRule()
+
     @property
     def groups_per_step(self) -> int:
         return self.prompts_per_period // self.steps.steps_per_period
+
+    def selection(self, period: int) -> Selection:
+        """Which of `period`'s groups are trained (`sampling.*`)."""
+        rule = self.sampling
+        stream = rule.stream or self.prompts_per_period
+        return Selection(period, self.prompts_per_period, stream, rule.order, rule.filters)
 
 
 class Trainer:
@@ -176,7 +191,7 @@ class Trainer:
         start, digest, nbytes = await self._publish(first)
         await self.session.send(VersionReady(first, digest, nbytes, row))
         for period in range(first, self.settings.periods):
-            stats = PeriodStats(period, start)
+            stats = PeriodStats(period, start, oversampled=self.settings.sampling.stream > 0)
             await self._period(period, stats)
             publish_start = self.clock()
             end, digest, nbytes = await self._publish(period + 1)
@@ -238,25 +253,50 @@ class Trainer:
         held: list[GroupResult] = []
         self.alone = self.settings.mode == "sync"
         self._trained = 0
-        while len(seen) < self.settings.prompts_per_period:
+        selection = self.settings.selection(period)
+        while not selection.closed:
             arrived, env = await self.arrivals.get()
             msg = self._accept(period, env, stats)
             if msg is None:
                 continue
             seen.add(msg.prompt_id)
-            stats.arrived(arrived, env.sender, msg)
-            if msg.responses and self.samples is not None:
-                self.samples.write(msg.period, sample_record(msg))
-            await self.session.send(Consumed(period, [msg.prompt_id]))
-            if self.settings.mode == "periodic":
-                # train now, together with whatever else has arrived meanwhile (up to the budget) and
-                # the rest of the worker's batch, sent right behind it
-                await self._add(msg, stats, flush=self.arrivals.empty() and msg.following == 0)
-            else:
-                held.append(msg)
+            stats.arrived(arrived, env.sender, msg, kept=False)
+            verdicts = selection.arrive(msg)
+            filtered = [group.prompt_id for group, reason in verdicts if reason is not None]
+            await self.session.send(
+                Consumed(period, [msg.prompt_id], filtered=filtered, closed=selection.closed)
+            )
+            for i, (group, reason) in enumerate(verdicts):
+                if self.samples is not None and group.responses:
+                    self.samples.write(group.period, sample_record(group, filtered=reason))
+                if reason is not None:
+                    stats.filtered_out(group, reason)
+                    log.info("group_filtered", period=period, prompt_id=group.prompt_id, reason=reason)
+                    continue
+                stats.kept(arrived, group)
+                if self.settings.mode == "periodic":
+                    # train now, together with whatever else has arrived meanwhile (up to the budget) and
+                    # the rest of the worker's batch, sent right behind it
+                    last = i == len(verdicts) - 1
+                    await self._add(group, stats, flush=last and self.arrivals.empty() and msg.following == 0)
+                else:
+                    held.append(group)
+        for group in selection.held():  # arrived, but after the B-th kept one in prompt order
+            stats.stopped_after_close(group)
+            if self.samples is not None and group.responses:
+                self.samples.write(group.period, sample_record(group, filtered="stopped"))
+        if selection.short:
+            log.warning(
+                "period_short",
+                period=period,
+                kept=selection.kept,
+                batch=selection.batch,
+                filtered=dict(selection.filtered),
+                issued_at_most=selection.stream,
+            )
         for msg in held:
             await self._add(msg, stats, flush=False)
-        await self._flush(stats)
+        await self._flush(stats, last=True)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""
@@ -267,6 +307,10 @@ class Trainer:
         if msg.prompt_id in self.consumed.get(msg.period, ()):
             stats.duplicates_dropped += 1
             log.info("duplicate_dropped", peer=env.sender, period=msg.period, prompt_id=msg.prompt_id)
+            return None
+        if self.settings.sampling.stream and msg.period < period and msg.version == msg.period:
+            # a group of a period closed with its B kept groups, sent before its worker heard
+            log.info("closed_period_dropped", peer=env.sender, period=msg.period, prompt_id=msg.prompt_id)
             return None
         if msg.version != period or msg.period != period:
             stats.stale_dropped += 1
@@ -286,21 +330,21 @@ class Trainer:
         if flush or self.steps.groups + len(self._micro) >= self.settings.groups_per_step:
             await self._flush(stats)
 
-    async def _flush(self, stats: PeriodStats) -> None:
+    async def _flush(self, stats: PeriodStats, last: bool = False) -> None:
         """Train the micro-batch (one packed forward and backward, summed loss); after every
-        B / steps_per_period groups, normalise and step."""
-        if not self._micro:
-            return
-        micro, self._micro, self._micro_tokens = self._micro, [], 0
-        # the period's last micro-batch comes after its last group: no worker has anything left to
-        # generate. Decided by the micro-batch, not by the moment the last group arrived, so that a
-        # run's arithmetic (threads included) does not depend on timing
-        self._trained += len(micro)
-        self.alone = self.alone or self._trained == self.settings.prompts_per_period
-        with span(self.clock, "train", period=stats.period, groups=len(micro)) as training:
-            await self._compute(self.steps.train, micro)
-        stats.spans.append((training.start, training.end))
-        if self.steps.groups < self.settings.groups_per_step:
+        B / steps_per_period groups, normalise and step. `last`: the period is closed: a period short
+        of B kept groups steps with those trained since its last step (none: no step)."""
+        if self._micro:
+            micro, self._micro, self._micro_tokens = self._micro, [], 0
+            # the period's last micro-batch comes after its last group: no worker has anything left to
+            # generate. Decided by the micro-batch, not by the moment the last group arrived, so that a
+            # run's arithmetic (threads included) does not depend on timing
+            self._trained += len(micro)
+            self.alone = self.alone or last or self._trained == self.settings.prompts_per_period
+            with span(self.clock, "train", period=stats.period, groups=len(micro)) as training:
+                await self._compute(self.steps.train, micro)
+            stats.spans.append((training.start, training.end))
+        if self.steps.groups == 0 or (self.steps.groups < self.settings.groups_per_step and not last):
             return
         with span(self.clock, "step", period=stats.period) as stepping:
             normaliser, info = await self._compute(self.steps.step, stats.period, len(stats.steps))

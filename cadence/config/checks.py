@@ -202,6 +202,26 @@ def episodes_take_no_reward_weights(cfg: RunConfig) -> None:
         )
 
 
+def sampling_filters_are_known(cfg: RunConfig) -> None:
+    """Every `sampling.filters` entry is a built-in filter or a `package.module:function`, named once;
+    `sampling.reward_range` is [low, high], finite, low <= high."""
+    from cadence.config.sampling import BUILT_IN_FILTERS
+
+    s = cfg.sampling
+    for name in s.filters:
+        module, sep, function = name.partition(":")
+        if name not in BUILT_IN_FILTERS and not (sep and module.strip() and function.strip()):
+            raise ConfigError(
+                f"sampling.filters: {name!r} is none of {list(BUILT_IN_FILTERS)} nor a"
+                " `package.module:function`"
+            )
+    if len(set(s.filters)) != len(s.filters):
+        raise ConfigError(f"sampling.filters names a filter twice: {s.filters}")
+    low_high = s.reward_range
+    if len(low_high) != 2 or not all(math.isfinite(v) for v in low_high) or low_high[0] > low_high[1]:
+        raise ConfigError(f"sampling.reward_range must be [low, high], finite, low <= high; got {low_high}")
+
+
 ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     steps_divide_the_batch,
     warmup_within_the_run,
@@ -217,6 +237,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     episodes_need_a_turn_engine,
     episodes_fit_the_positions,
     episodes_take_no_reward_weights,
+    sampling_filters_are_known,
 )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from cadence.config.checks import check_run
 from cadence.config.environment import EnvironmentConfig
 from cadence.config.fields import POSITIVE, ConfigError, doc, section
+from cadence.config.sampling import SamplingConfig
 from cadence.config.sections import (
     EvalConfig,
     ModelConfigSection,
@@ -55,6 +56,9 @@ class RunConfig:
     eval: EvalConfig = section(EvalConfig, "held-out evaluation during the run and by `cadence eval`")
     monitor: MonitorConfig = section(MonitorConfig, "samples, log streaming and metric writers")
     rollout: RolloutConfig = section(RolloutConfig, "rollout workers and sampling")
+    sampling: SamplingConfig = section(
+        SamplingConfig, "over-sampled periods: group filters, refills, and the rest stopped"
+    )
     model: ModelConfigSection = section(ModelConfigSection, "the transformer's shape")
     vllm: VllmConfig = section(VllmConfig, "the vLLM engine, when rollout.engine is vllm")
     trainer: TrainerConfig = section(

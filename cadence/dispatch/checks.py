@@ -14,12 +14,21 @@ from cadence.dispatch.core import DispatchCore
 from cadence.dispatch.roster import Peer, claim_problem
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.wire.meaning import (
+    consumed_problem,
     eval_result_problem,
     run_done_problem,
     version_ready_problem,
     work_request_problem,
 )
-from cadence.wire.messages import EvalResult, Message, Register, RunDone, VersionReady, WorkRequest
+from cadence.wire.messages import (
+    Consumed,
+    EvalResult,
+    Message,
+    Register,
+    RunDone,
+    VersionReady,
+    WorkRequest,
+)
 from cadence.wire.roles import SIGNED, may_send, signed
 
 
@@ -61,6 +70,8 @@ def _meaning(
         return run_done_problem(msg, settings.periods, known.announced)
     if isinstance(msg, WorkRequest):
         return work_request_problem(msg)
+    if isinstance(msg, Consumed):
+        return consumed_problem(msg, core.period)
     if isinstance(msg, EvalResult):
         return eval_result_problem(msg, settings.eval_samples) or core.eval_problem(peer, msg)
     return None

@@ -3,8 +3,9 @@ send whom. Synchronous and without sockets: `cadence.actors.dispatcher` feeds it
 and sends the assignments it returns.
 
 ```
- announce(k) ──────────────► period k: B prompts of period k queued (the ledger); a period announced
-                             again starts over with fresh prompts; k = periods: nothing more queued
+ announce(k) ──────────────► period k: B prompts of period k queued (the ledger), and with
+                             sampling.oversample that share of B more; a period announced again
+                             starts over with fresh prompts; k = periods: nothing more queued
  announce(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
  credit(worker, n) ────────► credits += n
  assign(workers, key) ─────► the queued prompts shared out by the policy within the credits
@@ -17,12 +18,17 @@ and sends the assignments it returns.
                              v+1's prompts, to workers still holding v (eval_rest_first)
  round v unanswered at announce(v + weights.keep_versions) ─► eval_abandoned (no row)
  consume(k, ids) ──────────► consumed (from the queue too: a lost worker's group the trainer took)
+ consume(k, filtered=ids) ─► with fewer than B issued prompts not filtered, the next ones of the
+                             period's stream are queued, up to the stream's end (sampling.ceiling)
+ consume(k, closed) ───────► the period's queued and assigned prompts stopped: each worker that held
+                             some is told (StopPeriod)
  leave(worker) / restart ──► what it held back to the front of the queue, in prompt order
  answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
 ```
 
 Invariant: a prompt of period k is held by at most one worker (`Ledger`) until the trainer consumes
-it; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
+it or the period closes; a period's prompts are the first ones of its stream (`task.prompts(k,
+stream)`, the same whoever asks), in order, so a resumed period issues the same ones; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
 only while no training prompt is queued, except the rest of an older round, which goes before the new
 period's prompts; a worker never gets more prompts than it has credits, save the eval prompts one
 credit buys (`group_size // eval_samples`).
@@ -68,6 +74,8 @@ class DispatchCore:
         group_size: int,
         rounds: EvalRounds,
         policy: Policy = most_credits_first,
+        extra: int = 0,
+        stream: int = 0,
     ) -> None:
         self.task = task
         self.periods = periods
@@ -75,7 +83,11 @@ class DispatchCore:
         self.group_size = group_size
         self.rounds = rounds
         self.policy = policy
+        self.extra = extra  # prompts queued beyond B at a period's start
+        self.stream = stream or prompts_per_period  # the prompts a period may issue
         self.ledger = Ledger()
+        self._reserve: list[Prompt] = []  # the period's stream not issued yet
+        self.filtered: set[int] = set()  # the open period's groups a filter threw away
         self.credits: dict[bytes, int] = {}
         self.period = -1  # the period whose prompts are out
         self.published = -1  # the last version announced
@@ -92,11 +104,50 @@ class DispatchCore:
             self.ledger.close()
             return
         self.period = version
-        self.ledger.open(version, self.task.prompts(version, self.B))
+        stream = self.task.prompts(version, self.stream)
+        first = self.B + self.extra
+        self.ledger.open(version, stream[:first])
+        self._reserve = list(stream[first:])
+        self.filtered = set()
         log.info("period_started", period=version, version=version, prompts=self.ledger.queued)
 
-    def consume(self, period: int, prompt_ids: Sequence[int]) -> None:
+    def consume(
+        self, period: int, prompt_ids: Sequence[int], filtered: Sequence[int] = (), closed: bool = False
+    ) -> dict[bytes, list[int]]:
+        """The trainer took `prompt_ids` of `period`, threw `filtered` away, and, `closed`, has the
+        period's groups: the prompts stopped, by the route of the worker that held them."""
         self.ledger.consume(period, prompt_ids)
+        if period != self.period or self.ledger.period != period:
+            return {}
+        self.filtered |= {pid for pid in filtered if self.ledger.state(pid) is not None}
+        if closed:
+            held = self.ledger.stop(period)
+            self._reserve = []
+            log.info(
+                "period_closed",
+                period=period,
+                issued=self.ledger.issued,
+                filtered=len(self.filtered),
+                stopped=sum(len(ids) for ids in held.values()),
+            )
+            return held
+        self._refill()
+        return {}
+
+    def _refill(self) -> None:
+        """Queue more of the period's stream while the prompts not filtered cannot make B."""
+        short = self.B - (self.ledger.issued - len(self.filtered))
+        if short > 0 and self._reserve:
+            more, self._reserve = self._reserve[:short], self._reserve[short:]
+            self.ledger.add(more)
+            log.info(
+                "prompts_drawn",
+                period=self.period,
+                drawn=len(more),
+                issued=self.ledger.issued,
+                filtered=len(self.filtered),
+                left=len(self._reserve),
+            )
 
     def credit(self, worker: bytes, count: int) -> None:
         self.credits[worker] = self.credits.get(worker, 0) + count

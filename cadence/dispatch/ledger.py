@@ -1,17 +1,20 @@
 """The ledger of one period's prompts: where each prompt is, and the transitions between.
 
 ```
+  add(prompts) ─► QUEUED (at the back: a refill of an over-sampled period)
             assign(worker)              consume(period, ids)
   QUEUED ─────────────────► ASSIGNED ─────────────────────► CONSUMED
     ▲                          │
     └──────────────────────────┘
        requeue(worker): back to the front of the queue, in prompt order
   QUEUED ─── consume ──► CONSUMED  (a group the trainer took from a worker declared lost meanwhile)
+  QUEUED, ASSIGNED ─── stop(period) ──► STOPPED (the period has its groups: the rest is not needed)
 ```
 
 Invariant: every prompt of the open period is in exactly one state, an assigned one held by exactly
 one worker; the queue holds exactly the queued prompts, in the order they go out; a `consume` of
-another period changes nothing; nothing survives `open` or `close` of a period.
+another period changes nothing; nothing survives `open` or `close` of a period; a stopped prompt is
+never handed out again.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class State(enum.Enum):
     QUEUED = "queued"
     ASSIGNED = "assigned"
     CONSUMED = "consumed"
+    STOPPED = "stopped"
 
 
 @dataclass
@@ -52,6 +56,33 @@ class Ledger:
         if len(self._entries) != len(prompts):
             raise ValueError(f"period {period}: prompt ids repeat")
         self._queue = deque(p.prompt_id for p in prompts)
+
+    def add(self, prompts: Sequence[Prompt]) -> None:
+        """More prompts of the open period, queued after the others in their order."""
+        if any(p.prompt_id in self._entries for p in prompts):
+            raise ValueError(f"period {self.period}: prompt ids repeat")
+        for p in prompts:
+            self._entries[p.prompt_id] = Entry(p)
+            self._queue.append(p.prompt_id)
+
+    @property
+    def issued(self) -> int:
+        """The prompts the open period has queued so far, wherever they are now."""
+        return len(self._entries)
+
+    def stop(self, period: int) -> dict[bytes, list[int]]:
+        """Period `period` is closed: its queued and assigned prompts are stopped. The ids each worker
+        held, by its route (none for another period)."""
+        if period != self.period:
+            return {}
+        held: dict[bytes, list[int]] = {}
+        for pid, entry in sorted(self._entries.items()):
+            if entry.state is State.ASSIGNED and entry.worker is not None:
+                held.setdefault(entry.worker, []).append(pid)
+            if entry.state in (State.QUEUED, State.ASSIGNED):
+                entry.state, entry.worker = State.STOPPED, None
+        self._queue.clear()
+        return held
 
     def close(self) -> None:
         """Nothing is handed out any more: the periods are complete, or the trainer is gone."""
@@ -86,7 +117,7 @@ class Ledger:
         taken = 0
         for pid in prompt_ids:
             entry = self._entries.get(pid)
-            if entry is None or entry.state is State.CONSUMED:
+            if entry is None or entry.state in (State.CONSUMED, State.STOPPED):
                 continue
             if entry.state is State.QUEUED:
                 self._queue.remove(pid)

@@ -14,7 +14,8 @@ class DispatcherSettings:
     the workers until a trainer resumed from its checkpoint registers again. `wait_for_workers_s`:
     how long prompts may wait with no rollout worker left before the run fails. `eval_every`: the
     versions evaluated on the eval set (0: none); `eval_samples`: samples an eval prompt;
-    `keep_versions`: the versions the publisher keeps (an eval round lasts that long)."""
+    `keep_versions`: the versions the publisher keeps (an eval round lasts that long); `oversample`
+    and `stream`: an over-sampled period's prompts at its start beyond B, and in all (`[sampling]`)."""
 
     periods: int
     prompts_per_period: int
@@ -24,3 +25,5 @@ class DispatcherSettings:
     eval_every: int = 0
     eval_samples: int = 1
     keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later
+    oversample: int = 0  # prompts queued beyond B at a period's start (`sampling.oversample`)
+    stream: int = 0  # the prompts a period may issue, refills included (0: B; `sampling.ceiling`)

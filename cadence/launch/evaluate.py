@@ -50,7 +50,8 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[
     async def make_all() -> list[GroupSamples]:
         made: list[GroupSamples] = []
         for start in range(0, len(prompts), batch):  # batches of a worker's size
-            made.extend(await maker.make(prompts[start : start + batch], version, n, evaluation=True))
+            groups = await maker.make(prompts[start : start + batch], version, n, evaluation=True)
+            made.extend(g for g in groups if g is not None)  # none is stopped here
         return made
 
     made = asyncio.run(make_all())

@@ -20,6 +20,8 @@ from cadence.launch.threads import (
     trainer_threads,
     trainer_threads_alone,
 )
+from cadence.training.filters import Filters
+from cadence.training.selection import SelectionRule
 from cadence.training.steps import StepRule
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
@@ -54,6 +56,8 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         eval_every=cfg.eval.every,
         eval_samples=1 if cfg.eval.greedy else cfg.eval.k,
         keep_versions=cfg.weights.keep_versions,
+        oversample=cfg.sampling.extra(cfg.task.prompts_per_period),
+        stream=cfg.sampling.issued_at_most(cfg.task.prompts_per_period),
     )
 
 
@@ -71,7 +75,18 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
         publish_dtype=publish_dtype(cfg),
+        sampling=selection_rule(cfg),
     )
+
+
+def selection_rule(cfg: RunConfig) -> SelectionRule:
+    """Which of a period's groups the trainer trains (`[sampling]`; a user's filter imported now, so
+    a name that does not load fails the start)."""
+    s = cfg.sampling
+    if not s.on:
+        return SelectionRule()
+    stream = s.issued_at_most(cfg.task.prompts_per_period)
+    return SelectionRule(stream, s.order, Filters.of(s.filters, s.reward_range))
 
 
 def step_rule(cfg: RunConfig) -> StepRule:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.period_metrics import PeriodMetrics
@@ -30,8 +31,14 @@ def serial_finish(start: float, arrivals: list[float], costs: list[float]) -> fl
 
 @dataclass
 class PeriodStats:
+    """What the trainer saw of one period. Every group that arrives counts in the policy's figures
+    (rewards, lengths, times); only the kept ones in what was trained (`groups`, `tokens_trained`, the
+    samples' checksum, the tail). `oversampled`: the run has `[sampling]` on, and its rows say what was
+    filtered and stopped."""
+
     period: int
     start: float
+    oversampled: bool = False
     arrivals: list[float] = field(default_factory=list)
     spans: list[tuple[float, float]] = field(default_factory=list)  # one per trained micro-batch
     rewards: list[float] = field(default_factory=list)
@@ -47,17 +54,23 @@ class PeriodStats:
     step_s: float = 0.0  # optimizer steps of the period, summed
     steps: list[dict[str, float]] = field(default_factory=list)  # each optimizer step's statistics
 
-    completions: dict[int, list[list[int]]] = field(default_factory=dict)
+    completions: dict[int, list[list[int]]] = field(default_factory=dict)  # the trained groups'
     played: list[EpisodeFigures] = field(default_factory=list)  # accepted groups' episode figures
+    kept_arrivals: list[float] = field(default_factory=list)  # each trained group's arrival
+    kept_rewards: list[float] = field(default_factory=list)
+    kept_tokens: int = 0  # the trained groups' sampled tokens
+    filtered: dict[str, int] = field(default_factory=dict)  # groups by the filter that threw them away
+    dropped_tokens: int = 0  # sampled tokens of the groups that arrived and were not trained
+    stopped: int = 0  # groups that arrived after their period closed (prompt order), never trained
 
-    def arrived(self, now: float, sender: str, group: GroupResult) -> None:
+    def arrived(self, now: float, sender: str, group: GroupResult, kept: bool = True) -> None:
         """`group`, accepted at `now` from `sender`: its samples, rewards, times and, for episodes,
-        figures (`monitor/episode_figures.py`) count in the period's figures."""
+        figures (`monitor/episode_figures.py`) count in the period's figures; `kept`: it is trained
+        (else `kept`, `filtered_out` or `stopped_after_close` says so once the selection has)."""
         self.arrivals.append(now)
         self.busy[sender] = self.busy.get(sender, 0.0) + group.gen_s + group.load_s
         for name, values in group.reward_parts.items():
             self.parts.setdefault(name, []).extend(values)
-        self.completions[group.prompt_id] = group.completions
         self.lengths.extend(len(c) for c in group.completions)
         self.workers.add(sender)
         self.rewards.extend(group.rewards)
@@ -66,10 +79,42 @@ class PeriodStats:
         self.load_s.append(group.load_s)
         if group.episodes is not None and group.episodes.turns:
             self.played.append(group.episodes)
+        if kept:
+            self.kept(now, group)
+
+    def kept(self, now: float, group: GroupResult) -> None:
+        """`group`, arrived at `now`, is trained."""
+        self.kept_arrivals.append(now)
+        self.kept_rewards.extend(group.rewards)
+        self.completions[group.prompt_id] = group.completions
+        self.kept_tokens += sampled(group)
+
+    def filtered_out(self, group: GroupResult, reason: str) -> None:
+        """`group` arrived and filter `reason` threw it away."""
+        self.filtered[reason] = self.filtered.get(reason, 0) + 1
+        self.dropped_tokens += sampled(group)
+
+    def stopped_after_close(self, group: GroupResult) -> None:
+        """`group` arrived, but its period closed before its turn came (prompt order)."""
+        self.stopped += 1
+        self.dropped_tokens += sampled(group)
 
     def stepped(self, info: dict[str, float]) -> None:
         """An optimizer step of the period was taken; `info`: the learner's statistics of it."""
         self.steps.append(info)
+
+    def _selection(self) -> dict[str, Any]:
+        """An over-sampled period's figures of what was kept, filtered and stopped (none otherwise)."""
+        if not self.oversampled:
+            return {}
+        kept = self.kept_rewards
+        return {
+            "groups_arrived": len(self.arrivals),
+            "groups_filtered": sum(self.filtered.values()),
+            "tokens_filtered": self.dropped_tokens,
+            "reward_kept_mean": sum(kept) / len(kept) if kept else 0.0,
+            "filtered": dict(sorted(self.filtered.items())),
+        }
 
     def _mean_of_steps(self, key: str) -> float:
         values = [info[key] for info in self.steps if key in info]
@@ -79,6 +124,7 @@ class PeriodStats:
         """The figures of this period; `end` is when the next version was published."""
         period_s = end - self.start
         last_arrival = max(self.arrivals) if self.arrivals else self.start
+        last_kept = max(self.kept_arrivals) if self.kept_arrivals else self.start
         group_train = [b - a for a, b in self.spans]
         train_s = sum(group_train) + self.step_s
         n = len(self.rewards)
@@ -90,7 +136,7 @@ class PeriodStats:
         return PeriodMetrics(
             period=self.period,
             version=self.period,
-            groups=len(self.arrivals),
+            groups=len(self.kept_arrivals),
             samples=n,
             reward_mean=mean,
             reward_std=std,
@@ -98,13 +144,13 @@ class PeriodStats:
             response_len_mean=sum(self.lengths) / n if n else 0.0,
             response_len_max=max(self.lengths, default=0),
             tokens_generated=tokens,
-            tokens_trained=tokens,
+            tokens_trained=self.kept_tokens,
             tokens_computed=int(sum(info.get("computed_tokens", 0) for info in self.steps)),
             period_s=period_s,
             gen_s=last_arrival - self.start,
             train_s=train_s,
             overlap_s=overlap(self.spans, self.start, last_arrival),
-            tail_s=end - publish_s - last_arrival,
+            tail_s=end - publish_s - last_kept,
             trainer_idle_s=period_s - train_s - publish_s,
             inference_idle_s=sum(idle) / len(idle) if idle else 0.0,
             publish_s=publish_s,
@@ -126,8 +172,16 @@ class PeriodStats:
             clip_fraction=self._mean_of_steps("clip_fraction"),
             kl=self._mean_of_steps("kl"),
             lr=self.steps[-1].get("lr", 0.0) if self.steps else 0.0,
+            **self._selection(),
             **played,
         )
+
+
+def sampled(group: GroupResult) -> int:
+    """The tokens the model sampled in `group` (an episode's environment tokens are not)."""
+    if group.masks:
+        return sum(sum(mask) for mask in group.masks)
+    return sum(len(c) for c in group.completions)
 
 
 def samples_digest(completions: dict[int, list[list[int]]]) -> str:

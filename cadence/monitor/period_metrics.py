@@ -21,7 +21,9 @@ from typing import Any
 # fields whose rows hold lists
 _SEQUENCES = ("group_arrival_s", "micro_batch_train_s")
 # fields left out of a row while None: the dispatcher's, and a multi-turn run's episode figures
-_RECORDED = ("workers", "reassigned")
+_RECORDED = ("workers", "reassigned", "prompts_issued", "groups_stopped")
+# fields of an over-sampled run (`[sampling]`), left out of a row while None
+_SAMPLING = ("groups_filtered", "groups_arrived", "tokens_filtered", "reward_kept_mean")
 _EPISODES = (
     "turns_mean",
     "tool_calls",
@@ -32,7 +34,7 @@ _EPISODES = (
     "turn_reward_mean",
 )
 # fields that are no key of the row themselves
-_NOT_KEYS = ("reward_functions", "endings", "extra")
+_NOT_KEYS = ("reward_functions", "endings", "filtered", "extra")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class PeriodMetrics:
     period: int = 0  # the period (= the weights version its rollouts were generated with)
     version: int = 0  # the weights version the period trained from (the period itself)
     groups: int = 0  # prompt groups trained
-    samples: int = 0  # completions trained (groups x group size)
+    samples: int = 0  # completions of the groups arrived (trained, and filtered or stopped ones)
     reward_mean: float = 0.0  # mean reward of the samples
     reward_std: float = 0.0  # standard deviation of the samples' rewards
     accuracy: float = 0.0  # share of the samples judged correct
@@ -57,7 +59,7 @@ class PeriodMetrics:
     gen_s: float = 0.0  # from the period's start to the last group's arrival
     train_s: float = 0.0  # training micro-batches and optimizer steps, summed
     overlap_s: float = 0.0  # training while groups were still arriving
-    tail_s: float = 0.0  # from the last arrival to the start of publishing
+    tail_s: float = 0.0  # from the last trained group's arrival to the start of publishing
     trainer_idle_s: float = 0.0  # period_s - train_s - publish_s
     inference_idle_s: float = 0.0  # a rollout worker's time neither generating nor loading, mean
     publish_s: float = 0.0  # publishing the next version
@@ -91,6 +93,13 @@ class PeriodMetrics:
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
     reassigned: int | None = None  # prompts handed to another worker so far (the dispatcher's)
+    prompts_issued: int | None = None  # over-sampled: prompts the period queued, refills included
+    groups_stopped: int | None = None  # over-sampled: issued prompts neither trained nor filtered
+    groups_arrived: int | None = None  # over-sampled: groups that reached the trainer
+    groups_filtered: int | None = None  # over-sampled: groups a filter threw away (never trained)
+    tokens_filtered: int | None = None  # over-sampled: sampled tokens of groups that arrived untrained
+    reward_kept_mean: float | None = None  # over-sampled: mean reward of the trained groups' samples
+    filtered: dict[str, int] = field(default_factory=dict)  # groups by the filter that threw them away
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a row this class does not know
 
     def to_row(self) -> dict[str, Any]:
@@ -98,9 +107,10 @@ class PeriodMetrics:
         row: dict[str, Any] = dict(self.extra)
         row.update({f"reward_{name}": value for name, value in self.reward_functions.items()})
         row.update({f"ended_{ending}": count for ending, count in self.endings.items()})
+        row.update({f"filtered_{reason}": count for reason, count in self.filtered.items()})
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in _NOT_KEYS or (f.name in _RECORDED + _EPISODES and value is None):
+            if f.name in _NOT_KEYS or (f.name in _RECORDED + _EPISODES + _SAMPLING and value is None):
                 continue
             row[f.name] = list(value) if f.name in _SEQUENCES else value
         return row
@@ -112,6 +122,7 @@ class PeriodMetrics:
         values: dict[str, Any] = {}
         functions: dict[str, float] = {}
         endings: dict[str, int] = {}
+        filtered: dict[str, int] = {}
         extra: dict[str, Any] = {}
         for key, value in row.items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -121,7 +132,9 @@ class PeriodMetrics:
                 functions[key.removeprefix("reward_")] = value
             elif key.startswith("ended_") and isinstance(value, int) and not isinstance(value, bool):
                 endings[key.removeprefix("ended_")] = value
+            elif key.startswith("filtered_") and isinstance(value, int) and not isinstance(value, bool):
+                filtered[key.removeprefix("filtered_")] = value
             else:
                 extra[key] = value
         values.setdefault("version", values.get("period", 0))
-        return cls(**values, reward_functions=functions, endings=endings, extra=extra)
+        return cls(**values, reward_functions=functions, endings=endings, filtered=filtered, extra=extra)

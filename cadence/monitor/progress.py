@@ -23,7 +23,20 @@ def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
-        f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}"
+        f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}{sampling_part(row)}"
+    )
+
+
+def sampling_part(row: PeriodMetrics) -> str:
+    """An over-sampled run's figures (prompts issued, groups kept, filtered by reason, stopped, the
+    tail), "" for a row without them."""
+    if row.groups_filtered is None:
+        return ""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(row.filtered.items()))
+    return (
+        f"  issued {row.prompts_issued if row.prompts_issued is not None else '?'}  kept {row.groups}"
+        f"  filtered {row.groups_filtered}{f' ({reasons})' if reasons else ''}"
+        f"  stopped {row.groups_stopped if row.groups_stopped is not None else '?'}  tail {row.tail_s:.2f}s"
     )
 
 

@@ -55,9 +55,10 @@ def turns_of(transcript: list[str]) -> list[dict[str, str]]:
     ]
 
 
-def sample_record(msg: GroupResult) -> dict[str, Any]:
+def sample_record(msg: GroupResult, filtered: str | None = None) -> dict[str, Any]:
     """The samples line of a kept group (one whose worker attached its texts): each response with its
-    length, reward, correctness and reward parts; an episode's also with its turns, figures and ending."""
+    length, reward, correctness and reward parts; an episode's also with its turns, figures and ending.
+    `filtered`: why the group was not trained (a filter's name, or "stopped"), recorded with it."""
     responses = []
     for i, (text, tokens, reward, correct) in enumerate(
         zip(msg.responses, msg.completions, msg.rewards, msg.correct, strict=True)
@@ -74,7 +75,7 @@ def sample_record(msg: GroupResult) -> dict[str, Any]:
         "answer": msg.answer,
         "reward_mean": sum(msg.rewards) / len(msg.rewards),
         "responses": responses,
-    }
+    } | ({"filtered": filtered} if filtered is not None else {})
 
 
 def _episode_record(msg: GroupResult, i: int) -> dict[str, Any]:

@@ -6,8 +6,10 @@ scored by the run's reward functions or, with an environment, as whole episodes 
  make(prompts, period, samples, evaluation)
    seeds: sample_seed(seed, period, prompt id, i), i < samples
    temperature: the eval one for an eval batch, else the engine's own
-   single turn ─► single_turn.complete: one generate_many, then each completion scored
-   episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its environment
+   single turn ─► single_turn.complete: one generate_many, each group scored and handed to `ready`
+                  as soon as its samples end; `stopped()`: the rest dropped mid-decode
+   episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its
+                  environment; the groups handed to `ready` together at the end (none once stopped)
 ```
 
 Invariant: the same prompts, period, sample count and weights give the same groups whoever makes
@@ -16,7 +18,7 @@ them, a rollout worker or `cadence eval`; the engine computes only inside the ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 from cadence.model.engine import sample_seed
@@ -25,7 +27,7 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
 from cadence.rollout.play import EngineGenerate, Episodes, Hold
 from cadence.rollout.results import GroupSamples
-from cadence.rollout.single_turn import Scorer, complete
+from cadence.rollout.single_turn import Ready, Scorer, complete
 from cadence.tasks.base import Prompt
 
 
@@ -64,14 +66,25 @@ class GroupMaker:
         evaluation: bool = False,
         hold: Hold = nullcontext,
         waits: Overlapping | None = None,
-    ) -> list[GroupSamples]:
+        ready: Ready | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> list[GroupSamples | None]:
         """The groups of `prompts`, `samples` samples each, made together; with episodes, every
-        environment call timed in `waits` when given."""
+        environment call timed in `waits` when given. `ready(i, group, following)`: each group as soon as it
+        is made, and how many are made right behind it; `stopped()`: the batch is no longer wanted (its period closed). None for a group stopped."""
         temperature = self.eval_temperature if evaluation else None
         seeded = [(prompt, self.seeds(period, prompt.prompt_id, samples)) for prompt in prompts]
         if self.episodes is None:
-            return await complete(self.engine, self.tokenizer, self.scorer, seeded, temperature, hold)
+            return await complete(
+                self.engine, self.tokenizer, self.scorer, seeded, temperature, hold, ready, stopped
+            )
         assert isinstance(self.engine, TurnEngine)
         generate = EngineGenerate(self.engine, temperature, hold)
         groups = [(p, seeds, self.tokenizer.encode_prompt(p.text)) for p, seeds in seeded]
-        return await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)
+        made = await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)
+        if stopped is not None and stopped():
+            return [None] * len(made)
+        if ready is not None:
+            for i, group in enumerate(made):
+                await ready(i, group, len(made) - 1 - i)
+        return list(made)

@@ -20,7 +20,7 @@ from cadence.wire.messages import Assignment, EpisodeFigures, EvalResult, GroupR
 @dataclass(frozen=True)
 class GroupSamples:
     """A group's samples: the prompt's ids, each sample's ids after it with their log-probs, its text
-    and score; for episodes also which tokens the environment wrote (`masks`: 1 sampled, 0 the
+    and score, whether it was cut at its token limit; for episodes also which tokens the environment wrote (`masks`: 1 sampled, 0 the
     environment's; empty: every token sampled) and the episodes' figures, as the wire carries them."""
 
     prompt: list[int]
@@ -30,6 +30,7 @@ class GroupSamples:
     scores: list[Score]
     masks: list[list[int]] = field(default_factory=list)
     episodes: EpisodeFigures | None = None
+    truncated: list[bool] = field(default_factory=list)  # cut at the token limit (single-turn)
 
 
 def group_result(
@@ -67,6 +68,7 @@ def group_result(
         following=following,
         masks=samples.masks,
         episodes=episodes,
+        truncated=samples.truncated if any(samples.truncated) else [],
     )
 
 

@@ -1,17 +1,26 @@
 """Single-turn groups: one completion a sample, every prompt of a batch decoded together in one engine
-call, each completion scored by the run's reward functions.
+call, each completion scored by the run's reward functions, and each group handed on as soon as its
+own samples have ended.
 
-Invariant: a sample depends only on its prompt, its seed and the weights the engine holds; the
-engine computes inside `hold()` (the worker's engine lock and thread budget) on a thread of its own,
-so the event loop is free meanwhile.
+```
+ complete(groups, ready=, stopped=)
+   engine.generate_many (its own thread) ─► group i's samples all ended ─► scored ─► ready(i, samples)
+                                           (the others still decoding)
+   stopped() true ─► the engine drops every row left between two decode steps; nothing more is ready
+```
+
+Invariant: a sample depends only on its prompt, its seed and the weights the engine holds, never on
+when its group leaves or on which groups are stopped; the engine computes inside `hold()` (the
+worker's engine lock and thread budget) on a thread of its own, so the event loop is free meanwhile
+and scores a group while the others decode.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 from cadence.model.engine import Completion
 from cadence.model.rollout_engine import RolloutEngine
@@ -29,6 +38,11 @@ class Scorer(Protocol):
     ) -> Score: ...
 
 
+Ready = Callable[[int, GroupSamples, int], Awaitable[None]]
+"""Takes group i of a batch, scored, as soon as it is (a worker sends it to the trainer), and how many
+of the batch's groups have ended right behind it (to be handed on next)."""
+
+
 async def complete(
     engine: RolloutEngine,
     tokenizer: TextTokenizer,
@@ -36,25 +50,66 @@ async def complete(
     groups: Sequence[tuple[Prompt, list[int]]],
     temperature: float | None = None,
     hold: Hold = nullcontext,
-) -> list[GroupSamples]:
+    ready: Ready | None = None,
+    stopped: Callable[[], bool] | None = None,
+) -> list[GroupSamples | None]:
     """One completion a seed of each (prompt, sample seeds), all decoded in one `generate_many` at
-    `temperature` (None: the engine's own), scored by `scorer`."""
+    `temperature` (None: the engine's own), scored by `scorer`; every group handed to `ready` as soon
+    as it is scored, while the engine decodes the others. `stopped()`: the batch is no longer wanted:
+    the engine drops what it still decodes. Each group's samples, None for one stopped."""
     prompts = [tokenizer.encode_prompt(prompt.text) for prompt, _ in groups]
     pairs = [(ids, list(seeds)) for ids, (_, seeds) in zip(prompts, groups, strict=True)]
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Queue[tuple[int, list[Completion]] | None] = asyncio.Queue()
+    everything = range(len(groups))
+
+    def report(index: int, completions: list[Completion]) -> None:
+        loop.call_soon_threadsafe(ended.put_nowait, (index, completions))
+
+    def stop_all() -> Collection[int]:
+        return everything if stopped is not None and stopped() else ()
+
+    over = [False]  # the engine has returned: the queue's last item is None
+
+    def finish() -> None:
+        over[0] = True
+        ended.put_nowait(None)
 
     def generate() -> list[list[Completion]]:
-        with hold():
-            if temperature is None:
-                return engine.generate_many(pairs)
-            return engine.generate_many(pairs, temperature=temperature)
+        kwargs: dict[str, Any] = {"ended": report, "stopped": stop_all}
+        if temperature is not None:
+            kwargs["temperature"] = temperature
+        try:
+            with hold():
+                return engine.generate_many(pairs, **kwargs)
+        finally:
+            loop.call_soon_threadsafe(finish)
 
-    made = await asyncio.to_thread(generate)
-    out = []
-    for (prompt, _), ids, group in zip(groups, prompts, made, strict=True):
-        texts = [tokenizer.decode_response(c.tokens) for c in group]
-        scores = [
-            await scorer.score(prompt.text, text, prompt.answer, c.finished, prompt.prompt_id)
-            for text, c in zip(texts, group, strict=True)
-        ]
-        out.append(GroupSamples(ids, [c.tokens for c in group], [c.logprobs for c in group], texts, scores))
+    decoding = asyncio.ensure_future(asyncio.to_thread(generate))
+    out: list[GroupSamples | None] = [None] * len(groups)
+    try:
+        while (item := await ended.get()) is not None:
+            index, completions = item
+            (prompt, _), ids = groups[index], prompts[index]
+            samples = await _scored(tokenizer, scorer, prompt, ids, completions)
+            out[index] = samples
+            if ready is not None and not (stopped is not None and stopped()):
+                await ready(index, samples, ended.qsize() - over[0])
+        await decoding  # its failure, if any, is the batch's
+    finally:
+        if not decoding.done():
+            decoding.cancel()
     return out
+
+
+async def _scored(
+    tokenizer: TextTokenizer, scorer: Scorer, prompt: Prompt, ids: list[int], group: list[Completion]
+) -> GroupSamples:
+    texts = [tokenizer.decode_response(c.tokens) for c in group]
+    scores = [
+        await scorer.score(prompt.text, text, prompt.answer, c.finished, prompt.prompt_id)
+        for text, c in zip(texts, group, strict=True)
+    ]
+    truncated = [not c.finished for c in group]
+    tokens, logprobs = [c.tokens for c in group], [c.logprobs for c in group]
+    return GroupSamples(ids, tokens, logprobs, texts, scores, truncated=truncated)

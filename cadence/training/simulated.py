@@ -1,9 +1,10 @@
 """Timed stand-ins for the engine and the learner, so `cadence bench pipeline` measures the
 pipeline itself (actors, sockets, periods) with generation and training of known cost.
 
-Invariant: the simulated engine's cost of a group is that of its longest sample (a batch ends
-with its last sequence), lengths drawn log-normally (a long tail) from each sample's own seed;
-the simulated learner's cost is proportional to the tokens it is given.
+Invariant: the simulated engine decodes a batch's groups together, as a batched engine does: a group
+ends when its longest sample has had its tokens (`gen_s_per_token` each), lengths drawn log-normally
+(a long tail) from each sample's own seed, and is handed back then (`ended`); a stopped group's time
+is not waited for; the simulated learner's cost is proportional to the tokens it is given.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion
 from cadence.training.learner import TrainGroup
 from cadence.wire.digest import checksum
+
+_POLL_S = 0.005  # how often a simulated decode looks for a stop
 
 
 class SimulatedEngine:
@@ -44,17 +47,37 @@ class SimulatedEngine:
         return max(1, min(self.cfg.length_max, n))
 
     def generate_many(
-        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        *,
+        ended: Callable[[int, list[Completion]], None] | None = None,
+        stopped: Callable[[], Collection[int]] | None = None,
     ) -> list[list[Completion]]:
-        """One group after another: the simulated costs are those of one group at a time (whatever the
-        temperature)."""
-        return [self.generate(prompt, seeds) for prompt, seeds in groups]
+        """Every group decoded together (whatever the temperature): group i ends once its longest
+        sample would have, and goes to `ended` then; `stopped()` is polled meanwhile, and a group it
+        names is dropped (its entry []); when every group left is stopped the call returns."""
+        made = [self._completions(seeds) for _, seeds in groups]
+        ends = [self.cfg.gen_s_per_token * max((len(c.tokens) for c in g), default=0) for g in made]
+        start = time.monotonic()
+        dropped: set[int] = set()
+        for i in sorted(range(len(groups)), key=lambda i: (ends[i], i)):
+            while i not in dropped and (left := start + ends[i] - time.monotonic()) > 0:
+                time.sleep(min(left, _POLL_S) if stopped is not None else left)
+                dropped |= set(stopped()) if stopped is not None else set()
+            if i in dropped:
+                made[i] = []
+            elif ended is not None:
+                ended(i, made[i])
+        return made
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
-        lengths = [self.length(s) for s in seeds]
-        time.sleep(self.cfg.gen_s_per_token * max(lengths))
+        return self.generate_many([(prompt, seeds)])[0]
+
+    def _completions(self, seeds: list[int]) -> list[Completion]:
         out = []
-        for seed, n in zip(seeds, lengths, strict=True):
+        for seed in seeds:
+            n = self.length(seed)
             rng = random.Random(seed + 1)
             tokens = [rng.choice(self.token_ids) for _ in range(n - 1)] + [self.eos_id]
             out.append(Completion(tokens=tokens, logprobs=[0.0] * n, finished=True))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cadence.wire.messages import (
+    Consumed,
     EpisodeFigures,
     EvalResult,
     GroupResult,
@@ -81,6 +82,16 @@ def run_done_problem(msg: RunDone, periods: int, announced: int) -> str | None:
     return None
 
 
+def consumed_problem(msg: Consumed, period: int) -> str | None:
+    """The trainer's word on groups of a period up to the open one (`period`; an older one's changes
+    nothing), no group named twice in a list (the ledger counts only what it issued)."""
+    if msg.period > period:
+        return f"period {msg.period} is not open (the open one is {period})"
+    if len(set(msg.prompt_ids)) != len(msg.prompt_ids) or len(set(msg.filtered)) != len(msg.filtered):
+        return "a prompt id named twice"
+    return None
+
+
 def work_request_problem(msg: WorkRequest) -> str | None:
     if not 0 <= msg.credits <= MAX_CREDITS:
         return f"credits {msg.credits} outside 0..{MAX_CREDITS}"
@@ -106,6 +117,8 @@ def _samples_problem(msg: GroupResult, vocab_size: int) -> str | None:
     }
     if msg.responses:
         counts["responses"] = len(msg.responses)
+    if msg.truncated:
+        counts["truncated"] = len(msg.truncated)
     wrong = {name: count for name, count in counts.items() if count != n}
     if wrong:
         return f"{n} completions but {wrong}"

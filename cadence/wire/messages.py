@@ -224,14 +224,29 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     )
     masks: list[list[Count]] = field(default_factory=list)  # 1 sampled, 0 the environment's; empty: all 1
     episodes: EpisodeFigures | None = None  # the episodes' figures; None: a single-turn group
+    truncated: list[bool] = field(default_factory=list)  # each sample cut at its token limit rather
+    # than ended (eos, or an episode's own end); empty: none was
 
 
 class Consumed(Message, tag="consumed"):
-    """The trainer has taken these prompt groups of `period` into the gradient."""
+    """The trainer has taken these prompt groups of `period` (`prompt_ids`: they are never handed out
+    again). `filtered`: groups of the period a filter threw away (`sampling.filters`), never trained:
+    the dispatcher may draw other prompts in their place. `closed`: the period has its B kept groups,
+    or has run out of prompts: whatever of it is still queued or generated is stopped."""
 
     period: Version
     prompt_ids: list[int]
     mac: str = ""  # under the trainer's key (`cadence.wire.roles.sign`)
+    filtered: list[int] = field(default_factory=list)
+    closed: bool = False
+
+
+class StopPeriod(Message, tag="stop_period"):
+    """The dispatcher tells a rollout worker that period `period` is closed: drop every assignment of
+    it, queued or being generated (the built-in engine's rows leave the batch, vLLM's requests are
+    aborted), and send nothing of it."""
+
+    period: Version
 
 
 class VersionReady(Message, tag="version_ready"):

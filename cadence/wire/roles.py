@@ -75,6 +75,7 @@ AUTHORISED: dict[str, dict[str, frozenset[str]]] = {
     "rollout": {
         "welcome": frozenset({"dispatcher"}),
         "assignment": frozenset({"dispatcher"}),
+        "stop_period": frozenset({"dispatcher"}),
         "heartbeat": frozenset({"dispatcher"}),
         "shutdown": frozenset({"dispatcher"}),
         "weight_meta": frozenset({"publisher"}),

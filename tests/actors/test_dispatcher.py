@@ -28,6 +28,7 @@ from cadence.wire.messages import (
     Register,
     RunDone,
     Shutdown,
+    StopPeriod,
     TrainerKey,
     VersionReady,
     Welcome,
@@ -107,6 +108,45 @@ async def test_dead_worker_prompts_go_to_another(network: InprocNetwork, tmp_pat
     assert lost and lost[0]["peer"] == "doomed" and lost[0]["requeued"] == 3
     assert dispatcher.reassigned == 3
     task.cancel()
+
+
+async def test_an_over_sampled_period_draws_for_filtered_groups_and_stops_the_rest_once_closed(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    sampled = ("sampling.oversample=0.5", "sampling.filters=['zero_variance']", "sampling.ceiling=2")
+    dispatcher, task = await start(network, tmp_path, *sampled)
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    worker = await join(network, "w0", "rollout")
+    await expect(worker, Welcome)
+    await worker.send(WorkRequest(8))
+    await trainer.send(VersionReady(0, "digest", 10, {}))
+    first = [await expect(worker, Assignment) for _ in range(6)]  # B = 4 and half of it more
+    assert [a.prompt_id for a in first] == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(TimeoutError):
+        await expect(worker, Assignment, timeout=0.3)  # nothing more while 4 may still be kept
+    for pid in (0, 1):
+        await trainer.send(Consumed(0, [pid], filtered=[pid]))
+    with pytest.raises(TimeoutError):
+        await expect(worker, Assignment, timeout=0.3)  # 4 not filtered left: enough
+    await trainer.send(Consumed(0, [2], filtered=[2]))
+    assert (await expect(worker, Assignment)).prompt_id == 6  # the stream's next, in its place
+    await worker.send(Consumed(0, [3, 4, 5, 6], closed=True))  # a worker's word on the period: refused
+    await trainer.send(Consumed(0, [3, 4]))
+    await trainer.send(Consumed(0, [6], closed=True))  # prompt 5 still at the worker
+    stop = await expect(worker, StopPeriod)
+    assert stop.period == 0 and dispatcher.core.ledger.queued == 0
+    row = {"period": 0, "groups": 3, "samples": 12, "groups_filtered": 3, "groups_arrived": 6}
+    await trainer.send(VersionReady(1, "digest", 10, row))
+    recorded = await asyncio.wait_for(_first_row(tmp_path), 5)
+    assert (recorded["prompts_issued"], recorded["groups_stopped"]) == (7, 1)
+    task.cancel()
+
+
+async def _first_row(run_dir: Path) -> dict[str, Any]:
+    while not (rows := read_jsonl(run_dir / "metrics.jsonl")):
+        await asyncio.sleep(0.02)
+    return rows[0]
 
 
 async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_path: Path) -> None:

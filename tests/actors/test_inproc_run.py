@@ -101,6 +101,41 @@ async def test_sync_and_periodic_generate_the_same_tokens_and_weights(tmp_path: 
     assert s_sum["weights_sha256"] and p_sum["weights_sha256"]
 
 
+OVERSAMPLED = (
+    "sampling.oversample=0.5",
+    "sampling.filters=['zero_variance']",
+    "sampling.order='prompt'",
+    "sampling.ceiling=2",
+    "rollout.inflight=2",
+)
+
+
+async def test_over_sampled_sync_and_periodic_in_prompt_order_train_the_same_groups(tmp_path: Path) -> None:
+    """Over-sampling, the zero-variance filter, refills and the stop of the rest: in prompt order the
+    kept groups do not depend on when groups arrive, so sync and periodic still train the same tokens
+    and end with the same weights."""
+    results = {}
+    for mode in ("sync", "periodic"):
+        cfg = tiny_config(f"mode={mode}", "periods=4", "transport.liveness=100", *OVERSAMPLED)
+        await run_inproc(cfg, tmp_path / mode)
+        rows = read_jsonl(tmp_path / mode / "metrics.jsonl")
+        weights = load_file(str(tmp_path / mode / "checkpoints" / "final" / "model.safetensors"))
+        results[mode] = (rows, weights)
+        for r in rows:
+            assert 6 <= r["prompts_issued"] <= 8 and r["stale_dropped"] == 0
+            assert r["prompts_issued"] >= r["groups_arrived"] and r["groups_stopped"] >= 0
+            assert r["groups"] <= 4 and r["groups_arrived"] >= r["groups"] + r["groups_filtered"]
+            assert r["groups_filtered"] == sum(v for k, v in r.items() if k.startswith("filtered_"))
+    (s_rows, s_w), (p_rows, p_w) = results["sync"], results["periodic"]
+    assert [r["samples_sha256"] for r in s_rows] == [r["samples_sha256"] for r in p_rows]
+    assert [(r["groups"], r["groups_filtered"]) for r in s_rows] == [
+        (r["groups"], r["groups_filtered"]) for r in p_rows
+    ]
+    assert sum(r["groups_filtered"] for r in s_rows) > 0  # the filter had something to do
+    diff = max(float((s_w[k] - p_w[k]).abs().max()) for k in s_w)
+    assert diff <= 1e-5
+
+
 async def test_two_workers_share_the_work_and_every_group_is_trained_once(tmp_path: Path) -> None:
     cfg = tiny_config("rollout.workers=2", "periods=3", "task.prompts_per_period=6", "transport.liveness=100")
     summary = await run_inproc(cfg, tmp_path)

@@ -18,11 +18,13 @@ import zmq
 
 from cadence.wire.digest import digest
 from cadence.wire.messages import (
+    Consumed,
     GroupResult,
     Message,
     Register,
     RunDone,
     Shutdown,
+    StopPeriod,
     VersionReady,
     WeightUpload,
     WorkRequest,
@@ -142,6 +144,10 @@ def forge_to_dispatcher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], addr
     header["body"]["metrics"] = {"reward_mean": msgpack.ExtType(3, b"\x00")}
     forger.send_raw(header)
     refused_by(run, "dispatcher", "forger", "version_ready", count=2)
+    forger.send(Consumed(0, [0, 1, 2, 3], filtered=[0, 1], closed=True))  # would stop the period
+    refused_by(run, "dispatcher", "forger", "consumed")
+    forger.send(StopPeriod(0))  # the dispatcher's word to workers, not a worker's
+    refused_by(run, "dispatcher", "forger", "stop_period")
     impostor = Forger(ctx, "impostor", address)
     impostor.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
     refused_by(run, "dispatcher", "impostor", "register")
@@ -155,6 +161,8 @@ def forge_to_trainer(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address
     forger.send(group(1, completions=[[3, 1 << 20], [5, 6]]))
     forger.send(group(2, rewards=[1.0], completions=[[3, 4], [5, 6], [7]]))
     refused_by(run, "trainer", "forger", "group_result", count=4)
+    forger.send(StopPeriod(0))
+    refused_by(run, "trainer", "forger", "stop_period")
 
 
 def forge_to_publisher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
@@ -213,10 +221,14 @@ def test_forgeries_and_a_flood_are_refused_and_change_nothing(
         ("forger", "rollout", "run_done"),
         ("forger", "rollout", "version_ready"),
         ("forger", "rollout", "version_ready"),
+        ("forger", "rollout", "consumed"),
+        ("forger", "rollout", "stop_period"),
         ("impostor", "stranger", "register"),
     ]
     assert "the run has its trainer already (trainer)" in by_forger[-1]["reason"]
-    groups = [e for e in refusals(run.out, "trainer") if e["peer"] == "forger"]
+    groups = [
+        e for e in refusals(run.out, "trainer") if e["peer"] == "forger" and e["type"] == "group_result"
+    ]
     assert {e["reason"] for e in groups} == {
         f"no assignment of prompt {i} of period 0 to forger" for i in (10_000, 0, 1, 2)
     }

@@ -333,3 +333,14 @@ def test_uploads_fit_the_limits_and_their_chunks() -> None:
     assert "chunk 3 of 3" in str(upload(3, 3, 4))
     assert "chunk 0 of 4 bytes" in str(upload(0, 3, 4))  # only the last may be short
     assert "chunk 2 of 11 bytes" in str(upload(2, 3, 11))
+
+
+def test_a_consumed_names_the_open_period_or_an_older_one_and_no_group_twice() -> None:
+    from cadence.wire.meaning import consumed_problem
+    from cadence.wire.messages import Consumed
+
+    assert consumed_problem(Consumed(3, [1, 2], filtered=[2], closed=True), period=3) is None
+    assert consumed_problem(Consumed(2, [1]), period=3) is None  # an older period's: changes nothing
+    assert consumed_problem(Consumed(4, [1]), period=3) == "period 4 is not open (the open one is 3)"
+    assert consumed_problem(Consumed(3, [1, 1]), period=3) == "a prompt id named twice"
+    assert consumed_problem(Consumed(3, [1], filtered=[5, 5]), period=3) == "a prompt id named twice"

@@ -35,7 +35,9 @@ def test_the_row_has_every_field_under_its_old_key() -> None:
         "turn_reward_mean",
         "endings",
     }
-    not_keys = {"reward_functions", "extra", "workers", "reassigned"} | episodes  # a single-turn row's
+    sampling = {"prompts_issued", "groups_stopped", "groups_arrived", "groups_filtered", "tokens_filtered"}
+    sampling |= {"reward_kept_mean", "filtered"}  # an over-sampled run's
+    not_keys = {"reward_functions", "extra", "workers", "reassigned"} | episodes | sampling
     assert set(row) == declared - not_keys | {"reward_shape"}
     assert row["reward_shape"] == 0.5 and row["group_arrival_s"] == [2.0, 5.0]
     assert isinstance(row["micro_batch_train_s"], list) and row["micro_batches"] == 2

@@ -57,6 +57,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("publisher", "shutdown"): {"dispatcher"},
     ("rollout", "welcome"): {"dispatcher"},
     ("rollout", "assignment"): {"dispatcher"},
+    ("rollout", "stop_period"): {"dispatcher"},
     ("rollout", "heartbeat"): {"dispatcher"},
     ("rollout", "shutdown"): {"dispatcher"},
     ("rollout", "weight_meta"): {"publisher"},

@@ -37,8 +37,10 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     from matplotlib.figure import Figure
 
     played = any(_number(row.get("turns_mean")) for row in rows)
-    fig = Figure(figsize=(12, 11 if played else 7.5), dpi=150, layout="constrained")
-    panels = fig.subplots(3 if played else 2, 2, sharex=True)
+    sampled = any(_number(row.get("groups_filtered")) for row in rows)
+    height = 2 + played + sampled
+    fig = Figure(figsize=(12, 3.6 * height + 0.3), dpi=150, layout="constrained")
+    panels = fig.subplots(height, 2, sharex=True)
     (reward, accuracy), (length, speed) = panels[0], panels[1]
     smooth = len(rows) >= _SMOOTH_FROM
     window = max(5, len(rows) // 25)
@@ -76,6 +78,8 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
 
     if played:
         _episodes(rows, panels[2][0], panels[2][1], smooth, window)
+    if sampled:
+        _sampling(rows, panels[-1][0], panels[-1][1], smooth, window)
     for ax in panels[-1]:
         ax.set_xlabel("period")
     note = f", moving average over {window} periods" if smooth else ""
@@ -111,6 +115,25 @@ def _episodes(rows: list[dict[str, Any]], turns: Any, env: Any, smooth: bool, wi
 
 # a curve on its own scale: (periods, values, colour, label, the axis's label)
 Scaled = tuple[list[float], list[float], str, str, str]
+
+
+def _sampling(rows: list[dict[str, Any]], groups: Any, times: Any, smooth: bool, window: int) -> None:
+    """The panels of an over-sampled run: a period's groups kept, filtered and stopped; its period
+    time and tail (the last kept group to the step)."""
+    for key, colour, label in (
+        ("groups", _GREEN, "kept"),
+        ("groups_filtered", _ORANGE, "filtered"),
+        ("groups_stopped", _RED, "stopped"),
+    ):
+        x, y = series(rows, key)
+        if x:
+            _curve(groups, x, y, colour, label, smooth, window)
+    groups.set_ylabel("groups")
+    _finish(groups, "groups a period", "groups_filtered", True)
+    period = (*series(rows, "period_s"), _BLUE, "period", "seconds")
+    tail = (*series(rows, "tail_s"), _PURPLE, "tail", "seconds")
+    drawn, paired = _two_scales(times, period, tail, smooth, window, "upper right")
+    _finish(times, "period and tail", "tail_s", drawn, legend=not paired)
 
 
 def _two_scales(

@@ -2,7 +2,8 @@
 
 Invariant: every span that overlaps the window is drawn at least `_MIN_PX` pixels wide, so a span
 shorter than a pixel still shows; widths otherwise are exact, on a time axis from the window's start.
-A worker's environment waits (inside its generation) are drawn over its generation bar.
+A worker's environment waits (inside its generation) are drawn over its generation bar, and so is the
+generation a closed period stopped (from the stop to the batch's end, in a paler colour).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cadence.monitor.pictures.spans import (
 # what a span kind is shown as, and its colour
 _CATEGORY = {
     "generate": "generation",
+    "stopped": "stopped generation",
     "environment": "environment",
     "train": "training",
     "step": "optimizer step",
@@ -34,6 +36,7 @@ _CATEGORY = {
 }
 _COLOURS = {
     "generation": "#4C72B0",
+    "stopped generation": "#9AA9C4",
     "environment": "#CCB974",
     "training": "#DD8452",
     "optimizer step": "#C44E52",
@@ -86,7 +89,8 @@ def draw_timeline(run_dir: Path, out: Path, periods: tuple[int, int] | None = No
                 bar = (s.start - window.start, max(s.end - s.start, min_w))
                 by_category.setdefault(_CATEGORY.get(s.kind, "other"), []).append(bar)
         for category, bars in by_category.items():
-            on_top = 2 if category == "environment" else 1  # nested in the generation it interrupts
+            # nested in the generation it interrupts, or ends (a period closed meanwhile)
+            on_top = 2 if category in ("environment", "stopped generation") else 1
             ax.broken_barh(
                 bars, (y - _BAR / 2, _BAR), facecolors=_COLOURS[category], linewidth=0, zorder=on_top
             )
