@@ -20,7 +20,7 @@ import torch
 
 from cadence.config import SimulatedConfig
 from cadence.model.checkpoint import state_nbytes
-from cadence.model.engine import Completion
+from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.training.learner import TrainGroup
 from cadence.wire.digest import checksum
 
@@ -44,15 +44,29 @@ class SimulatedEngine:
         return max(1, min(self.cfg.length_max, n))
 
     def generate_many(
-        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         """One group after another: the simulated costs are those of one group at a time (whatever the
-        temperature)."""
-        return [self.generate(prompt, seeds) for prompt, seeds in groups]
+        temperature); `ended` is told each group once made, `stopped` asked between two groups (a
+        stopped group is not made: [])."""
+        out: list[list[Completion]] = []
+        for i, (prompt, seeds) in enumerate(groups):
+            if i > 0 and stopped is not None and i in stopped():
+                out.append([])
+                continue
+            out.append(self.generate(prompt, seeds))
+            if ended is not None:
+                ended(i, out[-1])
+        return out
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         lengths = [self.length(s) for s in seeds]
-        time.sleep(self.cfg.gen_s_per_token * max(lengths))
+        time.sleep(self.cfg.gen_s_per_token * max(lengths, default=0))
         out = []
         for seed, n in zip(seeds, lengths, strict=True):
             rng = random.Random(seed + 1)
