@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from cadence.model.engine import Completion
+from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.model.rollout_engine import TurnEngine
 from cadence.tasks.environments.generation import TurnCodec, turn_seed
 
@@ -48,8 +48,11 @@ class RecordingTurns:
         groups: list[tuple[list[int], list[int]]],
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
-        out = self.engine.generate_many(groups, temperature, max_new_tokens)
+        out = self.engine.generate_many(groups, temperature, max_new_tokens, ended=ended, stopped=stopped)
         for (prompt, seeds), completions in zip(groups, out, strict=True):
             for seed, completion in zip(seeds, completions, strict=True):
                 assert seed not in self.asked, f"seed {seed} asked twice"

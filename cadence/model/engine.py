@@ -19,12 +19,13 @@ prompt's prefill is what it computes alone up to float summation order.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from cadence.model.decode_groups import DecodeGroups
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
 from cadence.ops.logprobs import tempered
@@ -65,6 +66,13 @@ class Completion:
     tokens: list[int]
     logprobs: list[float]  # log_softmax(logits / T) (T = 1 when greedy; top-p not renormalised), one a token
     finished: bool  # True when it ended on eos, False when it reached max_new_tokens
+
+
+# Told, on the generating thread, a group's index and its completions as soon as every sample of it
+# has ended: exactly what the call returns for it.
+GroupEnded = Callable[[int, list[Completion]], None]
+# Asked between two decode steps for the indices of the groups to stop now.
+StoppedGroups = Callable[[], Collection[int]]
 
 
 def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
@@ -194,17 +202,32 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate_many(
-        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams
+        self,
+        groups: Sequence[tuple[Sequence[int], Sequence[int]]],
+        params: SamplingParams,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         """For each (prompt, seeds), ``len(seeds)`` samples of the prompt: the prompts' prefill
         (``_prefill_many``), then one batched step per token over every sample of every prompt (a
         decode step reads every weight once, however many rows it has). Prompts of different lengths
         share the cache with gaps after the shorter ones, masked out; each row keeps its own
-        positions."""
+        positions.
+
+        ``ended(i, completions)`` is told each group ``i`` (an index into ``groups``) as soon as
+        every sample of it has ended, once, in the order the groups end (ties in index order; a group
+        of no seeds first, with []), with what the call returns for it. ``stopped()`` is asked between
+        two decode steps for groups to stop now (one already ended is ignored): a stopped group's rows
+        leave the batch at once, it is never told to ``ended``, and the call returns [] for it. Neither
+        changes any sample."""
         steps = params.max_new_tokens
         for prompt, _ in groups:
             self._check(prompt, steps)
         sizes = [len(seeds) for _, seeds in groups]
+        if ended is not None:
+            for i in [i for i, n in enumerate(sizes) if n == 0]:  # ended before any step
+                ended(i, [])
         groups = [(p, s) for p, s in groups if s]
         if not groups:
             return [[] for _ in sizes]
@@ -221,9 +244,13 @@ class TorchEngine:
         repeats = [len(s) for _, s in groups]
         cache = KVCache.stacked(caches, repeats, capacity=max(c.length for c in caches) + steps)
         lengths = torch.tensor([len(p) for p, s in groups for _ in s], device=self.device)
-        rows = self._decode(torch.cat(firsts), cache, lengths, uniforms, params)
-        done = iter(rows)
-        return [[next(done) for _ in range(n)] for n in sizes]
+        tracked = DecodeGroups(sizes, self.device)
+        tokens, logprobs = self._decode(
+            torch.cat(firsts), cache, lengths, uniforms, params, tracked, ended, stopped
+        )
+        done = iter(self._completions(tokens, logprobs))
+        out = [[next(done) for _ in range(n)] for n in sizes]
+        return [[] if i in tracked.stopped else group for i, group in enumerate(out)]
 
     def _check(self, prompt: Sequence[int], steps: int) -> None:
         max_position = self.model.cfg.max_position
@@ -235,29 +262,49 @@ class TorchEngine:
             )
 
     def _decode(
-        self, logits: Tensor, cache: KVCache, lengths: Tensor, uniforms: Tensor, params: SamplingParams
-    ) -> list[Completion]:
-        """Sample every row from its prompt's last logits on, one batched forward a token. Rows whose
-        prompts are shorter than the cache's prompt part attend only their own prompt slots. Once a
-        quarter of the rows still computed have ended on eos, they leave the batch (and the cache): a
-        long sample does not make every finished one compute on to its end."""
+        self,
+        logits: Tensor,
+        cache: KVCache,
+        lengths: Tensor,
+        uniforms: Tensor,
+        params: SamplingParams,
+        groups: DecodeGroups,
+        ended: GroupEnded | None,
+        stopped: StoppedGroups | None,
+    ) -> tuple[Tensor, Tensor]:
+        """Sample every row from its prompt's last logits on, one batched forward a token: each row's
+        tokens and log-probs [n, steps] (-1 and undefined at steps it did not run). Rows whose prompts
+        are shorter than the cache's prompt part attend only their own prompt slots. Once a quarter of
+        the rows still computed have ended on eos, they leave the batch (and the cache): a long sample
+        does not make every finished one compute on to its end. A stopped group's rows leave at once.
+        Each group is told to ``ended`` at the step its last row ends (after the loop when that is the
+        last step, or when every row left has ended)."""
         n, steps, width = logits.shape[0], params.max_new_tokens, cache.length
         gaps = bool((lengths != width).any())
         prompt_slots = torch.arange(width, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)  # [n, W]
         tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
         logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)
         live = torch.arange(n, device=self.device)  # the rows still computed, in the batch's order
-        ended = torch.zeros(n, dtype=torch.bool, device=self.device)  # of the live rows
+        finished = torch.zeros(n, dtype=torch.bool, device=self.device)  # of the live rows: ended on eos
         for step in range(steps):
             token = self._sample(logits, uniforms[live, step], params)
             tokens[live, step] = token
             picked = torch.log_softmax(tempered(logits, params.temperature), dim=-1).gather(1, token[:, None])
             logprobs[live, step] = picked.squeeze(1)
-            ended |= token == self.eos_id
-            if step + 1 == steps or bool(ended.all()):
+            now = (token == self.eos_id) & ~finished
+            finished |= now
+            if step + 1 == steps or bool(finished.all()):
                 break
-            if 4 * int(ended.sum()) >= len(live):  # drop the ended rows
-                keep = (~ended).nonzero().squeeze(1)
+            if ended is not None or stopped is not None:  # a group ended is no longer stopped
+                self._tell(ended, groups, groups.take_ended(live, now), tokens, logprobs)
+            gone = groups.stopped_rows(live) if stopped is not None and groups.stop(stopped()) else None
+            if gone is not None and bool((finished | gone).all()):
+                break  # every row left has ended or stopped
+            drop = finished if 4 * int(finished.sum()) >= len(live) else None
+            if gone is not None:
+                drop = gone if drop is None else drop | gone
+            if drop is not None:  # the rows leave the batch
+                keep = (~drop).nonzero().squeeze(1)
                 live, token, lengths, prompt_slots = (
                     live[keep],
                     token[keep],
@@ -265,7 +312,7 @@ class TorchEngine:
                     prompt_slots[keep],
                 )
                 cache.keep_rows(keep)
-                ended = ended[keep]
+                finished = finished[keep]
             if not gaps:  # every row at the cache's own positions: the plain causal step
                 logits = self.model(token[:, None], cache=cache)[:, -1]
                 continue
@@ -273,6 +320,25 @@ class TorchEngine:
             seen = torch.cat([prompt_slots, prompt_slots.new_ones((m, step + 1))], dim=1)
             positions = (lengths + step).unsqueeze(1)  # [m, 1]: the row's own next position
             logits = self.model(token[:, None], positions, seen.view(m, 1, 1, -1), cache)[:, -1]
+        self._tell(ended, groups, groups.take_rest(), tokens, logprobs)
+        return tokens, logprobs
+
+    def _tell(
+        self,
+        ended: GroupEnded | None,
+        groups: DecodeGroups,
+        told: list[int],
+        tokens: Tensor,
+        logprobs: Tensor,
+    ) -> None:
+        """Tell ``ended`` each group of ``told`` with its completions (the final ones: a row's tokens
+        after its eos, sampled while it stays in the batch, are cut)."""
+        if ended is not None:
+            for g in told:
+                ended(g, self._completions(tokens[groups.rows(g)], logprobs[groups.rows(g)]))
+
+    def _completions(self, tokens: Tensor, logprobs: Tensor) -> list[Completion]:
+        """The completions of rows' tokens and log-probs [rows, steps]."""
         return [self._completion(row, lp) for row, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
 
     def _completion(self, row: list[int], logprobs: list[float]) -> Completion:

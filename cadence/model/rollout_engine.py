@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.checkpoint import state_dict_from_bytes
-from cadence.model.engine import Completion, SamplingParams, TorchEngine
+from cadence.model.engine import Completion, GroupEnded, SamplingParams, StoppedGroups, TorchEngine
 
 
 class RolloutEngine(Protocol):
@@ -31,10 +31,24 @@ class RolloutEngine(Protocol):
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]: ...
 
     def generate_many(
-        self, groups: list[tuple[list[int], list[int]]], temperature: float | None = None
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         """`generate` of each (prompt, seeds), computed together where the engine can batch them;
-        `temperature`: this call's instead of the engine's own (held-out evaluation; 0 is greedy)."""
+        `temperature`: this call's instead of the engine's own (held-out evaluation; 0 is greedy).
+
+        `ended(i, completions)`, called on the generating thread before the call returns, is told
+        group `i` (an index into `groups`) as soon as every sample of it has ended (eos or the token
+        limit), with exactly what the call returns for it: every group not stopped once (a group of
+        no seeds too, with []), in the order the groups end (ties in index order). `stopped()`, asked
+        between two of the engine's steps, names the groups to stop now (it may grow, and may name
+        groups already ended: those are ignored): a stopped group's samples stop computing at once, it
+        is never told to `ended`, and the call returns [] for it; once every group has ended or
+        stopped, the call returns. Neither changes any sample of the others."""
         ...
 
 
@@ -54,9 +68,13 @@ class TurnEngine(RolloutEngine, Protocol):
         groups: list[tuple[list[int], list[int]]],
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
-        """`RolloutEngine.generate_many`, each sample at most `max_new_tokens` long (None: the engine's
-        own limit); every prompt with that many new tokens fits `max_context`."""
+        """`RolloutEngine.generate_many` (its `ended` and `stopped` alike), each sample at most
+        `max_new_tokens` long (None: the engine's own limit); every prompt with that many new tokens
+        fits `max_context`."""
         ...
 
 
@@ -86,6 +104,9 @@ class TorchRolloutEngine:
         groups: list[tuple[list[int], list[int]]],
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         params = self.params.overridden(temperature, max_new_tokens)
-        return self.engine.generate_many(groups, params)
+        return self.engine.generate_many(groups, params, ended=ended, stopped=stopped)

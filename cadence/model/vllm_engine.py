@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from cadence.config import ConfigError, VllmConfig
 from cadence.model.checkpoint import state_dict_from_bytes
-from cadence.model.engine import Completion, SamplingParams
+from cadence.model.engine import Completion, GroupEnded, SamplingParams, StoppedGroups
 
 # vLLM reads these when imported: the engine core in this process (so weights pass by reference),
 # and its own log at WARNING unless the user chose otherwise.
@@ -108,8 +109,12 @@ class VllmEngine:
             seed=seed,
             **kv_cache,
         )
+        from vllm.sampling_params import RequestOutputKind
+
         self._sampling = vllm.SamplingParams
+        self._final_only = RequestOutputKind.FINAL_ONLY  # a request's one output: when it finishes
         self._prompt = vllm.TokensPrompt
+        self._request_ids = count()  # a request's id, unique in the engine's life
 
     def load(self, weights: bytes | bytearray) -> None:
         """Load published safetensors bytes (HF names)."""
@@ -135,10 +140,17 @@ class VllmEngine:
         groups: list[tuple[list[int], list[int]]],
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         """`generate` of each (prompt, seeds), every sample of every prompt in one vLLM batch;
         `temperature`: this call's instead of the engine's own; `max_new_tokens`: this call's token
-        limit (an episode's turn) instead of the engine's own."""
+        limit (an episode's turn) instead of the engine's own. The requests are rendered and queued as
+        `LLM.generate` queues them and the engine is stepped here, so that `ended` is told each group
+        as its last request finishes and `stopped` is asked between two steps, a stopped group's
+        requests aborted (`TurnEngine.generate_many`). On an error, the call's requests left are
+        aborted: the engine holds none of them."""
         p = self.params.overridden(temperature, max_new_tokens)
         requests = [
             self._sampling(
@@ -150,10 +162,14 @@ class VllmEngine:
                 logprobs=0,  # the sampled token's own log-prob only
                 stop_token_ids=[self.eos_id],
                 detokenize=False,
+                output_kind=self._final_only,
             )
             for _, seeds in groups
             for seed in seeds
         ]
+        if ended is not None:
+            for i in [i for i, (_, seeds) in enumerate(groups) if not seeds]:  # ended before any step
+                ended(i, [])
         if not requests:
             return [[] for _ in groups]
         prompts = [self._prompt(prompt_token_ids=list(prompt)) for prompt, seeds in groups for _ in seeds]
@@ -161,8 +177,60 @@ class VllmEngine:
         # plans a step for OpenMP's count of the moment and refuses to compute with another, so a
         # thread's first step (an episode's turn in a fresh worker thread) must see torch's already
         torch.get_num_threads()
-        outputs = iter(self.llm.generate(prompts, requests, use_tqdm=False))
-        return [[self._completion(next(outputs).outputs[0]) for _ in seeds] for _, seeds in groups]
+        owners = [(g, j) for g, (_, seeds) in enumerate(groups) for j in range(len(seeds))]
+        engine = self.llm.llm_engine
+        pending: dict[str, tuple[int, int]] = {}  # request id -> (group, sample), until it finishes
+        try:
+            inputs = self.llm.renderer.render_cmpl(prompts)
+            for engine_input, request, owner in zip(inputs, requests, owners, strict=True):
+                request_id = f"cadence-{next(self._request_ids)}"
+                engine.add_request(request_id, engine_input, request)
+                pending[request_id] = owner
+            return self._run(pending, [len(seeds) for _, seeds in groups], ended, stopped)
+        except BaseException:
+            if pending:
+                engine.abort_request(list(pending))
+            raise
+
+    def _run(
+        self,
+        pending: dict[str, tuple[int, int]],
+        sizes: list[int],
+        ended: GroupEnded | None,
+        stopped: StoppedGroups | None,
+    ) -> list[list[Completion]]:
+        """Step the engine until every request in ``pending`` (request id -> (group, sample), each
+        removed as it finishes or is aborted with its group); each group's completions, [] for a
+        stopped one."""
+        engine = self.llm.llm_engine
+        samples: list[dict[int, Completion]] = [{} for _ in sizes]
+        running = {g for g, n in enumerate(sizes) if n}  # neither ended nor stopped
+        stop: set[int] = set()
+        while pending:
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM holds none of the {len(pending)} requests left of this call")
+            closed: list[int] = []
+            for output in engine.step():
+                if output.finished and output.request_id in pending:
+                    g, j = pending.pop(output.request_id)
+                    samples[g][j] = self._completion(output.outputs[0])
+                    if len(samples[g]) == sizes[g]:
+                        closed.append(g)
+                        running.discard(g)
+            if ended is not None:
+                for g in sorted(closed):
+                    ended(g, [samples[g][j] for j in range(sizes[g])])
+            if stopped is None or not pending:
+                continue
+            named = running.intersection(stopped())
+            if named:  # the groups stopped now: their requests left are aborted
+                running -= named
+                stop |= named
+                aborted = [rid for rid, (g, _) in pending.items() if g in named]
+                for rid in aborted:
+                    del pending[rid]
+                engine.abort_request(aborted)
+        return [[] if g in stop else [samples[g][j] for j in range(n)] for g, n in enumerate(sizes)]
 
     def _completion(self, sample: Any) -> Completion:
         tokens = list(sample.token_ids)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import nullcontext
-from typing import Any, Protocol
+from typing import Protocol
 
 from cadence.model.engine import Completion
 from cadence.model.rollout_engine import RolloutEngine
@@ -76,12 +76,11 @@ async def complete(
         ended.put_nowait(None)
 
     def generate() -> list[list[Completion]]:
-        kwargs: dict[str, Any] = {"ended": report, "stopped": stop_all}
-        if temperature is not None:
-            kwargs["temperature"] = temperature
         try:
             with hold():
-                return engine.generate_many(pairs, **kwargs)
+                if temperature is None:
+                    return engine.generate_many(pairs, ended=report, stopped=stop_all)
+                return engine.generate_many(pairs, temperature, ended=report, stopped=stop_all)
         finally:
             loop.call_soon_threadsafe(finish)
 

@@ -14,14 +14,14 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from cadence.config import SimulatedConfig
 from cadence.model.checkpoint import state_nbytes
-from cadence.model.engine import Completion
+from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.training.learner import TrainGroup
 from cadence.wire.digest import checksum
 
@@ -51,8 +51,8 @@ class SimulatedEngine:
         groups: list[tuple[list[int], list[int]]],
         temperature: float | None = None,
         *,
-        ended: Callable[[int, list[Completion]], None] | None = None,
-        stopped: Callable[[], Collection[int]] | None = None,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
         """Every group decoded together (whatever the temperature): group i ends once its longest
         sample would have, and goes to `ended` then; `stopped()` is polled meanwhile, and a group it

@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from cadence.model.config import ModelConfig
-from cadence.model.engine import Completion, SamplingParams, TorchEngine, prompt_trunk
+from cadence.model.engine import (
+    Completion,
+    GroupEnded,
+    SamplingParams,
+    StoppedGroups,
+    TorchEngine,
+    prompt_trunk,
+)
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
@@ -52,9 +59,14 @@ class Recording(TorchEngine):
         self.sampled: dict[int, tuple[list[int], Completion]] = {}  # seed -> (prompt, completion)
 
     def generate_many(
-        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams
+        self,
+        groups: Sequence[tuple[Sequence[int], Sequence[int]]],
+        params: SamplingParams,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
-        out = super().generate_many(groups, params)
+        out = super().generate_many(groups, params, ended=ended, stopped=stopped)
         for (prompt, seeds), completions in zip(groups, out, strict=True):
             for seed, completion in zip(seeds, completions, strict=True):
                 self.sampled[seed] = (list(prompt), completion)

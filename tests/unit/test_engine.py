@@ -1,6 +1,9 @@
-"""The built-in engine on a tiny model on CPU: seeding, greedy, nucleus, eos, weight loading."""
+"""The built-in engine on a tiny model on CPU: seeding, greedy, nucleus, eos, weight loading, groups handed
+back as they end and stopped groups leaving the batch."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -8,7 +11,7 @@ import torch
 from cadence.model import engine as engine_module
 from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
-from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
+from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.transformer import hf_state_dict, init_model
 from cadence.transport.buffers import BufferPool
@@ -342,3 +345,91 @@ def test_the_engine_generates_on_its_device_what_it_generates_on_the_cpu(device:
         assert [c.tokens for c in ours] == [c.tokens for c in theirs]
         for a, b in zip(ours, theirs, strict=True):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+GROUP_PROMPTS = [[1, 5, 9, 4, 7], [1, 8], [3, 3, 6, 1, 5, 9, 12, 4], [6, 3, 8], [9, 9, 4], [5, 7, 3, 1, 6]]
+
+
+def _forward_rows(engine: TorchEngine) -> list[int]:
+    """The rows (batch size) of the model's forwards from now on (a list the caller reads)."""
+    rows: list[int] = []
+    engine.model.register_forward_pre_hook(lambda _, args: rows.append(args[0].shape[0]))
+    return rows
+
+
+def test_each_group_is_told_once_at_the_step_its_last_sample_ends() -> None:
+    engine = _engine(seed=6)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    groups = [(p, [sample_seed(0, 0, i, j) for j in range(2)]) for i, p in enumerate(GROUP_PROMPTS)]
+    groups.insert(3, (PROMPT, []))
+    plain = engine.generate_many(groups, params)
+    forwards = _forward_rows(engine)
+    told: list[tuple[int, list[Completion], int]] = []  # (group, completions, forwards so far)
+    got = engine.generate_many(groups, params, ended=lambda i, c: told.append((i, c, len(forwards))))
+    assert got == plain  # the same tokens and log-probs, bit for bit
+    assert sorted(i for i, _, _ in told) == list(range(len(groups)))
+    assert all(completions == got[i] for i, completions, _ in told)
+    # a group ends at the step its last sample ends (on eos, or at the last step)
+    end = {i: max((len(c.tokens) - 1 for c in group), default=-1) for i, group in enumerate(got)}
+    assert [i for i, _, _ in told] == sorted(end, key=lambda i: (end[i], i))
+    decoded = max(end.values())  # the decode's forwards: one after every step but the last
+    prefill = len(forwards) - decoded
+    assert told[0] == (3, [], 0)  # no seeds: told before anything is computed
+    for i, _, seen in told[1:]:
+        assert seen - prefill == end[i]  # told right after its last step, before the next forward
+    assert min(end[i] for i, _, _ in told[1:]) < decoded  # some group was told while others went on
+
+
+def _greedy_groups() -> tuple[TorchEngine, list[tuple[list[int], list[int]]], SamplingParams]:
+    """Greedy samples, the eos the one the first group samples at once: the tiny model repeats a
+    prompt's last token, so the first group's samples end at their first step and the others' run to
+    the limit."""
+    engine = TorchEngine(init_model(CFG, seed=6), eos_id=7)
+    groups = [
+        ([1, 5, 9, 4, 7], [1, 2]),
+        ([3, 3, 6, 1, 5, 9, 12, 4], [3, 4, 5]),
+        ([6], []),
+        ([6, 3, 8], [6, 7]),
+    ]
+    return engine, groups, SamplingParams(max_new_tokens=10, temperature=0.0)
+
+
+def _stopping(after: int, groups: set[int]) -> tuple[Callable[[], set[int]], list[int]]:
+    """A ``stopped`` that names ``groups`` from its poll ``after + 1`` on, and its polls' count."""
+    polls = [0]
+
+    def stopped() -> set[int]:
+        polls[0] += 1
+        return groups if polls[0] > after else set()
+
+    return stopped, polls
+
+
+def test_a_stopped_group_leaves_the_batch_at_once_and_is_never_told() -> None:
+    engine, groups, params = _greedy_groups()
+    plain = engine.generate_many(groups, params)
+    assert [len(c.tokens) for c in plain[0]] == [1, 1] and all(len(c.tokens) == 10 for c in plain[1])
+    rows = _forward_rows(engine)
+    told: list[int] = []
+    stopped, polls = _stopping(after=3, groups={0, 1, 2})  # 0 and 2 have ended already: ignored
+    got = engine.generate_many(groups, params, ended=lambda i, _: told.append(i), stopped=stopped)
+    assert told == [2, 0, 3] and polls[0] == params.max_new_tokens - 1  # polled between two steps
+    assert got[0] == plain[0] and got[1] == [] and got[2] == []
+    assert [c.tokens for c in got[3]] == [c.tokens for c in plain[3]]
+    for a, b in zip(got[3], plain[3], strict=True):  # fewer rows may round otherwise
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    # the decode's forwards: group 0's rows left after the first step, group 1's at the fourth poll
+    assert rows[-(params.max_new_tokens - 1) :] == [5, 5, 5] + [2] * (params.max_new_tokens - 4)
+
+
+def test_stopping_every_group_left_returns_at_once() -> None:
+    engine, groups, params = _greedy_groups()
+    rollout = TorchRolloutEngine(engine, params)
+    rows = _forward_rows(engine)
+    plain = rollout.generate_many(groups)
+    full = len(rows)
+    rows.clear()
+    stopped, polls = _stopping(after=2, groups={0, 1, 2, 3})  # 0 and 2 ended already: kept
+    got = rollout.generate_many(groups, stopped=stopped)
+    assert got == [plain[0], [], [], []] and polls[0] == 3
+    assert len(rows) == full - (params.max_new_tokens - 3)  # two decode forwards of nine

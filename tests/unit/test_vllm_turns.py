@@ -1,8 +1,8 @@
-"""The vLLM engine as a `TurnEngine`, with vLLM itself faked at its edge (`vllm.LLM`, `SamplingParams`,
-`TokensPrompt`): its positions are the ones vLLM was built with, a call's token limit reaches every
-request while each sample keeps its single-turn request and seed, and guess-the-number episodes played
-on it are its ids and the environment's, token in, token out. The real engine:
-`tests/vllm/test_vllm_episodes.py`."""
+"""The vLLM engine as a `TurnEngine`, with vLLM itself faked at its edge (`vllm.LLM` and the engine it
+steps, `SamplingParams`, `TokensPrompt`): its positions are the ones vLLM was built with, a call's token
+limit reaches every request while each sample keeps its single-turn request and seed, and
+guess-the-number episodes played on it are its ids and the environment's, token in, token out. The
+real engine: `tests/vllm/test_vllm_episodes.py`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import random
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,7 @@ class FakeSampling:
     logprobs: int
     stop_token_ids: list[int]
     detokenize: bool
+    output_kind: str
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,33 @@ class FakePrompt:
     """`vllm.TokensPrompt`."""
 
     prompt_token_ids: list[int]
+
+
+class FakeLLMEngine:
+    """`vllm.LLM.llm_engine` as the engine steps it: a request is sampled when added (`sample`) and
+    finishes at the next step."""
+
+    def __init__(self, sample: Callable[[list[int], FakeSampling], Any]) -> None:
+        self.sample = sample
+        self.queued: dict[str, Any] = {}
+
+    def add_request(self, request_id: str, prompt: FakePrompt, params: FakeSampling) -> None:
+        assert request_id not in self.queued
+        self.queued[request_id] = self.sample(prompt.prompt_token_ids, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.queued)
+
+    def step(self) -> list[Any]:
+        done = [
+            SimpleNamespace(request_id=i, finished=True, outputs=o.outputs) for i, o in self.queued.items()
+        ]
+        self.queued.clear()
+        return done
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            del self.queued[request_id]
 
 
 class FakeLLM:
@@ -66,9 +95,8 @@ class FakeLLM:
         self.settings = settings
         self.model_config = SimpleNamespace(max_model_len=max_model_len or MODEL_POSITIONS)
         self.requests: list[tuple[list[int], FakeSampling]] = []
-
-    def generate(self, prompts: list[FakePrompt], params: list[FakeSampling], use_tqdm: bool) -> list[Any]:
-        return [self._one(p.prompt_token_ids, s) for p, s in zip(prompts, params, strict=True)]
+        self.llm_engine = FakeLLMEngine(self._one)
+        self.renderer = SimpleNamespace(render_cmpl=list)  # a prompt of token ids is its own input
 
     def _one(self, prompt: list[int], params: FakeSampling) -> Any:
         positions = self.model_config.max_model_len
@@ -107,6 +135,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, cfg: RunConfig) -> None:
     module.SamplingParams = FakeSampling  # type: ignore[attr-defined]
     module.TokensPrompt = FakePrompt  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
+    kinds = SimpleNamespace(FINAL_ONLY="final only")
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", SimpleNamespace(RequestOutputKind=kinds))
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL"):
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)

@@ -1,5 +1,6 @@
 """The vLLM engine on a tiny random Llama: seeding, eos, raw log-probs (with a nucleus) against
-cadence's own transformer, and versions loaded in place whose weights are exactly the published ones.
+cadence's own transformer, versions loaded in place whose weights are exactly the published ones, and
+groups handed back as their requests finish, a stopped group's requests aborted.
 Without a nucleus the log-probs are tempered: `test_vllm_tempered.py`, with an engine of its own."""
 
 from __future__ import annotations
@@ -175,6 +176,108 @@ def test_a_new_version_is_exactly_the_published_weights(
     assert greedy_v2.tokens == logits.argmax(-1).tolist()[: len(greedy_v2.tokens)]
     engine.load(state_dict_to_bytes(v1))  # and back: the same samples as before, bit for bit
     assert engine.generate(ids, SEEDS) == sampled_v1
+
+
+@pytest.fixture
+def steps(engine: VllmEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The requests vLLM holds before each of its steps from now on (a list the test reads)."""
+    core = engine.llm.llm_engine
+    step = core.step
+    held: list[int] = []
+
+    def counted() -> Any:
+        held.append(core.get_num_unfinished_requests())
+        return step()
+
+    monkeypatch.setattr(core, "step", counted)
+    return held
+
+
+def by_length(engine: VllmEngine, ids: list[int]) -> list[int]:
+    """Seeds in order of their sample's length (then seed) on this backend, shortest first."""
+    seeds = list(range(101, 165))
+    alone = engine.generate(ids, seeds)
+    return [s for _, s in sorted((len(c.tokens), s) for s, c in zip(seeds, alone, strict=True))]
+
+
+def groups_of(engine: VllmEngine, cfg: RunConfig) -> list[tuple[list[int], list[int]]]:
+    """Groups that end at different steps: two of the longest samples, the shortest, none, ..."""
+    ids = prompt(cfg)
+    seeds = by_length(engine, ids)
+    return [(ids, seeds[-2:]), (ids, seeds[:3]), (ids, []), (ids, seeds[20:23]), (ids, seeds[-5:-2])]
+
+
+def test_each_group_is_told_as_its_last_request_finishes(
+    engine: VllmEngine, cfg: RunConfig, model_cfg: ModelConfig, steps: list[int]
+) -> None:
+    engine.load_state(hf_state_dict(random_model(model_cfg, seed=1)))
+    groups = groups_of(engine, cfg)
+    plain = engine.generate_many(groups)
+    steps.clear()
+    told: list[tuple[int, list[Completion], int]] = []  # (group, completions, steps so far)
+    got = engine.generate_many(groups, ended=lambda i, c: told.append((i, c, len(steps))))
+    assert got == plain
+    assert all(completions == got[i] for i, completions, _ in told)
+    # every request starts at the first step and gives a token a step: a group ends with its longest
+    end = {i: max((len(c.tokens) for c in group), default=0) for i, group in enumerate(got)}
+    assert [i for i, _, _ in told] == sorted(end, key=lambda i: (end[i], i))
+    assert told[0] == (2, [], 0)  # no seeds: told before any step
+    assert len({seen - end[i] for i, _, seen in told[1:]}) == 1  # at the step of its last token
+    assert told[1][2] < len(steps)  # the short group was told while the others went on
+
+
+def test_a_stopped_groups_requests_are_aborted_and_it_is_never_told(
+    engine: VllmEngine, cfg: RunConfig, model_cfg: ModelConfig, steps: list[int]
+) -> None:
+    engine.load_state(hf_state_dict(random_model(model_cfg, seed=1)))
+    groups = groups_of(engine, cfg)
+    plain = engine.generate_many(groups)
+    assert all(len(c.tokens) > 3 for c in plain[0])  # none of group 0's requests ends by the third step
+    steps.clear()
+    held_at_stop: list[int] = []
+
+    def stopped() -> set[int]:  # group 0 from the third poll on, with groups that ended already
+        if len(steps) < 3:
+            return set()
+        held_at_stop.append(engine.llm.llm_engine.get_num_unfinished_requests())
+        return {0, 1, 2}
+
+    told: list[int] = []
+    got = engine.generate_many(groups, ended=lambda i, _: told.append(i), stopped=stopped)
+    assert got[0] == [] and 0 not in told and sorted(told) == [1, 2, 3, 4]
+    assert got[1:] == plain[1:]
+    assert steps[3] == held_at_stop[0] - len(groups[0][1])  # its requests left vLLM at once
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+
+
+def test_stopping_every_group_left_returns_at_once(
+    engine: VllmEngine, cfg: RunConfig, model_cfg: ModelConfig, steps: list[int]
+) -> None:
+    engine.load_state(hf_state_dict(random_model(model_cfg, seed=1)))
+    groups = groups_of(engine, cfg)
+    plain = engine.generate_many(groups)
+    full = len(steps)
+    steps.clear()
+    got = engine.generate_many(groups, stopped=lambda: set(range(5)) if len(steps) >= 2 else set())
+    assert len(steps) == 2 < full
+    assert got == [[], plain[1], [], [], []]  # group 1 had ended at the first step: kept
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert engine.generate_many(groups) == plain
+
+
+def test_an_error_in_a_callback_leaves_no_request_in_vllm(
+    engine: VllmEngine, cfg: RunConfig, model_cfg: ModelConfig
+) -> None:
+    engine.load_state(hf_state_dict(random_model(model_cfg, seed=1)))
+    groups = groups_of(engine, cfg)
+
+    def ended(i: int, _: list[Completion]) -> None:
+        if i == 1:
+            raise RuntimeError("the caller failed")
+
+    with pytest.raises(RuntimeError, match="the caller failed"):
+        engine.generate_many(groups, ended=ended)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
 
 
 def test_torch_workers_do_not_import_vllm() -> None:
