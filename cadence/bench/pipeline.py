@@ -2,17 +2,20 @@
 engine (long-tailed generation cost) and a simulated learner (cost per trained token).
 
 Invariant: both modes run the same config and seed, so they see the same prompts and the same
-simulated costs; the first period (start-up, first weight load) is left out of every mean.
+simulated costs; the first period (start-up, first weight load) is left out of every mean. With
+`[sampling]` on (`--set sampling.oversample=0.25`) the JSON also says what each period issued, kept,
+filtered and stopped; the keys of a run without it stay as they are, `tail_s` and `sync_tail_s` added.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from cadence.bench.report import report
-from cadence.config import load_config
+from cadence.config import RunConfig, load_config
 from cadence.launch.launcher import launch
 from cadence.monitor.metrics import serial_finish
 from cadence.monitor.run_dir import read_jsonl
@@ -31,23 +34,42 @@ DEFAULTS = [
 ]
 
 
+SAMPLED = ("groups", "prompts_issued", "groups_filtered", "groups_stopped")  # an over-sampled run's
+
+
 def ideal_period(row: dict[str, Any]) -> float:
-    """A serial trainer fed by this period's measured arrivals and per-group costs, plus its step."""
-    return serial_finish(0.0, row["group_arrival_s"], row["micro_batch_train_s"]) + row["step_s"]
+    """A serial trainer fed by this period's measured arrivals and per-group costs, plus its step.
+    A filtered group arrives and is not trained, and the row does not say which arrivals were: the
+    micro-batches are then paired with the latest arrivals, which can only make the ideal later (and
+    `efficiency` higher) than it was."""
+    costs = row["micro_batch_train_s"]
+    arrivals = row["group_arrival_s"][len(row["group_arrival_s"]) - len(costs) :]  # in arrival order
+    return serial_finish(0.0, arrivals, costs) + row["step_s"]
 
 
 def measure(rows: list[dict[str, Any]]) -> dict[str, float]:
     steady = rows[1:] or rows
-    return {
-        "period_s": sum(r["period_s"] for r in steady) / len(steady),
-        "ideal_s": sum(ideal_period(r) for r in steady) / len(steady),
-        "gen_s": sum(r["gen_s"] for r in steady) / len(steady),
-        "train_s": sum(r["train_s"] for r in steady) / len(steady),
-        "weight_sync_s": sum(r["weight_sync_s"] for r in steady) / len(steady),
-    }
+    keys = ("period_s", "gen_s", "train_s", "weight_sync_s", "tail_s")
+    means = {key: sum(r[key] for r in steady) / len(steady) for key in keys}
+    means["ideal_s"] = sum(ideal_period(r) for r in steady) / len(steady)
+    if "prompts_issued" in steady[0]:
+        means |= {key: sum(r.get(key, 0) for r in steady) / len(steady) for key in SAMPLED}
+    return means
+
+
+def sampled_figures(cfg: RunConfig, periodic: dict[str, float], sync: dict[str, float]) -> dict[str, Any]:
+    """An over-sampled run's figures: each mode's kept groups, issued, filtered and stopped prompts
+    a period (none without `[sampling]`)."""
+    if not cfg.sampling.on:
+        return {}
+    figures: dict[str, Any] = {"oversample": cfg.sampling.oversample, "filters": cfg.sampling.filters}
+    figures |= {key: round(periodic[key], 4) for key in SAMPLED}
+    figures |= {f"sync_{key}": round(sync[key], 4) for key in SAMPLED}
+    return figures
 
 
 def bench_pipeline(overrides: Sequence[str], out: Path, as_json: bool) -> int:
+    load_start = os.getloadavg()[0]
     figures: dict[str, dict[str, float]] = {}
     for mode in ("sync", "periodic"):
         cfg = load_config(None, [*DEFAULTS, *overrides, f"mode='{mode}'"])
@@ -67,5 +89,9 @@ def bench_pipeline(overrides: Sequence[str], out: Path, as_json: bool) -> int:
         "periods_measured": cfg.periods - 1,
         "workers": cfg.rollout.workers,
         "prompts_per_period": cfg.task.prompts_per_period,
+        "tail_s": round(periodic["tail_s"], 4),
+        "sync_tail_s": round(sync["tail_s"], 4),
+        **sampled_figures(cfg, periodic, sync),
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
     return report(result, as_json)

@@ -10,7 +10,9 @@ from cadence.cli.common import Subparsers
 
 def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements printed as text or JSON (docs/benchmarks.md)")
-    bench.add_argument("name", choices=["pipeline", "packing", "logs", "weights", "e2e", "signing", "wire"])
+    bench.add_argument(
+        "name", choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire"]
+    )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -20,8 +22,24 @@ def add(sub: Subparsers) -> None:
         default=None,
         help="weights: megabytes to publish (default: SmolLM2-135M fp32)",
     )
-    bench.add_argument("--config", type=Path, default=None, help="e2e: the run's config (default: SmolLM2)")
-    bench.add_argument("--periods", type=int, default=6, help="e2e: periods a mode, the first 2 left out")
+    bench.add_argument(
+        "--config", type=Path, default=None, help="e2e, tail: the run's config (default: SmolLM2's)"
+    )
+    bench.add_argument(
+        "--periods",
+        type=int,
+        default=6,
+        help="e2e: periods a mode, the first 2 left out; tail: periods a run, the first left out",
+    )
+    bench.add_argument(
+        "--variants",
+        default=None,
+        help="tail: comma-separated [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt"
+        " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
+    )
     bench.set_defaults(handler=bench_handler)
 
 
@@ -38,6 +56,12 @@ def bench_handler(args: argparse.Namespace) -> int:
         from cadence.bench.e2e import bench_e2e
 
         return bench_e2e(args.config, args.overrides, args.periods, args.json)
+    if args.name == "tail":
+        from cadence.bench.tail import bench_tail
+
+        return bench_tail(
+            args.config, args.overrides, args.periods, args.json, args.out, args.variants, args.rounds
+        )
     if args.name == "signing":
         from cadence.bench.signing import bench_signing
 

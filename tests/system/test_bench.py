@@ -23,6 +23,7 @@ def test_bench_pipeline_prints_its_figures_as_json(tmp_path: Path) -> None:
     assert figures["speedup"] == pytest.approx(
         figures["sync_period_s"] / figures["periodic_period_s"], rel=1e-3
     )
+    assert figures["tail_s"] >= 0 and "groups_stopped" not in figures  # no [sampling]: no such figures
     for mode in ("sync", "periodic"):
         rows = read_jsonl(tmp_path / mode / "metrics.jsonl")
         assert len(rows) == 3 and all(r["groups"] == 8 for r in rows)
@@ -102,6 +103,40 @@ def test_bench_e2e_runs_both_modes_of_a_real_config_and_reports_each_part() -> N
         len(figures["load_avg"]) == 2
         and figures["sync"]["trainer_threads"] >= figures["trainer_threads"] >= 1
     )
+
+
+def test_bench_tail_runs_each_variant_and_measures_the_arrival_bias(tmp_path: Path) -> None:
+    small = ["--set", "task.prompts_per_period=4", "--set", "rollout.group_size=8"]
+    variants = "base,over50+zv,over50+zv@prompt"
+    args = ["--json", "--config", "configs/quickstart.toml", "--periods", "2", "--rounds", "1"]
+    proc = cadence(
+        "bench", "tail", *args, "--variants", variants, "--out", str(tmp_path), *small, timeout=200
+    )
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["bench"] == "tail" and list(figures["variants"]) == variants.split(",")
+    for name, f in figures["variants"].items():
+        assert f["periods_measured"] == 1 and f["period_s"] > 0 and f["reward_per_s"] >= 0, name
+        assert f["groups"] <= 4 and f["prompts_issued"] >= f["groups"], name
+        assert f["speedup_vs_base"] == pytest.approx(
+            figures["variants"]["base"]["period_s"] / f["period_s"], rel=1e-2
+        )
+        run = tmp_path / f"tail-r0-{name}"  # each variant's own run, its [sampling] as named
+        sampling = json.loads((run / "config.json").read_text())["sampling"]
+        assert sampling["oversample"] == (0.0 if name == "base" else 0.5), name
+        assert sampling["order"] == ("prompt" if name.endswith("@prompt") else "arrival"), name
+        assert len(read_jsonl(run / "metrics.jsonl")) == 2
+    assert figures["variants"]["base"]["prompts_issued"] == 4
+    bias = figures["arrival_bias"]["over50+zv"]
+    assert set(bias) == {"period0", "all_periods"}
+    assert set(bias["period0"]) == {
+        "len_arrival",
+        "len_prompt",
+        "len_diff",
+        "reward_arrival",
+        "reward_prompt",
+        "reward_diff",
+    }
+    assert len(figures["load_avg"]) == 2
 
 
 def test_bench_e2e_names_make_smollm2_when_the_checkpoint_is_missing(tmp_path: Path) -> None:
