@@ -300,11 +300,8 @@ class TorchEngine:
             gone = groups.stopped_rows(live) if stopped is not None and groups.stop(stopped()) else None
             if gone is not None and bool((finished | gone).all()):
                 break  # every row left has ended or stopped
-            drop = finished if 4 * int(finished.sum()) >= len(live) else None
-            if gone is not None:
-                drop = gone if drop is None else drop | gone
-            if drop is not None:  # the rows leave the batch
-                keep = (~drop).nonzero().squeeze(1)
+            keep = _kept_rows(finished, gone)
+            if keep is not None:  # the other rows leave the batch
                 live, token, lengths, prompt_slots = (
                     live[keep],
                     token[keep],
@@ -360,6 +357,15 @@ class TorchEngine:
         probs, order = probs.sort(dim=-1, descending=True, stable=True)
         keep = (probs > 0) & ((probs.cumsum(dim=-1) - probs) < params.top_p)  # the top token always stays
         return order.gather(1, _inverse_cdf(probs.masked_fill(~keep, 0.0), uniforms).unsqueeze(1)).squeeze(1)
+
+
+def _kept_rows(finished: Tensor, gone: Tensor | None) -> Tensor | None:
+    """The live rows that stay in the batch, or None when all do: without the ended ones once a quarter
+    of them have ended, and without a stopped group's (`gone`) at once."""
+    drop = finished if 4 * int(finished.sum()) >= len(finished) else None
+    if gone is not None:
+        drop = gone if drop is None else drop | gone
+    return None if drop is None else (~drop).nonzero().squeeze(1)
 
 
 def _inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:

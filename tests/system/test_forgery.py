@@ -137,17 +137,17 @@ def forge_to_dispatcher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], addr
 
     wait_until(joined, 60, "the forger registered", run.proc)
     forger.send(RunDone(PERIODS, "f" * 64, str(out / "nowhere")))
-    refused_by(run, "dispatcher", "forger", "run_done")
     forger.send(VersionReady(0, "f" * 64, 1))
-    refused_by(run, "dispatcher", "forger", "version_ready")
     header = msgpack.unpackb(bytes(encode_frames(VersionReady(3, "f" * 64, 1), "forger", RUN_ID)[0]))
     header["body"]["metrics"] = {"reward_mean": msgpack.ExtType(3, b"\x00")}
     forger.send_raw(header)
-    refused_by(run, "dispatcher", "forger", "version_ready", count=2)
+    refused_by(run, "dispatcher", "forger", "version_ready", count=2)  # in order: after the run_done
+    refused_by(run, "dispatcher", "forger", "run_done")
+    # a few at a time: the refusals logged are rate limited (5 a second)
     forger.send(Consumed(0, [0, 1, 2, 3], filtered=[0, 1], closed=True))  # would stop the period
-    refused_by(run, "dispatcher", "forger", "consumed")
     forger.send(StopPeriod(0))  # the dispatcher's word to workers, not a worker's
     refused_by(run, "dispatcher", "forger", "stop_period")
+    refused_by(run, "dispatcher", "forger", "consumed")
     impostor = Forger(ctx, "impostor", address)
     impostor.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
     refused_by(run, "dispatcher", "impostor", "register")

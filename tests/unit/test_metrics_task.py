@@ -286,3 +286,27 @@ def test_reward_is_within_zero_and_one(
 def test_score_of_a_non_ascii_digit_is_malformed() -> None:
     score = task(reward="distance").score("1+2=", "²", "3", True)
     assert score.reward == 0.0 and score.correct == 0.0
+
+
+def test_an_over_sampled_period_trains_only_its_kept_groups_and_counts_the_rest() -> None:
+    stats = PeriodStats(period=3, start=100.0, oversampled=True)
+    kept, dropped, late = (
+        scored(7, [[1, 2], [3]], [1.0, 0.0], [1.0, 0.0]),
+        scored(8, [[4, 5, 6], [7, 8, 9]], [0.5, 0.5], [0.0, 1.0]),
+        scored(9, [[1], [1]], [0.0, 0.0], [0.0, 0.0]),
+    )
+    stats.arrived(101.0, "w1", dropped, kept=False)
+    stats.filtered_out(dropped, "zero_variance")
+    stats.arrived(102.0, "w1", kept, kept=False)
+    stats.kept(102.0, kept)
+    stats.arrived(103.0, "w2", late, kept=False)
+    stats.stopped_after_close(late)
+    row = stats.finish(end=108.0, publish_s=1.0).to_row()
+    assert (row["groups"], row["groups_arrived"], row["groups_filtered"]) == (1, 3, 1)
+    assert row["filtered_zero_variance"] == 1 and row["tokens_filtered"] == 6 + 2
+    assert row["tokens_trained"] == 3 and row["tokens_generated"] == 3 + 6 + 2
+    assert row["samples"] == 6 and row["reward_mean"] == pytest.approx(2.0 / 6)  # every arrived sample
+    assert row["reward_kept_mean"] == pytest.approx(0.5)
+    assert row["tail_s"] == pytest.approx(108.0 - 1.0 - 102.0)  # from the last kept group
+    assert row["gen_s"] == pytest.approx(3.0)  # the last arrival, kept or not
+    assert row["samples_sha256"] == samples_digest({7: [[1, 2], [3]]})  # what was trained

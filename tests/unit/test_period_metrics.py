@@ -77,3 +77,20 @@ def test_the_recorder_writes_the_row_and_reads_it_back_on_resume(tmp_path: Path)
     resumed = RunRecorder(tmp_path, "periodic", resume=True)
     assert resumed.rows == [metrics]
     resumed.finish(2.0, 4, "sha")
+
+
+def test_an_over_sampled_row_round_trips_with_its_filter_reasons() -> None:
+    metrics = dataclasses.replace(
+        _metrics(),
+        prompts_issued=9,
+        groups_stopped=2,
+        groups_arrived=8,
+        groups_filtered=3,
+        tokens_filtered=40,
+        reward_kept_mean=0.5,
+        filtered={"zero_variance": 2, "my.module:fn": 1},
+    )
+    row = metrics.to_row()
+    assert row["filtered_zero_variance"] == 2 and row["filtered_my.module:fn"] == 1 and "filtered" not in row
+    assert (row["prompts_issued"], row["groups_stopped"], row["groups_filtered"]) == (9, 2, 3)
+    assert PeriodMetrics.from_row(row) == metrics and PeriodMetrics.from_row(row).to_row() == row

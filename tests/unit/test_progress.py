@@ -73,3 +73,20 @@ def test_on_a_terminal_one_line_is_redrawn_with_groups_of_the_current_period(tmp
 
 def period_line_end() -> str:
     return "1234 tok/s  workers 2"
+
+
+def test_an_over_sampled_row_says_what_was_issued_kept_filtered_and_stopped() -> None:
+    from cadence.monitor.progress import period_line
+
+    row = PeriodMetrics(
+        period=2,
+        groups=4,
+        prompts_issued=9,
+        groups_filtered=3,
+        groups_stopped=2,
+        filtered={"zero_variance": 3},
+        tail_s=1.25,
+    )
+    line = period_line(row, 10)
+    assert "issued 9  kept 4  filtered 3 (zero_variance 3)  stopped 2  tail 1.25s" in line
+    assert "issued" not in period_line(PeriodMetrics(period=2, groups=4), 10)  # a run without sampling
