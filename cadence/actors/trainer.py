@@ -56,7 +56,7 @@ from cadence.training.selection import Selection, SelectionRule
 from cadence.training.steps import StepRule, Steps, group_tokens
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
-from cadence.wire.meaning import group_problem
+from cadence.wire.meaning import GroupBounds, group_problem
 from cadence.wire.messages import Consumed, Envelope, GroupResult, Message, RunDone, Shutdown, VersionReady
 from cadence.wire.roles import valid_ticket
 
@@ -76,7 +76,7 @@ class TrainerSettings:
     mode: Literal["sync", "periodic"]
     micro_batch_tokens: int
     checkpoint_every: int
-    vocab_size: int  # token ids of the model; a group with others is refused
+    bounds: GroupBounds  # what a group may hold (the model's token ids, the run's sizes); else refused
     steps: StepRule
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
     threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
@@ -183,7 +183,7 @@ class Trainer:
     def _group_problem(self, sender: str, msg: GroupResult) -> tuple[str, str] | None:
         if not valid_ticket(self.session.key, msg.ticket, "assignment", msg.period, msg.prompt_id, sender):
             return "stranger", f"no assignment of prompt {msg.prompt_id} of period {msg.period} to {sender}"
-        problem = group_problem(msg, self.settings.vocab_size)
+        problem = group_problem(msg, self.settings.bounds)
         return None if problem is None else ("rollout", problem)
 
     async def _periods(self, first: int, row: dict[str, Any]) -> None:

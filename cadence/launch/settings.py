@@ -15,6 +15,7 @@ from cadence.actors.rollout import WorkerSettings
 from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
 from cadence.dispatch.settings import DispatcherSettings
+from cadence.launch.build import model_positions
 from cadence.launch.threads import (
     rollout_threads,
     trainer_threads,
@@ -26,6 +27,7 @@ from cadence.training.steps import StepRule
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
+from cadence.wire.meaning import GroupBounds
 
 
 def liveness(cfg: RunConfig, clock: Callable[[], float]) -> Liveness:
@@ -70,12 +72,30 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         mode=cfg.mode,
         micro_batch_tokens=t.micro_batch_tokens,
         checkpoint_every=t.checkpoint_every,
-        vocab_size=vocab_size,
+        bounds=group_bounds(cfg, vocab_size),
         steps=step_rule(cfg),
         threads=trainer_threads(cfg),
         threads_alone=trainer_threads_alone(cfg),
         publish_dtype=publish_dtype(cfg),
         sampling=selection_rule(cfg),
+    )
+
+
+TEXT_CHARS_A_TOKEN = 64  # a token's text is rarely longer; a text beyond 64 characters a token is refused
+
+
+def group_bounds(cfg: RunConfig, vocab_size: int) -> GroupBounds:
+    """What a group of this run may hold: `vocab_size` token ids (the model's), `rollout.group_size`
+    samples, completions within the worker's token limit (an episode's: `environment.max_tokens`) and,
+    with the prompt, within the model's positions; texts within 64 characters a token of that limit."""
+    limit = cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens
+    positions = model_positions(cfg)
+    return GroupBounds(
+        vocab_size=vocab_size,
+        samples=cfg.rollout.group_size,
+        completion_tokens=limit,
+        positions=positions,
+        text_chars=TEXT_CHARS_A_TOKEN * max(limit, positions),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cadence.wire.messages import (
@@ -98,11 +99,49 @@ def work_request_problem(msg: WorkRequest) -> str | None:
     return None
 
 
-def group_problem(msg: GroupResult, vocab_size: int) -> str | None:
+@dataclass(frozen=True)
+class GroupBounds:
+    """What a group may hold in this run, fixed by its settings (0: no bound): token ids below
+    `vocab_size` (the model's); `samples` completions (`rollout.group_size`); each completion at most
+    `completion_tokens` long (the token limit its worker was given: `rollout.max_new_tokens`, or an
+    episode's `environment.max_tokens`); its prompt and any completion together within `positions`
+    (the model's); each text (a response, a transcript's messages together) at most `text_chars`."""
+
+    vocab_size: int
+    samples: int = 0
+    completion_tokens: int = 0
+    positions: int = 0
+    text_chars: int = 0
+
+
+def group_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
     """A group: as many completions, log-prob rows, rewards and correctness values as samples (at
-    least one), a log-prob a token, every token in the vocabulary, every number finite; and its
-    episodes' masks and figures, when it has them (`episode_problem`)."""
-    return _samples_problem(msg, vocab_size) or episode_problem(msg)
+    least one), a log-prob a token, every token in the vocabulary, every number finite; its size held
+    to the run's (`bounds_problem`); and its episodes' masks and figures, when it has them
+    (`episode_problem`). Checked before any tensor is made of it."""
+    return bounds_problem(msg, bounds) or _samples_problem(msg, bounds.vocab_size) or episode_problem(msg)
+
+
+def bounds_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
+    """The group's size against the run's: its samples, each completion's tokens, the prompt and a
+    completion together, its texts."""
+    n, b = len(msg.completions), bounds
+    if b.samples and n != b.samples:
+        return f"{n} completions, the run's groups have {b.samples} (rollout.group_size)"
+    longest = max((len(c) for c in msg.completions), default=0)
+    if b.completion_tokens and longest > b.completion_tokens:
+        return f"a completion of {longest} tokens, beyond the run's token limit of {b.completion_tokens}"
+    if b.positions and len(msg.prompt_tokens) + longest > b.positions:
+        return (
+            f"a prompt of {len(msg.prompt_tokens)} tokens and a completion of {longest}: beyond the"
+            f" model's {b.positions} positions"
+        )
+    transcripts = msg.episodes.transcripts if msg.episodes is not None else []
+    texts = [len(t) for t in msg.responses] + [sum(map(len, t)) for t in transcripts]
+    texts += [len(msg.prompt), len(msg.answer)]
+    if b.text_chars and max(texts) > b.text_chars:
+        return f"a text of {max(texts)} characters, beyond the run's {b.text_chars}"
+    return None
 
 
 def _samples_problem(msg: GroupResult, vocab_size: int) -> str | None:

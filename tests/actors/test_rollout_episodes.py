@@ -5,6 +5,7 @@ forward over the final ids gives at every sampled token, and 0.0 at the environm
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 from cadence.actors.rollout import RolloutWorker
 from cadence.config import RunConfig
 from cadence.launch.build import make_engine, make_learner, make_tokenizer, vocab_limit
+from cadence.launch.settings import group_bounds
 from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.turns import ChatTurns
@@ -93,9 +95,11 @@ def wire(msg: GroupResult) -> GroupResult:
     return got
 
 
-def check_lined_up(result: GroupResult, vocab: int) -> None:
-    """Masks, tokens and log-probs line up; the meaning checks pass."""
-    assert group_problem(wire(result), vocab) is None
+def check_lined_up(result: GroupResult, cfg: RunConfig, vocab: int, samples: int) -> None:
+    """Masks, tokens and log-probs line up; the meaning checks pass, within the run's sizes (of groups
+    of `samples`, the assignment's)."""
+    bounds = dataclasses.replace(group_bounds(cfg, vocab), samples=samples)
+    assert group_problem(wire(result), bounds) is None
     assert len(result.masks) == len(result.completions) == len(result.logprobs)
     for tokens, mask, logprobs in zip(result.completions, result.masks, result.logprobs, strict=True):
         assert len(tokens) == len(mask) == len(logprobs) and set(mask) <= {0, 1}
@@ -108,7 +112,7 @@ async def test_a_calculator_worker_answers_an_assignment_with_episodes(rig: Rig)
     tokenizer = rig.worker.maker.tokenizer
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 7, "What is 3+4?", "7", 4))
     result = await expect(rig.trainer, GroupResult, timeout=30)
-    check_lined_up(result, vocab_limit(rig.cfg, tokenizer))
+    check_lined_up(result, rig.cfg, vocab_limit(rig.cfg, tokenizer), 4)
     opening = await Calculator(Prompt(7, "What is 3+4?", "7"), 0).start()
     assert result.prompt_tokens == ChatTurns(tokenizer).encode_prompt(opening)
     assert (
@@ -134,7 +138,7 @@ async def test_every_turn_is_the_engines_and_every_message_the_environments(rig:
     tokenizer = rig.worker.maker.tokenizer
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 5, "42", "4", 3))
     result = await expect(rig.trainer, GroupResult, timeout=30)
-    check_lined_up(result, vocab_limit(rig.cfg, tokenizer))
+    check_lined_up(result, rig.cfg, vocab_limit(rig.cfg, tokenizer), 3)
     assert (
         episodes_of(result).turns == [3, 3, 3]
         and episodes_of(result).endings == ["max_turns"] * 3

@@ -124,7 +124,7 @@ class Worker:
 
 
 async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
-    cfg = tiny_config("periods=2", "transport.liveness=200", *overrides)
+    cfg = tiny_config("periods=2", "transport.liveness=200", "rollout.group_size=2", *overrides)
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     published: list[int] = []
 
@@ -384,6 +384,19 @@ async def test_groups_without_their_assignment_or_without_meaning_are_refused(
         await worker.send(nan)
         await worker.send(msgspec.structs.replace(group(0, 1), completions=[[5, 2], [6, 7, VOCAB]]))
         await worker.send(msgspec.structs.replace(group(0, 1), rewards=[0.0]))
+        huge = [[5] * 512] * 16  # 16 x 512 tokens, in a run of groups of 2 and 4 new tokens at most
+        await worker.send(
+            msgspec.structs.replace(
+                group(0, 1),
+                completions=huge,
+                logprobs=[[-1.0] * 512] * 16,
+                rewards=[0.0] * 16,
+                correct=[0.0] * 16,
+            )
+        )
+        await worker.send(
+            msgspec.structs.replace(group(0, 1), completions=[[5] * 9, [2]], logprobs=[[-1.0] * 9, [-1.0]])
+        )
         await stranger.send(Consumed(0, [1]))
         for pid in (0, 1, 2, 3):
             await worker.send(group(0, pid))
@@ -395,9 +408,11 @@ async def test_groups_without_their_assignment_or_without_meaning_are_refused(
         ("w0", "rollout", "a reward, correctness value or time that is not finite"),
         ("w0", "rollout", f"completion 1: a token id outside the vocabulary of {VOCAB}"),
         ("w0", "rollout", "2 completions but {'rewards': 1}"),
+        ("w0", "rollout", "16 completions, the run's groups have 2 (rollout.group_size)"),
+        ("w0", "rollout", "a completion of 9 tokens, beyond the run's token limit of 4"),
         ("stranger", "stranger", "a stranger may not send consumed to the trainer"),
     ]
-    assert trainer.server.refused == 6
+    assert trainer.server.refused == 8
     assert ready.version == 1 and ready.metrics["groups"] == 4  # the sound copies, every one trained
     assert ready.metrics["stale_dropped"] == 0 and ready.metrics["duplicates_dropped"] == 0
     assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4

@@ -16,6 +16,7 @@ from cadence.tasks.environments.base import Ending
 from cadence.wire.meaning import (
     ENDINGS,
     MAX_CREDITS,
+    GroupBounds,
     eval_result_problem,
     group_problem,
     plain_json,
@@ -39,6 +40,7 @@ from cadence.wire.messages import (
 )
 
 VOCAB = 12
+BOUNDS = GroupBounds(VOCAB)
 
 
 def wire(msg: Message) -> Any:
@@ -71,8 +73,8 @@ def group(**changes: Any) -> GroupResult:
 
 
 def test_a_sound_group_passes() -> None:
-    assert group_problem(wire(group()), VOCAB) is None
-    assert group_problem(wire(group(responses=[])), VOCAB) is None  # texts are kept for some groups only
+    assert group_problem(wire(group()), BOUNDS) is None
+    assert group_problem(wire(group(responses=[])), BOUNDS) is None  # texts are kept for some groups only
 
 
 @pytest.mark.parametrize(
@@ -96,7 +98,7 @@ def test_a_sound_group_passes() -> None:
     ],
 )
 def test_a_meaningless_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
-    problem = group_problem(wire(group(**changes)), VOCAB)
+    problem = group_problem(wire(group(**changes)), BOUNDS)
     assert problem is not None and reason in problem
 
 
@@ -121,15 +123,15 @@ def episodes(**changes: Any) -> GroupResult:
 
 
 def test_a_sound_episode_group_passes() -> None:
-    assert group_problem(wire(episodes()), VOCAB) is None
-    assert group_problem(wire(episodes(transcripts=[], env_s=[])), VOCAB) is None  # each list may be empty
+    assert group_problem(wire(episodes()), BOUNDS) is None
+    assert group_problem(wire(episodes(transcripts=[], env_s=[])), BOUNDS) is None  # each list may be empty
     # an episode the environment ended before the model's first token: one environment token, no 1
     ended = episodes(
         completions=[[4, 11], [2]], logprobs=[[-0.5, 0.0], [0.0]], masks=[[1, 0], [0]], env_tokens=[1, 1]
     )
-    assert group_problem(wire(ended), VOCAB) is None
+    assert group_problem(wire(ended), BOUNDS) is None
     # turn rewards: one list an episode, at most its model turns long, a turn without one None
-    assert group_problem(wire(episodes(turn_rewards=[[1.0, None], []])), VOCAB) is None
+    assert group_problem(wire(episodes(turn_rewards=[[1.0, None], []])), BOUNDS) is None
 
 
 def test_the_endings_are_the_runners() -> None:
@@ -163,7 +165,7 @@ def test_the_endings_are_the_runners() -> None:
     ],
 )
 def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
-    problem = group_problem(wire(episodes(**changes)), VOCAB)
+    problem = group_problem(wire(episodes(**changes)), BOUNDS)
     assert problem is not None and reason in problem
 
 
@@ -344,3 +346,26 @@ def test_a_consumed_names_the_open_period_or_an_older_one_and_no_group_twice() -
     assert consumed_problem(Consumed(4, [1]), period=3) == "period 4 is not open (the open one is 3)"
     assert consumed_problem(Consumed(3, [1, 1]), period=3) == "a prompt id named twice"
     assert consumed_problem(Consumed(3, [1], filtered=[5, 5]), period=3) == "a prompt id named twice"
+
+
+def test_a_group_is_held_to_the_runs_sizes_before_any_tensor_is_made() -> None:
+    bounds = GroupBounds(VOCAB, samples=2, completion_tokens=4, positions=7, text_chars=10)
+    fits = group(completions=[[1, 2, 3, 4], [2]], logprobs=[[-1.0] * 4, [-1.0]], responses=["a", "b"])
+    assert group_problem(wire(fits), bounds) is None
+    cases: dict[str, dict[str, Any]] = {
+        "3 completions, the run's groups have 2 (rollout.group_size)": dict(
+            completions=[[1], [2], [3]], logprobs=[[-1.0]] * 3, rewards=[0.0] * 3, correct=[0.0] * 3
+        ),
+        "a completion of 5 tokens, beyond the run's token limit of 4": dict(
+            completions=[[1] * 5, [2]], logprobs=[[-1.0] * 5, [-1.0]]
+        ),
+        "a text of 11 characters, beyond the run's 10": dict(responses=["a" * 11, "b"]),
+    }
+    for reason, changes in cases.items():
+        assert group_problem(wire(group(**changes)), bounds) == reason
+    long_prompt = group(
+        prompt_tokens=[1, 2, 3, 4], completions=[[1, 2, 3, 4], [2]], logprobs=[[-1.0] * 4, [-1.0]]
+    )
+    assert group_problem(wire(long_prompt), bounds) == (
+        "a prompt of 4 tokens and a completion of 4: beyond the model's 7 positions"
+    )

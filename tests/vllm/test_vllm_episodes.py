@@ -16,6 +16,7 @@ import pytest
 from cadence.actors.rollout import RolloutWorker
 from cadence.config import RunConfig
 from cadence.launch.build import make_model, make_tokenizer, vocab_limit
+from cadence.launch.settings import group_bounds
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import TurnEngine
@@ -105,7 +106,7 @@ async def test_episodes_on_vllm_are_its_tokens_and_the_environments(
     result = decode_frames(encode_frames(sent, "w0", "test")).message  # as the trainer reads it
     assert isinstance(result, GroupResult)
     tokenizer = rig.worker.maker.tokenizer
-    assert group_problem(result, vocab_limit(cfg, tokenizer)) is None
+    assert group_problem(result, group_bounds(cfg, vocab_limit(cfg, tokenizer))) is None
     assert result.prompt_tokens == tokenizer.encode_prompt(episodes_of(result).transcripts[0][0])
     codec = ChatTurns(tokenizer)
     n = len(result.prompt_tokens)
