@@ -17,6 +17,7 @@
                               closed: its rest stopped ─► StopPeriod(k) to each worker holding some
  worker  ─ EvalResult ──────► the core: answered; a complete round ─► eval.jsonl, samples/
  worker silent > liveness ──► the core: what it held goes back to the front of the queue, reassigned
+ an assignment held past the hold (rollout.hold_s) ─► the same for it alone (assignment_expired)
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
@@ -48,7 +49,7 @@ from typing import Any, ClassVar
 import structlog
 
 from cadence.dispatch.checks import message_problem
-from cadence.dispatch.core import DispatchCore, Worker
+from cadence.dispatch.core import DispatchCore, Hold, Worker
 from cadence.dispatch.roster import Peer, WorkerWait, joined, welcome_message
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
@@ -104,7 +105,15 @@ class Dispatcher:
         self.settings = s
         rounds = EvalRounds(eval_set, s.eval_every, s.periods, s.eval_samples, s.keep_versions)
         self.core = DispatchCore(
-            task, s.periods, s.prompts_per_period, s.group_size, rounds, extra=s.oversample, stream=s.stream
+            task,
+            s.periods,
+            s.prompts_per_period,
+            s.group_size,
+            rounds,
+            extra=s.oversample,
+            stream=s.stream,
+            max_credits=s.max_credits,
+            hold=Hold(s.hold_s, s.hold_floor_s),
         )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
@@ -166,6 +175,7 @@ class Dispatcher:
             for name, silent in sorted(self.liveness.expired(), key=lambda e: self._role(e[0]) != "trainer"):
                 self._lost(name, silent)
             self._check_workers()
+            self._expire()
             for peer in list(self.peers):
                 await self.server.send(peer, Heartbeat("dispatcher"))
             await self._flush()
@@ -209,7 +219,7 @@ class Dispatcher:
         self.core.credit(peer, msg.credits)
 
     def _on_consumed(self, peer: bytes, sender: str, msg: Consumed) -> None:
-        held = self.core.consume(msg.period, msg.prompt_ids, msg.filtered, msg.closed)
+        held = self.core.consume(msg.period, msg.prompt_ids, msg.filtered, msg.closed, self.clock())
         for route in held:  # a worker still holding some of the closed period's prompts
             if route in self.peers:
                 self._outbox.append((route, StopPeriod(msg.period)))
@@ -301,6 +311,19 @@ class Dispatcher:
         self.lost.append(name)
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
 
+    def _expire(self) -> None:
+        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
+        expired = self.core.expire(self.clock())
+        for route, ids in expired.items():
+            holder = self.peers[route].name if route in self.peers else "a worker gone"
+            deadline = round(self.core.hold.deadline(), 1)
+            log.warning(
+                "assignment_expired", peer=holder, period=self.core.period, prompt_ids=ids, held_s=deadline
+            )
+            self.reassigned += len(ids)
+        if expired:
+            self._assign()
+
     def _role(self, name: str) -> str:
         return next((p.role for p in self.peers.values() if p.name == name), "")
 
@@ -349,7 +372,7 @@ class Dispatcher:
                 self.core.restart(peer)
                 self._outbox.append((peer, welcome))
         workers = [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
-        self._outbox.extend(self.core.assign(workers, key))
+        self._outbox.extend(self.core.assign(workers, key, self.clock()))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

@@ -167,6 +167,14 @@ class RolloutConfig:
         " (one decode step for all their samples)",
         POSITIVE,
     )
+    hold_s: float = doc(
+        0.0,
+        "seconds a worker may hold an assignment before it goes back to the queue for another worker"
+        " (logged as assignment_expired; the first result to reach the trainer is trained, a later one"
+        " dropped as a duplicate); 0: derived from the run, 4 x the slowest group seen so far from its"
+        " assignment to the trainer, and never under 20 liveness timeouts",
+        Rule(ge=0, finite=True, note="0: derived from the run"),
+    )
     dtype: Literal["float32", "bfloat16"] = doc(
         "float32",
         "the built-in engine's weights and activations: float32, the trainer's own precision (the sampler"

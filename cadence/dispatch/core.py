@@ -23,6 +23,8 @@ and sends the assignments it returns.
  consume(k, closed) ───────► the period's queued and assigned prompts stopped: each worker that held
                              some is told (StopPeriod)
  leave(worker) / restart ──► what it held back to the front of the queue, in prompt order
+ expire(now) ──────────────► what a worker held past the hold (rollout.hold_s, else 4 x the slowest
+                             group so far) back to the front of the queue, for another worker
  answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
 ```
 
@@ -31,7 +33,7 @@ it or the period closes; a period's prompts are the first ones of its stream (`t
 stream)`, the same whoever asks), in order, so a resumed period issues the same ones; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
 only while no training prompt is queued, except the rest of an older round, which goes before the new
 period's prompts; a worker never gets more prompts than it has credits, save the eval prompts one
-credit buys (`group_size // eval_samples`).
+credit buys (`group_size // eval_samples`), and never holds more credits than `rollout.inflight`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,23 @@ from cadence.wire.roles import assignment_ticket
 log = structlog.get_logger()
 
 Sends = list[tuple[bytes, Assignment]]
+
+
+class Hold:
+    """How long a worker may hold an assignment: `fixed` seconds (`rollout.hold_s`), or, with 0,
+    derived from the run: 4 x the slowest group seen from its assignment to the trainer, never under
+    `floor` (before any group is seen: `floor`)."""
+
+    def __init__(self, fixed: float = 0.0, floor: float = 60.0) -> None:
+        self.fixed = fixed
+        self.floor = floor
+        self.slowest = 0.0
+
+    def took(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+    def deadline(self) -> float:
+        return self.fixed if self.fixed > 0 else max(4 * self.slowest, self.floor)
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,8 @@ class DispatchCore:
         policy: Policy = most_credits_first,
         extra: int = 0,
         stream: int = 0,
+        max_credits: int = 0,
+        hold: Hold | None = None,
     ) -> None:
         self.task = task
         self.periods = periods
@@ -88,6 +109,8 @@ class DispatchCore:
         self.ledger = Ledger()
         self._reserve: list[Prompt] = []  # the period's stream not issued yet
         self.filtered: set[int] = set()  # the open period's groups a filter threw away
+        self.max_credits = max_credits  # the credits a worker may hold (0: no cap)
+        self.hold = hold or Hold()
         self.credits: dict[bytes, int] = {}
         self.period = -1  # the period whose prompts are out
         self.published = -1  # the last version announced
@@ -112,10 +135,20 @@ class DispatchCore:
         log.info("period_started", period=version, version=version, prompts=self.ledger.queued)
 
     def consume(
-        self, period: int, prompt_ids: Sequence[int], filtered: Sequence[int] = (), closed: bool = False
+        self,
+        period: int,
+        prompt_ids: Sequence[int],
+        filtered: Sequence[int] = (),
+        closed: bool = False,
+        now: float = 0.0,
     ) -> dict[bytes, list[int]]:
-        """The trainer took `prompt_ids` of `period`, threw `filtered` away, and, `closed`, has the
-        period's groups: the prompts stopped, by the route of the worker that held them."""
+        """The trainer took `prompt_ids` of `period` (at `now`), threw `filtered` away, and, `closed`,
+        has the period's groups: the prompts stopped, by the route of the worker that held them."""
+        if period == self.ledger.period:
+            for pid in prompt_ids:
+                since = self.ledger.held_since(pid)
+                if since is not None:
+                    self.hold.took(now - since)
         self.ledger.consume(period, prompt_ids)
         if period != self.period or self.ledger.period != period:
             return {}
@@ -150,7 +183,17 @@ class DispatchCore:
             )
 
     def credit(self, worker: bytes, count: int) -> None:
-        self.credits[worker] = self.credits.get(worker, 0) + count
+        """`worker` grants `count` more credits: at most `max_credits` held (what a worker can use)."""
+        credits = self.credits.get(worker, 0) + count
+        if self.max_credits and credits > self.max_credits:
+            log.warning("credits_capped", asked=credits, held=self.max_credits)
+            credits = self.max_credits
+        self.credits[worker] = credits
+
+    def expire(self, now: float) -> dict[bytes, list[int]]:
+        """The training prompts held past the hold deadline go back to the queue (to the front, in
+        prompt order): their ids, by the route of the worker that held them."""
+        return self.ledger.expire(now - self.hold.deadline())
 
     def restart(self, worker: bytes) -> int:
         """`worker` (welcomed again) drops what it held and asks afresh: its prompts back to the front
@@ -195,7 +238,7 @@ class DispatchCore:
 
     # ------------------------------------------------------------------ what to send
 
-    def assign(self, workers: Sequence[Worker], key: str) -> Sends:
+    def assign(self, workers: Sequence[Worker], key: str, now: float = 0.0) -> Sends:
         """The assignments to send now to `workers` (in roster order), within their credits: the rest
         of an older eval round first, then the period's prompts by the policy, then the open round's
         eval prompts to the credits left. `key`: the trainer's, which tickets are made with."""
@@ -206,7 +249,7 @@ class DispatchCore:
             return sends
         counts = self.policy([max(self.credits.get(w.route, 0), 0) for w in workers], self.ledger.queued)
         for worker, count in zip(workers, counts, strict=True):
-            prompts = self.ledger.assign(worker.route, count)
+            prompts = self.ledger.assign(worker.route, count, now)
             self.credits[worker.route] = self.credits.get(worker.route, 0) - len(prompts)
             sends += [(worker.route, self._assignment(p, worker, key, len(prompts))) for p in prompts]
         if not self.ledger.queued and self.rounds.pending:

@@ -7,6 +7,7 @@
     ▲                          │
     └──────────────────────────┘
        requeue(worker): back to the front of the queue, in prompt order
+       expire(before): the same for every prompt assigned before then (a worker that held it too long)
   QUEUED ─── consume ──► CONSUMED  (a group the trainer took from a worker declared lost meanwhile)
   QUEUED, ASSIGNED ─── stop(period) ──► STOPPED (the period has its groups: the rest is not needed)
 ```
@@ -39,6 +40,7 @@ class Entry:
     prompt: Prompt
     state: State = State.QUEUED
     worker: bytes | None = None  # the route of the worker holding it, while assigned
+    since: float = 0.0  # when it was assigned (the caller's clock)
 
 
 class Ledger:
@@ -101,14 +103,33 @@ class Ledger:
         """The ids `worker` holds, in prompt order."""
         return sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.worker == worker)
 
-    def assign(self, worker: bytes, count: int) -> list[Prompt]:
-        """The first `count` queued prompts (fewer when fewer are queued), now held by `worker`."""
+    def assign(self, worker: bytes, count: int, now: float = 0.0) -> list[Prompt]:
+        """The first `count` queued prompts (fewer when fewer are queued), now held by `worker` since
+        `now`."""
         given: list[Prompt] = []
         while self._queue and len(given) < count:
             entry = self._entries[self._queue.popleft()]
-            entry.state, entry.worker = State.ASSIGNED, worker
+            entry.state, entry.worker, entry.since = State.ASSIGNED, worker, now
             given.append(entry.prompt)
         return given
+
+    def held_since(self, prompt_id: int) -> float | None:
+        """When the assigned prompt `prompt_id` was handed out (None: not assigned)."""
+        entry = self._entries.get(prompt_id)
+        return entry.since if entry is not None and entry.state is State.ASSIGNED else None
+
+    def expire(self, before: float) -> dict[bytes, list[int]]:
+        """The prompts assigned before `before` go back to the front of the queue, in prompt order:
+        their ids, by the route of the worker that held them."""
+        late = sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.since < before)
+        held: dict[bytes, list[int]] = {}
+        for pid in late:
+            entry = self._entries[pid]
+            assert entry.worker is not None
+            held.setdefault(entry.worker, []).append(pid)
+            entry.state, entry.worker = State.QUEUED, None
+        self._queue.extendleft(reversed(late))
+        return held
 
     def consume(self, period: int, prompt_ids: Iterable[int]) -> int:
         """The trainer took these prompts of `period`: consumed, wherever they were. How many changed."""

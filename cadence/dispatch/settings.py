@@ -27,3 +27,6 @@ class DispatcherSettings:
     keep_versions: int = 2  # the publisher's: an eval round lasts until that many versions later
     oversample: int = 0  # prompts queued beyond B at a period's start (`sampling.oversample`)
     stream: int = 0  # the prompts a period may issue, refills included (0: B; `sampling.ceiling`)
+    max_credits: int = 0  # the credits a worker may hold (`rollout.inflight`; 0: no cap)
+    hold_s: float = 0.0  # how long a worker may hold an assignment (0: derived from the run)
+    hold_floor_s: float = 60.0  # the derived hold's least (20 liveness timeouts)

@@ -60,6 +60,9 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         keep_versions=cfg.weights.keep_versions,
         oversample=cfg.sampling.extra(cfg.task.prompts_per_period),
         stream=cfg.sampling.issued_at_most(cfg.task.prompts_per_period),
+        max_credits=cfg.rollout.inflight,
+        hold_s=cfg.rollout.hold_s,
+        hold_floor_s=20 * cfg.transport.liveness_timeout_s,
     )
 
 

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.timeout(30)
 async def start(
     network: InprocNetwork, tmp_path: Path, *overrides: str
 ) -> tuple[Dispatcher, asyncio.Task[None]]:
-    cfg = tiny_config("transport.liveness=200", *overrides)
+    cfg = tiny_config("transport.liveness=200", "rollout.inflight=16", *overrides)
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)
     task = make_task(cfg.task, cfg.seed)

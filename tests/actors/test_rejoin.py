@@ -43,7 +43,11 @@ async def test_a_lost_trainer_is_awaited_and_its_successor_starts_its_period_ove
     network: InprocNetwork, tmp_path: Path
 ) -> None:
     cfg = tiny_config(
-        "transport.liveness=20", "trainer.checkpoint_every=2", "trainer.on_loss='wait'", "periods=4"
+        "transport.liveness=20",
+        "trainer.checkpoint_every=2",
+        "trainer.on_loss='wait'",
+        "periods=4",
+        "rollout.inflight=4",
     )
     server = network.bind("dispatcher", "inproc://dispatcher")
     recorder = RunRecorder(tmp_path, cfg.mode)

@@ -200,3 +200,38 @@ def test_the_rest_of_an_older_round_goes_before_the_new_period() -> None:
 
 def result(version: int, prompt_id: int) -> EvalResult:
     return EvalResult(version, prompt_id, [1.0, 0.0], [1.0, 0.0], ["a", "b"], [3, 4])
+
+
+# ---------------------------------------------------------------- bounded in credits and in time
+
+
+def test_a_worker_holds_no_more_credits_than_it_can_use() -> None:
+    rounds = EvalRounds((), 0, 3, 1, keep_versions=2)
+    c = DispatchCore(Numbered(), 3, 8, 4, rounds, max_credits=2)  # type: ignore[arg-type]
+    c.announce(0, 0.0)
+    c.credit(A, 65_536)  # a hoarder
+    c.credit(B, 2)
+    sent = c.assign([Worker(A, "a"), Worker(B, "b")], "key")
+    assert len(ids(sent, A)) == 2 and len(ids(sent, B)) == 2  # the other worker is not starved
+
+
+def test_an_assignment_held_past_the_hold_goes_back_for_another_worker() -> None:
+    from cadence.dispatch.core import Hold
+
+    rounds = EvalRounds((), 0, 3, 1, keep_versions=2)
+    hold = Hold(fixed=0.0, floor=10.0)
+    c = DispatchCore(Numbered(), 3, 4, 4, rounds, max_credits=4, hold=hold)  # type: ignore[arg-type]
+    c.announce(0, 0.0)
+    c.credit(A, 2)
+    c.assign([Worker(A, "a")], "key", now=100.0)  # prompts 0, 1
+    c.credit(B, 1)
+    c.assign([Worker(B, "b")], "key", now=103.0)  # prompt 2
+    c.consume(0, [0], now=104.0)  # a group took 4 s: the hold is max(4 x 4, 10) = 16 s
+    assert hold.deadline() == 16.0
+    assert c.expire(now=115.0) == {}
+    assert c.expire(now=116.5) == {A: [1]}  # held since 100, past 16 s; B's prompt 2 since 103 is not
+    assert c.ledger.state(1) is State.QUEUED and c.ledger.held_by(A) == []
+    c.credit(B, 1)
+    assert ids(c.assign([Worker(B, "b")], "key", now=117.0)) == [1]  # the front of the queue
+    assert c.expire(now=119.5) == {B: [2]}
+    assert Hold(fixed=5.0, floor=60.0).deadline() == 5.0  # rollout.hold_s, when set, is the hold
