@@ -51,7 +51,7 @@ def message_problem(
         return f"a {role} may not send {msg.TAG} to the dispatcher"
     if isinstance(msg, Register):
         waits = settings.on_trainer_loss == "wait"
-        return claim_problem(peers, peer, sender, msg, waits, reachable)
+        return claim_problem(peers, peer, sender, msg, waits, reachable, settings.run_secret)
     if known is None:
         return "its route never registered"
     problem = _meaning(known, peer, msg, settings, core)

@@ -80,6 +80,7 @@ def claim_problem(
     msg: Register,
     waits_for_trainer: bool,
     reachable: Callable[[bytes], bool],
+    secret: str = "",
 ) -> str | None:
     """Why `peer` may not register as `msg.role` under `name`, or None.
 
@@ -87,7 +88,8 @@ def claim_problem(
     has the holder's route (`reachable`: the restarted actor's old process is gone). A peer registers
     as a worker, or as the trainer or publisher when no other peer is that; with `waits_for_trainer`
     (`trainer.on_loss = "wait"`), while no trainer is registered, a new trainer's publisher also
-    takes the place of the old one."""
+    takes the place of the old one. A run with a `secret` gives the trainer's and publisher's roles
+    only to a registration that shows it."""
     if msg.role not in REGISTERED:
         return f"role {msg.role!r} is none of {list(REGISTERED)}"
     if msg.role == "trainer" and not msg.key:
@@ -106,9 +108,15 @@ def claim_problem(
         return unreachable_problem(peers, msg)
     holder_name = next((p.name for k, p in peers.items() if p.role == msg.role and p.name != name), None)
     trainer = any(p.role == "trainer" and p.name != name for p in peers.values())
-    if holder_name is None or (waits_for_trainer and not trainer):
-        return None
-    return f"the run has its {msg.role} already ({holder_name})"
+    if holder_name is not None and not (waits_for_trainer and not trainer):
+        return f"the run has its {msg.role} already ({holder_name})"
+    if secret and not _shows(msg.secret, secret):
+        return f"a {msg.role} registers with the run's secret (run.secret, beside config.json)"
+    return None
+
+
+def _shows(shown: str, secret: str) -> bool:
+    return hmac.compare_digest(shown.encode(), secret.encode())
 
 
 def _loopback(address: str) -> bool:

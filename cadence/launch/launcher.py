@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import ConfigError, RunConfig, load_config, to_dict
+from cadence.launch.secret import make_run_secret
 from cadence.launch.torchrun import die_with_parent, free_port, torchrun
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
@@ -65,6 +66,7 @@ def prepare(cfg: RunConfig, out: Path, overwrite: bool = False) -> tuple[RunConf
         shutil.rmtree(out / name, ignore_errors=True)
     path = out / "config.json"
     write_json(path, to_dict(cfg))
+    make_run_secret(out)  # the trainer and publisher show it to the dispatcher
     return cfg, path
 
 
@@ -104,6 +106,7 @@ def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
     shutil.rmtree(out / "checkpoints" / "final", ignore_errors=True)
     path = out / "config.json"
     write_json(path, to_dict(cfg))
+    make_run_secret(out)  # a run made before secrets gets one now
     return path, version
 
 

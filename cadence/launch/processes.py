@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ import structlog
 import uvloop
 
 from cadence.config import ConfigError, RunConfig
+from cadence.launch.secret import make_run_secret, read_run_secret
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
 from cadence.transport.zmq_socket import ZmqNetwork
@@ -111,6 +113,7 @@ async def dispatcher_main(
     from cadence.tasks.heldout import eval_prompts, held_out
     from cadence.tasks.registry import make_task
 
+    secret = make_run_secret(out)  # before dispatcher.addr: a trainer that finds one finds the other
     net = _network(cfg)
     server = net.bind("dispatcher", bind)
     lease = cfg.transport.liveness_timeout_s
@@ -120,7 +123,7 @@ async def dispatcher_main(
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
         task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))  # training never draws those
         evals = eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every > 0 else []
-        settings = dispatcher_settings(cfg)
+        settings = dataclasses.replace(dispatcher_settings(cfg), run_secret=secret)
         beat = liveness(cfg, time.time)
         dispatcher = Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dispatcher.stop)  # cadence slurm stop
@@ -156,9 +159,14 @@ async def trainer_main(
         learner = await asyncio.to_thread(make_learner, cfg, tokenizer, ranks)
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
-        own = session(cfg, net.connect("trainer", connect), "trainer", time.time, server.address)
+        secret = read_run_secret(out)
+        own = session(
+            cfg, net.connect("trainer", connect), "trainer", time.time, server.address, secret=secret
+        )
         buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
-        publish, jobs = _publish_function(cfg, net, connect, publisher_address, learner, own.key, buffers)
+        publish, jobs = _publish_function(
+            cfg, net, connect, publisher_address, learner, own.key, buffers, secret
+        )
         trainer = Trainer(
             trainer_settings(cfg, vocab_limit(cfg, tokenizer)),
             server,
@@ -189,6 +197,7 @@ def _publish_function(
     learner: Learner,
     key: str,
     buffers: BufferPool,
+    secret: str = "",
 ) -> tuple[Publish, list[Coroutine[Any, Any, None]]]:
     """How the trainer publishes a version: to a publisher it hosts (whose loop is returned to run
     beside it), broadcasting the learner's tensors when it has a broadcaster; or uploaded in chunks
@@ -197,7 +206,7 @@ def _publish_function(
     from cadence.transport.weights import upload_weights
 
     if publisher_address is None:
-        publisher = _publisher(cfg, net, connect, evicted=buffers.give)
+        publisher = _publisher(cfg, net, connect, evicted=buffers.give, secret=secret)
         if publisher.broadcaster is None:
             return publisher.publish, [publisher.run()]
 
@@ -245,7 +254,7 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
                 f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
                 " a separate publisher cannot, run the trainer without --publisher"
             )
-        publisher = _publisher(cfg, net, connect, with_broadcast=False)
+        publisher = _publisher(cfg, net, connect, with_broadcast=False, secret=read_run_secret(out))
         (out / "publisher.addr").write_text(publisher.server.address + "\n")
         await _with_log_stream(publisher.run(), net, "publisher", connect, stream)
     finally:
@@ -258,6 +267,7 @@ def _publisher(
     connect: str,
     with_broadcast: bool = True,
     evicted: Callable[[bytes | bytearray], None] | None = None,
+    secret: str = "",
 ) -> Publisher:
     from cadence.actors.publisher import Publisher
     from cadence.launch.settings import publisher_settings, session
@@ -268,7 +278,9 @@ def _publisher(
     local = server.bind_local()  # workers on this host pull versions through a Unix socket
     return Publisher(
         server,
-        session(cfg, net.connect("publisher", connect), "publisher", time.time, server.address, local),
+        session(
+            cfg, net.connect("publisher", connect), "publisher", time.time, server.address, local, secret
+        ),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),

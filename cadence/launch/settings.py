@@ -42,10 +42,11 @@ def session(
     clock: Callable[[], float],
     address: str = "",
     local: str = "",
+    secret: str = "",
 ) -> Session:
     """The session of actor `role` (serving at `address`, and at the ipc:// `local` for peers on its
-    host) with the dispatcher behind `dispatcher`."""
-    return Session(dispatcher, role, liveness(cfg, clock), address, local=local)
+    host) with the dispatcher behind `dispatcher`; a trainer's or publisher's shows the run's `secret`."""
+    return Session(dispatcher, role, liveness(cfg, clock), address, local=local, secret=secret)
 
 
 def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:

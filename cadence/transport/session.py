@@ -86,9 +86,11 @@ class Session:
         peer: str = "dispatcher",
         monotonic: Callable[[], float] = time.monotonic,
         local: str = "",
+        secret: str = "",
     ) -> None:
         self.dispatcher = dispatcher
         self.local = local  # an ipc:// address it also serves at, for peers on its host
+        self.secret = secret  # the run's, which a trainer or publisher shows when it registers
         self.monotonic = monotonic  # real time, to tell this process's own pauses
         self.role = role
         self.liveness = liveness
@@ -114,7 +116,10 @@ class Session:
         (Shutdown ends the listener); the others are cancelled. What that first one returned."""
         key = self.key if self.role == "trainer" else ""
         host = socket.gethostname()
-        await self.send(Register(self.role, self.address, os.getpid(), host, key, self.local, self.proof))
+        pid = os.getpid()
+        await self.send(
+            Register(self.role, self.address, pid, host, key, self.local, self.proof, self.secret)
+        )
         self.liveness.seen(self.peer)
         return await first_of(*work, self.listen(), self.beat())
 

@@ -60,10 +60,11 @@ Port = Annotated[int, Meta(ge=0, le=65535)]
 
 class Register(Message, tag="register"):
     """An actor announces itself to the dispatcher. `address` is where it serves, if it does; `key`:
-    the trainer's key, which the dispatcher makes assignment tickets with and checks the trainer's
-    signed messages against (`cadence.wire.roles`); `proof`: a secret of this session, new at every
-    start, which a registration under the same name must show to take this one's place while this
-    one's connection is still there."""
+        the trainer's key, which the dispatcher makes assignment tickets with and checks the trainer's
+        signed messages against (`cadence.wire.roles`); `proof`: a secret of this session, new at every
+        start, which a registration under the same name must show to take this one's place while this
+        one's connection is still there. `secret`: the run's secret, which a trainer or publisher shows
+    (`cadence.launch.secret`)."""
 
     role: str
     address: str = ""
@@ -72,6 +73,7 @@ class Register(Message, tag="register"):
     key: str = ""
     local: str = ""  # an ipc:// address it also serves at, for peers on its own host
     proof: str = ""  # the session's random secret: only a registration showing it again takes its place
+    secret: str = ""  # a trainer's or publisher's: the run's secret (`run.secret`), where the run has one
 
 
 class Welcome(Message, tag="welcome"):

@@ -208,3 +208,47 @@ def test_a_flood_of_garbage_changes_nothing_in_the_result(tmp_path: Path) -> Non
             shown = [e for e in noisy if e["event"] == name]
             _assert_rate_limited([e["time"] for e in shown], budget, f"{actor} {name}")
             assert len(shown) + sum(e.get("suppressed", 0) for e in shown) <= from_stranger, (actor, name)
+
+
+def test_a_stranger_that_registers_as_trainer_first_takes_nothing(tmp_path: Path) -> None:
+    """The moment `dispatcher.addr` appears, before the run's own trainer can, a stranger registers as
+    the trainer and as the publisher: without the run's secret (`run.secret`, 0600 beside config.json)
+    both are refused, the run's own take the roles, and the run completes."""
+    from cadence.launch.secret import SECRET_FILE
+    from cadence.wire.messages import Register, encode_frames
+
+    out = tmp_path / "run"
+    run = start_run(out, "--set", "periods=3", "--set", "run_id='first'")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        wait_until(
+            lambda: (out / "dispatcher.addr").exists(), 120, "dispatcher.addr", run.proc, interval_s=0.001
+        )
+        claimants = []
+        for role in ("trainer", "publisher"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect((out / "dispatcher.addr").read_text().strip())
+            register = Register(role, "tcp://127.0.0.1:9", key="0" * 32 if role == "trainer" else "")
+            sock.send_multipart([bytes(f) for f in encode_frames(register, f"squatter-{role}", "first")])
+            claimants.append(sock)
+        code, _, err = run.finish(timeout=240)
+        assert code == 0, err
+    finally:
+        run.kill()
+        ctx.destroy(linger=0)
+    assert (out / SECRET_FILE).stat().st_mode & 0o777 == 0o600
+    refused = {
+        e["peer"]: e["reason"]
+        for e in events(out, "dispatcher")
+        if e["event"] == "message_refused" and e["type"] == "register"
+    }
+    # refused for want of the secret, or (had the run's own been quicker) as the role is taken
+    for role in ("trainer", "publisher"):
+        assert refused[f"squatter-{role}"] in (
+            f"a {role} registers with the run's secret (run.secret, beside config.json)",
+            f"the run has its {role} already ({role})",
+        )
+    joined = {e["peer"]: e["role"] for e in events(out, "dispatcher") if e["event"] == "peer_joined"}
+    assert joined["trainer"] == "trainer" and joined["publisher"] == "publisher"
+    assert "squatter-trainer" not in joined and summary(out)["final_version"] == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,28 @@ def test_a_worker_on_another_host_is_told_it_cannot_reach_a_loopback_trainer() -
     assert claim_problem(peers, b"w", "rollout-0", near, False, connected()) is None
     reachable = {b"t": Peer("trainer", "trainer", "tcp://10.0.0.1:5601", key="k", host="n1"), b"p": publisher}
     assert claim_problem(reachable, b"w", "rollout-0", far, False, connected()) is None
+
+
+def test_with_a_run_secret_the_trainers_and_publishers_roles_go_only_to_who_shows_it() -> None:
+    first = Register("trainer", "tcp://evil:1", 7, "x", key="k2")  # first come, no secret
+    shown = Register("trainer", "tcp://a:1", 8, "a", key="k3", secret="s3cret")
+    assert claim_problem({}, b"x", "trainer", first, False, connected(), "s3cret") == (
+        "a trainer registers with the run's secret (run.secret, beside config.json)"
+    )
+    wrong = Register("publisher", "tcp://evil:2", secret="guess")
+    assert "a publisher registers with the run's secret" in str(
+        claim_problem({}, b"y", "publisher", wrong, False, connected(), "s3cret")
+    )
+    assert claim_problem({}, b"t", "trainer", shown, False, connected(), "s3cret") is None
+    assert claim_problem({}, b"x", "trainer", first, False, connected()) is None  # no run secret: first come
+    worker = Register("rollout", "", 9, "b")  # workers show none
+    assert claim_problem({}, b"w", "w0", worker, False, connected(), "s3cret") is None
+
+
+def test_the_run_secret_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
+    from cadence.launch.secret import SECRET_FILE, make_run_secret, read_run_secret
+
+    assert read_run_secret(tmp_path) == ""
+    made = make_run_secret(tmp_path)
+    assert len(made) == 32 and read_run_secret(tmp_path) == made == make_run_secret(tmp_path)
+    assert (tmp_path / SECRET_FILE).stat().st_mode & 0o777 == 0o600
