@@ -35,6 +35,18 @@ DEFAULTS = [
 
 
 SAMPLED = ("groups", "prompts_issued", "groups_filtered", "groups_stopped")  # an over-sampled run's
+PROMPT_ROOM = 64  # positions a digits prompt takes at most, beside its completion
+
+
+def room(overrides: Sequence[str]) -> list[str]:
+    """The overrides that give a simulated completion of up to `simulated.length_max` tokens its room:
+    the token limit and the model's positions the trainer holds every group to."""
+    cfg = load_config(None, [*DEFAULTS, *overrides])
+    longest = cfg.simulated.length_max
+    return [
+        f"rollout.max_new_tokens={max(cfg.rollout.max_new_tokens, longest)}",
+        f"model.max_position={max(cfg.model.max_position, longest + PROMPT_ROOM)}",
+    ]
 
 
 def ideal_period(row: dict[str, Any]) -> float:
@@ -72,7 +84,7 @@ def bench_pipeline(overrides: Sequence[str], out: Path, as_json: bool) -> int:
     load_start = os.getloadavg()[0]
     figures: dict[str, dict[str, float]] = {}
     for mode in ("sync", "periodic"):
-        cfg = load_config(None, [*DEFAULTS, *overrides, f"mode='{mode}'"])
+        cfg = load_config(None, [*DEFAULTS, *overrides, *room(overrides), f"mode='{mode}'"])
         launch(cfg, out / mode, progress=False, overwrite=True)  # the bench's own folders, rerun each time
         figures[mode] = measure(read_jsonl(out / mode / "metrics.jsonl"))
         print(f"{mode:>8}: " + "  ".join(f"{k} {v:.3f}" for k, v in figures[mode].items()), flush=True)
