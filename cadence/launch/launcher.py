@@ -32,6 +32,8 @@ from cadence.launch.torchrun import die_with_parent, free_port, torchrun
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
+from cadence.transport.keys import make_keys
+from cadence.transport.zmq_socket import beyond_loopback
 
 
 class LaunchError(RuntimeError):
@@ -54,12 +56,17 @@ def check_out(out: Path, overwrite: bool) -> None:
         )
 
 
-def prepare(cfg: RunConfig, out: Path, overwrite: bool = False) -> tuple[RunConfig, Path]:
+def prepare(
+    cfg: RunConfig, out: Path, overwrite: bool = False, beyond: bool = False
+) -> tuple[RunConfig, Path]:
     """Fresh run directory with the resolved config; earlier results in `out` are removed, which only
-    `overwrite` allows (`LaunchError` otherwise)."""
+    `overwrite` allows (`LaunchError` otherwise). A run that binds beyond loopback (`beyond`: its
+    launcher says so, or `transport.host`) gets keys of its own unless it has some or opted out
+    (`own_keys`)."""
     check_out(out, overwrite)
     cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])
     out.mkdir(parents=True, exist_ok=True)
+    cfg = own_keys(cfg, out, beyond or beyond_loopback(f"tcp://{cfg.transport.host}:0"))
     for name in ("metrics.jsonl", "eval.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
         (out / name).unlink(missing_ok=True)
     for name in ("logs", "checkpoints", "samples", "tensorboard"):
@@ -108,6 +115,22 @@ def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
     write_json(path, to_dict(cfg))
     make_run_secret(out)  # a run made before secrets gets one now
     return path, version
+
+
+OWN_KEYS = "keys"  # the run folder's own CURVE keys
+
+
+def own_keys(cfg: RunConfig, out: Path, beyond: bool) -> RunConfig:
+    """`cfg`, with keys made in `out/keys` when it binds `beyond` loopback, names no `transport.keys` and
+    has not opted out (`transport.unencrypted`); keys already there (a run replaced) are kept."""
+    t = cfg.transport
+    if not beyond or t.keys or t.unencrypted:
+        return cfg
+    folder = (out / OWN_KEYS).resolve()
+    if not (folder / "server.key_secret").exists():
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_keys(folder)
+    return dataclasses.replace(cfg, transport=dataclasses.replace(t, keys=str(folder)))
 
 
 def launch(

@@ -76,7 +76,7 @@ def submit(
         for _ in range(opts.rollout_jobs):
             say(f"sbatch --parsable --dependency=after:<control job> {out / 'slurm' / 'rollout.sbatch'}")
         return []
-    cfg, _ = prepare(cfg, out)
+    cfg, _ = prepare(cfg, out, beyond=True)  # its actors bind the nodes' addresses: keys of its own
     folder = out / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "control.sbatch").write_text(control)
