@@ -97,6 +97,10 @@ def test_a_run_is_submitted_grown_shrunk_requeued_and_stopped(slurm: SlurmCluste
     assert joined["trainer"].startswith(f"tcp://{bridge}.") and joined["publisher"].startswith(
         f"tcp://{bridge}."
     )
+    # keyed with no step of the user's: its own keys, named in the config every job reads
+    keys = json.loads((out / "config.json").read_text())["transport"]["keys"]
+    assert keys == str(out / "keys") and (out / "keys" / "server.key_secret").stat().st_mode & 0o777 == 0o600
+    assert dispatcher_events(out, "unencrypted_bind") == []
 
     cadence_slurm(slurm, "add-workers", str(out), "--count", "1")
     added = jobs(out)[-1]["id"]
