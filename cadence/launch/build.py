@@ -150,7 +150,7 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
 def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     if cfg.rollout.engine == "simulated":
         digits = tokenizer.encode("0123456789")
-        return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits)
+        return SimulatedEngine(cfg.simulated, tokenizer.eos_id, digits, cfg.rollout.max_new_tokens)
     use_threads(rollout_threads(cfg))
     if cfg.rollout.engine == "vllm":
         return make_vllm_engine(cfg, tokenizer, sampling_params(cfg))

@@ -29,8 +29,11 @@ _POLL_S = 0.005  # how often a simulated decode looks for a stop
 
 
 class SimulatedEngine:
-    def __init__(self, cfg: SimulatedConfig, eos_id: int, token_ids: list[int]) -> None:
+    def __init__(
+        self, cfg: SimulatedConfig, eos_id: int, token_ids: list[int], max_new_tokens: int = 0
+    ) -> None:
         self.cfg = cfg
+        self.max_new_tokens = max_new_tokens  # an engine's token limit (0: `length_max` alone)
         self.eos_id = eos_id
         self.token_ids = token_ids
         self.version_bytes = 0
@@ -44,7 +47,8 @@ class SimulatedEngine:
     def length(self, seed: int) -> int:
         rng = random.Random(seed)
         n = int(self.cfg.length_median * math.exp(self.cfg.length_sigma * rng.gauss(0.0, 1.0)))
-        return max(1, min(self.cfg.length_max, n))
+        limit = min(self.cfg.length_max, self.max_new_tokens or self.cfg.length_max)
+        return max(1, min(limit, n))
 
     def generate_many(
         self,
