@@ -11,7 +11,10 @@ run's own log folder and passes them on to followers (`cadence logs --connect`).
 
 Invariant: the hub writes a batch to `logs/<actor>.jsonl` only when that actor is not already writing
 the same file itself (another host, or another run folder), so no line is written twice; a follower
-that stops renewing its subscription is dropped after the liveness timeout.
+that stops renewing its subscription is dropped after the liveness timeout. What a hub keeps, writes
+and passes on is bounded in bytes: a line of at most `MAX_LINE_BYTES`, a batch's lines together of
+at most `MAX_BATCH_BYTES`, an actor name's file of at most `MAX_ACTOR_BYTES`; what is beyond is
+dropped, counted, and said once an actor name (`log_lines_refused`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ MAX_FILES = 1024
 """Log files of remote actors a hub opens at most: further actor names' lines are dropped."""
 MAX_FOLLOWERS = 64
 """Followers a hub serves at once: a further one is not taken until another's lease ends."""
+MAX_LINE_BYTES = 64 << 10
+"""The longest log line a hub takes (a traceback's event is a few KiB)."""
+MAX_BATCH_BYTES = 4 << 20
+"""A batch's lines together: the rest of a larger batch is dropped."""
+MAX_ACTOR_BYTES = 1 << 30
+"""What a hub writes and passes on under one actor name in all."""
 
 
 class LogHub:
@@ -92,8 +101,14 @@ class LogHub:
         self.files: dict[str, IO[str] | None] = {}
         self.host = socket.gethostname()
         self._said_full: set[str] = set()
+        self.bytes: dict[str, int] = {}  # what each actor name's lines took so far
+        self.refused = 0  # lines beyond the byte bounds
+        self._said_refused: set[str] = set()
 
     async def batch(self, msg: LogBatch) -> None:
+        msg = self._bounded(msg)
+        if not msg.lines and not msg.dropped:
+            return
         self._write(msg)
         self.backlog.extend(msg.lines)
         if msg.dropped:
@@ -136,6 +151,34 @@ class LogHub:
         if what not in self._said_full:
             self._said_full.add(what)
             log.warning("log_hub_full", what=what, peer=sender, files=MAX_FILES, followers=MAX_FOLLOWERS)
+
+    def _bounded(self, msg: LogBatch) -> LogBatch:
+        """`msg` with only the lines within the byte bounds (`MAX_*_BYTES`); the others counted."""
+        used = self.bytes.get(msg.actor, 0)
+        kept: list[str] = []
+        batch = 0
+        for line in msg.lines:
+            size = len(line.encode("utf-8", "surrogatepass"))
+            if size > MAX_LINE_BYTES or batch + size > MAX_BATCH_BYTES or used + size > MAX_ACTOR_BYTES:
+                continue
+            kept.append(line)
+            batch += size
+            used += size
+        self.bytes[msg.actor] = used
+        refused = len(msg.lines) - len(kept)
+        if refused:
+            self.refused += refused
+            if msg.actor not in self._said_refused and len(self._said_refused) < MAX_FILES:
+                self._said_refused.add(msg.actor)
+                log.warning(
+                    "log_lines_refused",
+                    actor=msg.actor[:100],
+                    lines=refused,
+                    line_bytes=MAX_LINE_BYTES,
+                    batch_bytes=MAX_BATCH_BYTES,
+                    actor_bytes=MAX_ACTOR_BYTES,
+                )
+        return msg if not refused else LogBatch(msg.actor, msg.host, msg.path, kept, msg.dropped)
 
     def _write(self, msg: LogBatch) -> None:
         if msg.actor not in self.files and len(self.files) >= MAX_FILES:

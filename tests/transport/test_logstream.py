@@ -158,3 +158,31 @@ async def test_the_hub_holds_a_bounded_number_of_files_and_followers(
     finally:
         serving.cancel()
         hub.close()
+
+
+async def test_the_hub_keeps_writes_and_passes_on_log_lines_within_their_byte_bounds(
+    net: ZmqNetwork, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logstream, "MAX_LINE_BYTES", 200)
+    monkeypatch.setattr(logstream, "MAX_BATCH_BYTES", 400)
+    monkeypatch.setattr(logstream, "MAX_ACTOR_BYTES", 600)
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=5.0)
+    serving = asyncio.create_task(serve(hub))
+    try:
+        stranger = net.connect("stranger", server.address)
+        short = [line("big", n) for n in range(8)]  # 61 bytes each
+        huge = json.dumps({"event": "x" * 1000})
+        await stranger.send(LogBatch("big", "far", "/x.jsonl", [huge, *short]))  # a long line, then 8
+        await stranger.send(LogBatch("big", "far", "/x.jsonl", short))
+        deadline = asyncio.get_running_loop().time() + WAIT
+        # the long line and 2 past the batch's 400 bytes (6 kept); then 5 past the name's 600 (3 kept)
+        while hub.refused < 1 + 2 + 5:
+            assert asyncio.get_running_loop().time() < deadline, hub.refused
+            await asyncio.sleep(0.01)
+        written = (tmp_path / "logs" / "big.jsonl").read_text().splitlines()
+        assert len(written) == len(hub.backlog) == 6 + 3 and hub.refused == 8
+        assert hub.bytes["big"] == 9 * 61 and huge not in hub.backlog
+    finally:
+        serving.cancel()
+        hub.close()
