@@ -143,14 +143,17 @@ def forge_to_dispatcher(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], addr
     forger.send_raw(header)
     refused_by(run, "dispatcher", "forger", "version_ready", count=2)  # in order: after the run_done
     refused_by(run, "dispatcher", "forger", "run_done")
-    # a few at a time: the refusals logged are rate limited (5 a second)
+    impostor = Forger(ctx, "impostor", address)
+    impostor.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
+    refused_by(run, "dispatcher", "impostor", "register")
+    # the refusals logged are rate limited (5 a second, counting from the first): the next ones once
+    # that second has passed, so that each is logged
+    first = min(e["time"] for e in refusals(run.out, "dispatcher"))
+    wait_until(lambda: time.time() > first + 1.5, 30, "the refusal log's second to pass", run.proc)
     forger.send(Consumed(0, [0, 1, 2, 3], filtered=[0, 1], closed=True))  # would stop the period
     forger.send(StopPeriod(0))  # the dispatcher's word to workers, not a worker's
     refused_by(run, "dispatcher", "forger", "stop_period")
     refused_by(run, "dispatcher", "forger", "consumed")
-    impostor = Forger(ctx, "impostor", address)
-    impostor.send(Register("trainer", "tcp://127.0.0.1:9", key="0" * 32))
-    refused_by(run, "dispatcher", "impostor", "register")
 
 
 def forge_to_trainer(run: Launched, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
@@ -221,11 +224,11 @@ def test_forgeries_and_a_flood_are_refused_and_change_nothing(
         ("forger", "rollout", "run_done"),
         ("forger", "rollout", "version_ready"),
         ("forger", "rollout", "version_ready"),
+        ("impostor", "stranger", "register"),
         ("forger", "rollout", "consumed"),
         ("forger", "rollout", "stop_period"),
-        ("impostor", "stranger", "register"),
     ]
-    assert "the run has its trainer already (trainer)" in by_forger[-1]["reason"]
+    assert "the run has its trainer already (trainer)" in by_forger[3]["reason"]
     groups = [
         e for e in refusals(run.out, "trainer") if e["peer"] == "forger" and e["type"] == "group_result"
     ]

@@ -110,8 +110,12 @@ def test_a_killed_oversampled_run_resumed_ends_like_the_uninterrupted_one(tmp_pa
 
 def test_a_killed_bf16_run_resumed_ends_like_the_uninterrupted_one(tmp_path: Path) -> None:
     """bf16 training: the resume checkpoint holds the float32 master weights and AdamW state, so the
-    resumed run continues exactly as the uninterrupted one."""
-    killed_and_resumed(tmp_path, [*SAME, "--set", "trainer.precision='bf16'"])
+    resumed run continues exactly as the uninterrupted one. A micro-batch a group: which groups share
+    one depends on when they arrive, and bf16 autocast rounds a packed batch's sums differently, far
+    beyond the float32 rounding the other resumes compare within."""
+    killed_and_resumed(
+        tmp_path, [*SAME, "--set", "trainer.precision='bf16'", "--set", "trainer.micro_batch_tokens=0"]
+    )
 
 
 SCHEDULED = [
