@@ -252,3 +252,48 @@ def test_a_stranger_that_registers_as_trainer_first_takes_nothing(tmp_path: Path
     joined = {e["peer"]: e["role"] for e in events(out, "dispatcher") if e["event"] == "peer_joined"}
     assert joined["trainer"] == "trainer" and joined["publisher"] == "publisher"
     assert "squatter-trainer" not in joined and summary(out)["final_version"] == 3
+
+
+def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_path: Path) -> None:
+    """A worker registers, asks for 65 536 credits, heartbeats and never answers: it is given no more
+    than `rollout.inflight` prompts, each goes back to the queue once held past `rollout.hold_s`, and
+    the run's own worker ends the run."""
+    from cadence.wire.messages import Assignment, Heartbeat, Register, Welcome, decode_frames, encode_frames
+
+    out = tmp_path / "run"
+    settings = ("periods=3", "rollout.workers=1", "rollout.inflight=2", "rollout.hold_s=3", "run_id='hoard'")
+    run = start_run(out, *[x for s in settings for x in ("--set", s)])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        wait_until(lambda: (out / "dispatcher.addr").exists(), 120, "dispatcher.addr", run.proc)
+        sock.connect((out / "dispatcher.addr").read_text().strip())
+
+        def send(msg: Register | WorkRequest | Heartbeat) -> None:
+            sock.send_multipart([bytes(f) for f in encode_frames(msg, "hoarder", "hoard")])
+
+        send(Register("rollout"))
+        taken: set[int] = set()
+        deadline = time.monotonic() + 240
+        while run.proc.poll() is None:  # beat, take what comes, answer nothing
+            assert time.monotonic() < deadline, "the run did not end"
+            send(Heartbeat("rollout"))
+            while sock.poll(100):
+                msg = decode_frames(sock.recv_multipart()).message
+                if isinstance(msg, Welcome):  # welcomed: its credits start from 0, then it asks
+                    send(WorkRequest(65_536))
+                if isinstance(msg, Assignment) and not msg.eval:
+                    taken.add(msg.prompt_id)
+        code, _, err = run.finish(timeout=60)
+        assert code == 0, err
+    finally:
+        run.kill()
+        ctx.destroy(linger=0)
+    # the hoarder's prompts went back (a slow own worker's may too, on a loaded machine)
+    expired = [e for e in events(out, "dispatcher") if e["event"] == "assignment_expired"]
+    hoarded = {i for e in expired if e["peer"] == "hoarder" for i in e["prompt_ids"]}
+    assert hoarded and hoarded <= taken
+    capped = [e for e in events(out, "dispatcher") if e["event"] == "credits_capped"]
+    assert capped and capped[0]["held"] == 2  # never more than its in-flight limit at once
+    assert summary(out)["final_version"] == 3 and summary(out)["groups_trained"] == 3 * 4
