@@ -8,10 +8,11 @@
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
               ─► version != k?              stale_dropped (a closed period's late group: the same)
-              ─► accept ─► resolved by the period's Selection (training/selection.py: filters,
-                           order) ─► Consumed(k, id, filtered ids, closed)
-                 kept ─► periodic: forward/backward now (summed loss), packed with the groups that
-                                   arrived meanwhile (token budget)
+              ─► accept ─► resolved at once, even while a micro-batch trains, by the period's
+                           Selection (training/selection.py: filters, order)
+                           ─► Consumed(k, id, filtered ids, closed)
+                 kept ─► periodic: to the period's training task: forward/backward (summed loss),
+                                   packed with the kept groups queued meanwhile (token budget)
                          sync: hold until the period closes, then the same
                  filtered ─► counted, written to the samples with its reason, never trained
    B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
@@ -248,55 +249,97 @@ class Trainer:
             clear_checkpoint_ask(self.checkpoint_dir)  # the answer
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
-        seen = self.consumed.setdefault(period, set())
+        """Resolve the period's groups as they arrive, whatever is training meanwhile (so a period
+        closes, and its rest is stopped, the moment its B-th kept group is in); the kept ones are
+        trained by a task of their own (periodic), or once the period is closed (sync)."""
+        self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
-        held: list[GroupResult] = []
         self.alone = self.settings.mode == "sync"
         self._trained = 0
         selection = self.settings.selection(period)
-        while not selection.closed:
-            arrived, env = await self.arrivals.get()
-            msg = self._accept(period, env, stats)
-            if msg is None:
-                continue
-            seen.add(msg.prompt_id)
-            stats.arrived(arrived, env.sender, msg, kept=False)
-            verdicts = selection.arrive(msg)
-            filtered = [group.prompt_id for group, reason in verdicts if reason is not None]
-            await self.session.send(
-                Consumed(period, [msg.prompt_id], filtered=filtered, closed=selection.closed)
-            )
-            for i, (group, reason) in enumerate(verdicts):
-                if self.samples is not None and group.responses:
-                    self.samples.write(group.period, sample_record(group, filtered=reason))
-                if reason is not None:
-                    stats.filtered_out(group, reason)
-                    log.info("group_filtered", period=period, prompt_id=group.prompt_id, reason=reason)
-                    continue
+        kept: asyncio.Queue[GroupResult | None] = asyncio.Queue()
+        training = None
+        if self.settings.mode == "periodic":
+            training = asyncio.create_task(self._train_kept(kept, stats))
+        try:
+            while not selection.closed:
+                arrived, env = await self._next_arrival(training)
+                msg = self._accept(period, env, stats)
+                if msg is not None:
+                    await self._resolve(selection, arrived, env.sender, msg, stats, kept)
+            self._closed(selection, stats)
+            kept.put_nowait(None)
+            if training is not None:
+                await training
+        finally:
+            if training is not None and not training.done():
+                training.cancel()
+        if training is None:  # sync: every kept group now
+            while (group := kept.get_nowait()) is not None:
+                await self._add(group, stats, flush=False)
+        await self._flush(stats, last=True)
+
+    async def _next_arrival(self, training: asyncio.Task[None] | None) -> tuple[float, Envelope]:
+        """The next arrival; the training task's failure, should it end first."""
+        if training is None:
+            return await self.arrivals.get()
+        getter = asyncio.ensure_future(self.arrivals.get())
+        done, _ = await asyncio.wait({getter, training}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        training.result()  # its exception, if it raised
+        raise RuntimeError("the period's training ended before the period closed")
+
+    async def _resolve(
+        self,
+        selection: Selection,
+        arrived: float,
+        sender: str,
+        msg: GroupResult,
+        stats: PeriodStats,
+        kept: asyncio.Queue[GroupResult | None],
+    ) -> None:
+        """An accepted group: consumed, then resolved with whatever it settles (`Selection.arrive`):
+        a filtered one counted and written, a kept one queued for training."""
+        self.consumed[msg.period].add(msg.prompt_id)
+        stats.arrived(arrived, sender, msg, kept=False)
+        verdicts = selection.arrive(msg)
+        filtered = [group.prompt_id for group, reason in verdicts if reason is not None]
+        await self.session.send(
+            Consumed(msg.period, [msg.prompt_id], filtered=filtered, closed=selection.closed)
+        )
+        for group, reason in verdicts:
+            if self.samples is not None and group.responses:
+                self.samples.write(group.period, sample_record(group, filtered=reason))
+            if reason is None:
                 stats.kept(arrived, group)
-                if self.settings.mode == "periodic":
-                    # train now, together with whatever else has arrived meanwhile (up to the budget) and
-                    # the rest of the worker's batch, sent right behind it
-                    last = i == len(verdicts) - 1
-                    await self._add(group, stats, flush=last and self.arrivals.empty() and msg.following == 0)
-                else:
-                    held.append(group)
-        for group in selection.held():  # arrived, but after the B-th kept one in prompt order
+                kept.put_nowait(group)
+            else:
+                stats.filtered_out(group, reason)
+                log.info("group_filtered", period=group.period, prompt_id=group.prompt_id, reason=reason)
+
+    def _closed(self, selection: Selection, stats: PeriodStats) -> None:
+        """The period is closed: what arrived after its B-th kept group (prompt order) is stopped."""
+        for group in selection.held():
             stats.stopped_after_close(group)
             if self.samples is not None and group.responses:
                 self.samples.write(group.period, sample_record(group, filtered="stopped"))
         if selection.short:
             log.warning(
                 "period_short",
-                period=period,
+                period=selection.period,
                 kept=selection.kept,
                 batch=selection.batch,
                 filtered=dict(selection.filtered),
                 issued_at_most=selection.stream,
             )
-        for msg in held:
-            await self._add(msg, stats, flush=False)
-        await self._flush(stats, last=True)
+
+    async def _train_kept(self, kept: asyncio.Queue[GroupResult | None], stats: PeriodStats) -> None:
+        """Periodic: train each kept group as it comes, together with whatever else is queued meanwhile
+        (up to the budget) and the rest of the worker's batch that ended with it, sent right behind."""
+        while (group := await kept.get()) is not None:
+            await self._add(group, stats, flush=kept.empty() and group.following == 0)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""

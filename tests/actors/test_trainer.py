@@ -303,7 +303,9 @@ async def test_groups_that_arrive_while_training_share_a_micro_batch(
     await until(learner.entered.is_set)  # the first group is being trained, alone
     for pid in (1, 2, 3):  # a group packs to 7 tokens: 2 prompt + 5 response
         await worker.send(group(0, pid, tag=float(pid)))
-    await until(lambda: trainer.arrivals.qsize() == 3)
+    closed = [await expect(dispatcher, Consumed) for _ in range(4)]  # each resolved as it came
+    assert [c.closed for c in closed] == [False, False, False, True]  # the close, while one trains
+    assert learner.entered.is_set() and not learner.gate.is_set() and learner.micro == []
     learner.gate.set()
     ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
     assert ready.version == 1 and ready.metrics["micro_batches"] == len(micro)
