@@ -34,6 +34,12 @@ def add(sub: Subparsers) -> None:
         "dir", type=Path, nargs="+", help="a run folder; several: their eval accuracy, reward and tool calls"
     )
     plot.add_argument("-o", "--out", type=Path, required=True, help="picture file, .png or .svg")
+    plot.add_argument(
+        "--x",
+        choices=["period", "seconds"],
+        default="period",
+        help="several runs: against the period, or the wall-clock seconds since each run's start",
+    )
     plot.set_defaults(handler=plot_handler)
 
 
@@ -125,5 +131,5 @@ def plot_handler(args: argparse.Namespace) -> int:
     from cadence.monitor.pictures.plot import draw_plot
 
     if len(args.dir) > 1:
-        return write_picture(lambda: draw_compare(args.dir, args.out))
+        return write_picture(lambda: draw_compare(args.dir, args.out, args.x == "seconds"))
     return write_picture(lambda: draw_plot(args.dir[0], args.out))

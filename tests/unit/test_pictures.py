@@ -336,6 +336,22 @@ def test_several_runs_are_drawn_side_by_side_by_their_folder_names(tmp_path: Pat
         draw_compare([single, tmp_path / "missing"], tmp_path / "x.svg")
 
 
+def test_runs_side_by_side_against_seconds_put_a_period_at_its_end_and_a_round_at_its_start(
+    tmp_path: Path,
+) -> None:
+    from cadence.monitor.pictures.compare import period_ends
+
+    rows = [{"period": 1, "period_s": 3.0}, {"period": 0, "period_s": 2.0}, {"period": 2, "period_s": 5.0}]
+    assert period_ends(rows) == {0: 2.0, 1: 5.0, 2: 10.0}
+    single = _run_dir(tmp_path / "b", 3).rename(tmp_path / "single")
+    (single / "eval.jsonl").write_text(
+        "".join(json.dumps({"period": k, "eval_accuracy": k / 3}) + "\n" for k in (0, 3))
+    )
+    other = _run_dir(tmp_path / "c", 3).rename(tmp_path / "other")
+    svg = draw_compare([single, other], tmp_path / "seconds.svg", seconds=True).read_text()
+    assert "seconds since the run's start" in svg and ">period<" not in svg
+
+
 # ---------------------------------------------------------------- the command
 
 

@@ -4,6 +4,8 @@ episodes, its tool calls an episode (a run without them draws no line there).
 
 Invariant: each run is read as `cadence plot` reads one (a key missing from a row leaves that period
 out, a key missing everywhere leaves the run's line out); runs of different lengths share the axis.
+Against seconds (`--x seconds`), a period's figure stands at the end of that period (its `period_s`
+and those before it summed), an eval round of version v at the start of period v, when v was made.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from cadence.monitor.run_dir import read_new_lines
 _COLOURS = ("#4C72B0", "#DD8452", "#2CA02C", "#C44E52", "#8172B3", "#937860")
 
 
-def draw_compare(run_dirs: list[Path], out: Path) -> Path:
-    """Draw the runs in `run_dirs` side by side into `out` (.png or .svg); return `out`."""
+def draw_compare(run_dirs: list[Path], out: Path, seconds: bool = False) -> Path:
+    """Draw the runs in `run_dirs` side by side into `out` (.png or .svg), against the period or the
+    wall-clock `seconds` since each run's start; return `out`."""
     fmt = picture_format(out)
     runs = []
     for run_dir in run_dirs:
@@ -43,8 +46,12 @@ def draw_compare(run_dirs: list[Path], out: Path) -> Path:
     )
     drawn = [False] * len(panels)
     for (_, rows, evals), name, colour in zip(runs, names, _colours(len(runs)), strict=True):
+        ends = period_ends(rows)
         for i, (ax, line, size) in enumerate(panels):
             x, y = line(rows, evals)
+            if seconds:  # an eval round's x is its version: the start of that period
+                made = i == 0
+                x = [ends.get(int(p) - 1, 0.0) if made else ends.get(int(p), 0.0) for p in x]
             if x:
                 ax.plot(x, y, color=colour, marker="o", markersize=size, linewidth=1.4, label=name)
                 drawn[i] = True
@@ -52,12 +59,22 @@ def draw_compare(run_dirs: list[Path], out: Path) -> Path:
     _finish(reward, "training reward (mean a period)", drawn[1], "no reward_mean")
     _finish(tools, "tool calls an episode", drawn[2], "no run played episodes")
     for ax in (accuracy, reward, tools):
-        ax.set_xlabel("period")
+        ax.set_xlabel("seconds since the run's start" if seconds else "period")
     fig.suptitle(" vs ".join(names), fontsize=11)
     out.parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(out, format=fmt)
     return out
+
+
+def period_ends(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Each period's end, in seconds since the run's start: its `period_s` and those before it summed."""
+    ends: dict[int, float] = {}
+    total = 0.0
+    for row in sorted(rows, key=lambda r: int(r.get("period", 0))):
+        total += float(row.get("period_s", 0.0))
+        ends[int(row.get("period", 0))] = total
+    return ends
 
 
 def _names(run_dirs: list[Path]) -> list[str]:
