@@ -105,6 +105,13 @@ def _periods_done(out: Path) -> int:
     return len(read_jsonl(out / "metrics.jsonl"))
 
 
+def _lost(out: Path) -> list[str]:
+    """The workers the dispatcher has declared lost so far."""
+    if not (out / "logs" / "dispatcher.jsonl").exists():
+        return []
+    return [e["peer"] for e in events(out, "dispatcher") if e["event"] == "worker_lost"]
+
+
 def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
     hosts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -139,8 +146,13 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
         actors.append(Actor("rollout-c", hosts["c"], HOSTS["c"], out, *worker, "rollout-c"))
         wait_until(lambda: _periods_done(out) >= 40, 120, "40 periods", dispatcher.proc)
         doomed.kill()
+        wait_until(lambda: _lost(out) == ["rollout-b"], 120, "rollout-b declared lost", dispatcher.proc)
+        after = _periods_done(out)
         wait_until(
-            lambda: _periods_done(out) >= 80, 120, "40 more periods without rollout-b", dispatcher.proc
+            lambda: _periods_done(out) >= after + 20,
+            120,
+            "20 more periods without rollout-b",
+            dispatcher.proc,
         )
         actors.append(Actor("rollout-d", hosts["d"], HOSTS["d"], out, *worker, "rollout-d"))
         assert dispatcher.proc.wait(240) == 0
@@ -165,4 +177,8 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
     late = [e for e in events(out, "rollout-d") if e["event"] == "worker_stopped"]
     assert late and late[0]["groups_sent"] > 0  # the added worker generated groups that were trained
     rows = read_jsonl(out / "metrics.jsonl")
-    assert max(r["workers"] for r in rows[-20:]) == 2 and min(r["workers"] for r in rows[45:75]) == 1
+    # the periods after the loss (recorded once rollout-b was gone) had one worker, the last ones two
+    assert (
+        max(r["workers"] for r in rows[-20:]) == 2
+        and min(r["workers"] for r in rows[after : after + 20]) == 1
+    )
