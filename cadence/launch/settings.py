@@ -92,7 +92,7 @@ def group_bounds(cfg: RunConfig, vocab_size: int) -> GroupBounds:
     """What a group of this run may hold: `vocab_size` token ids (the model's), `rollout.group_size`
     samples, completions within the worker's token limit (an episode's: `environment.max_tokens`) and,
     with the prompt, within the model's positions; texts within 64 characters a token of that limit."""
-    limit = cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens
+    limit = token_limit(cfg)
     positions = model_positions(cfg)
     return GroupBounds(
         vocab_size=vocab_size,
@@ -120,7 +120,7 @@ def step_rule(cfg: RunConfig) -> StepRule:
         objective=t.objective,
         normaliser=t.normaliser,
         # dr_grpo's constant: the longest a sample's sampled tokens may be (an episode's: its budget)
-        max_sampled_tokens=cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens,
+        max_sampled_tokens=token_limit(cfg),
         steps_per_period=t.steps_per_period,
         periods=cfg.periods,
         lr=t.lr,
@@ -128,6 +128,12 @@ def step_rule(cfg: RunConfig) -> StepRule:
         warmup_periods=t.warmup_periods,
         min_lr_ratio=t.min_lr_ratio,
     )
+
+
+def token_limit(cfg: RunConfig) -> int:
+    """The most tokens a sample's completion may hold: `rollout.max_new_tokens`, or an episode's
+    `environment.max_tokens`."""
+    return cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens
 
 
 def publish_dtype(cfg: RunConfig) -> str | None:

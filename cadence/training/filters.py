@@ -17,13 +17,12 @@ traceback and keeps the group (a broken filter must not empty the periods).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
-from cadence.config import ConfigError
+from cadence.config.targets import load_callable
 from cadence.wire.messages import GroupResult
 
 log = structlog.get_logger()
@@ -82,18 +81,7 @@ def reward_range(low: float, high: float) -> GroupFilter:
 
 def load_filter(name: str, key: str = "sampling.filters") -> GroupFilter:
     """The user's filter `package.module:function`; `ConfigError` naming it when it does not load."""
-    module_name, _, attribute = name.partition(":")
-    try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r}: {exc}") from exc
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise ConfigError(f"{key}: {module_name!r} has no {attribute!r}")
-        found = getattr(found, part)
-    if not callable(found):
-        raise ConfigError(f"{key}: {name!r} is a {type(found).__name__}, not a function")
-    return found  # type: ignore[return-value]
+    return load_callable(name, key, name, "a function")
 
 
 class Filters:

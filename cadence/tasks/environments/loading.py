@@ -9,10 +9,10 @@ fails a run at its start, never in the middle of a period.
 
 from __future__ import annotations
 
-import importlib
 from typing import cast
 
 from cadence.config import ConfigError
+from cadence.config.targets import load_callable
 from cadence.tasks.environments.base import EnvironmentFactory
 
 BUILT_IN = {
@@ -30,14 +30,5 @@ def load_environment(name: str, key: str = "environment.name") -> EnvironmentFac
             f"{key}: {name!r} is neither a built-in environment ({', '.join(sorted(BUILT_IN))})"
             " nor 'package.module:factory'"
         )
-    try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r}: {exc}") from exc
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise ConfigError(f"{key}: {module_name!r} has no {attribute!r}")
-        found = getattr(found, part)
-    if not callable(found):
-        raise ConfigError(f"{key}: {name!r} is a {type(found).__name__}, not a callable factory")
+    found = load_callable(target, key, name, "a callable factory")
     return cast(EnvironmentFactory, found)
