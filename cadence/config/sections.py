@@ -115,6 +115,18 @@ class MonitorConfig:
         SHARE,
     )
     stream_logs: bool = doc(True, "actors also send their log events to the dispatcher (one place sees all)")
+    log_line_bytes: int = doc(
+        64 << 10, "the longest streamed log line the dispatcher takes (a traceback's is a few KiB)", POSITIVE
+    )
+    log_batch_bytes: int = doc(
+        4 << 20, "a streamed batch's lines together: the dispatcher drops the rest of a larger one", POSITIVE
+    )
+    log_actor_bytes: int = doc(
+        1 << 30, "streamed log bytes the dispatcher writes and passes on for one actor in all", POSITIVE
+    )
+    log_run_bytes: int = doc(
+        8 << 30, "streamed log bytes the dispatcher writes and passes on for all actors together", POSITIVE
+    )
     tensorboard: bool = doc(
         False, "write metrics as TensorBoard events under tensorboard/ (extra: tensorboard)"
     )
@@ -311,6 +323,12 @@ class TransportConfig:
         POSITIVE,
     )
     max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused", POSITIVE)
+    receive_queue: int = doc(
+        8,
+        "messages a socket queues from one connection before it stops reading it: with max_frame_bytes,"
+        " what one connection can make an actor hold",
+        POSITIVE,
+    )
     keys: str = doc(
         "",
         "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"

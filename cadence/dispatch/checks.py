@@ -23,6 +23,7 @@ from cadence.wire.meaning import (
 from cadence.wire.messages import (
     Consumed,
     EvalResult,
+    LogBatch,
     Message,
     Register,
     RunDone,
@@ -74,4 +75,6 @@ def _meaning(
         return consumed_problem(msg, core.period)
     if isinstance(msg, EvalResult):
         return eval_result_problem(msg, settings.eval_samples) or core.eval_problem(peer, msg)
+    if isinstance(msg, LogBatch) and msg.actor != known.name:
+        return f"log lines under the name {msg.actor[:100]!r}: a peer logs under its own name only"
     return None

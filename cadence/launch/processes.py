@@ -74,7 +74,8 @@ def _bind_address(cfg: RunConfig, port: int) -> str:
 
 def _network(cfg: RunConfig) -> ZmqNetwork:
     keys = Path(cfg.transport.keys) if cfg.transport.keys else None
-    return ZmqNetwork(cfg.run_id, cfg.transport.max_frame_bytes, keys)
+    t = cfg.transport
+    return ZmqNetwork(cfg.run_id, t.max_frame_bytes, keys, t.receive_queue)
 
 
 def advertised(bound: str, cfg: RunConfig) -> str:
@@ -88,25 +89,12 @@ def advertised(bound: str, cfg: RunConfig) -> str:
     return f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
 
 
-async def _with_log_stream(
-    actor: Awaitable[None], net: ZmqNetwork, name: str, connect: str, stream: LogStream | None
-) -> None:
-    """Run the actor; with a stream, send this process's log lines to the dispatcher meanwhile."""
-    if stream is None:
-        await actor
-        return
-    from cadence.monitor.logstream import stream_logs
-    from cadence.transport.session import first_of
-
-    await first_of(actor, stream_logs(net.connect(f"{name}.logs", connect), stream))  # type: ignore[arg-type]
-
-
 async def dispatcher_main(
     cfg: RunConfig, bind: str, out: Path, stream: LogStream | None = None, resume: bool = False
 ) -> None:
     """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
-    from cadence.launch.settings import dispatcher_settings, liveness
+    from cadence.launch.settings import dispatcher_settings, liveness, log_bounds
     from cadence.monitor.logstream import LogHub
     from cadence.monitor.run_dir import RunRecorder
     from cadence.monitor.writers import make_writers
@@ -117,7 +105,7 @@ async def dispatcher_main(
     net = _network(cfg)
     server = net.bind("dispatcher", bind)
     lease = cfg.transport.liveness_timeout_s
-    hub = LogHub(server, out / "logs", time.time, lease, own=stream)
+    hub = LogHub(server, out / "logs", time.time, lease, own=stream, bounds=log_bounds(cfg))
     try:
         (out / "dispatcher.addr").write_text(server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
@@ -161,7 +149,13 @@ async def trainer_main(
         server.address = advertised(server.address, cfg)
         secret = read_run_secret(out)
         own = session(
-            cfg, net.connect("trainer", connect), "trainer", time.time, server.address, secret=secret
+            cfg,
+            net.connect("trainer", connect),
+            "trainer",
+            time.time,
+            server.address,
+            secret=secret,
+            stream=stream,
         )
         buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
         publish, jobs = _publish_function(
@@ -181,7 +175,7 @@ async def trainer_main(
             use_threads=use_threads,
             alloc=buffers.take,
         )
-        await _with_log_stream(first_of(trainer.run(), *jobs), net, "trainer", connect, stream)
+        await first_of(trainer.run(), *jobs)
     finally:
         net.close()
         close = getattr(learner, "close", None)  # a data-parallel learner stops its followers
@@ -254,9 +248,10 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
                 f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
                 " a separate publisher cannot, run the trainer without --publisher"
             )
-        publisher = _publisher(cfg, net, connect, with_broadcast=False, secret=read_run_secret(out))
+        secret = read_run_secret(out)
+        publisher = _publisher(cfg, net, connect, with_broadcast=False, secret=secret, stream=stream)
         (out / "publisher.addr").write_text(publisher.server.address + "\n")
-        await _with_log_stream(publisher.run(), net, "publisher", connect, stream)
+        await publisher.run()
     finally:
         net.close()
 
@@ -268,6 +263,7 @@ def _publisher(
     with_broadcast: bool = True,
     evicted: Callable[[bytes | bytearray], None] | None = None,
     secret: str = "",
+    stream: LogStream | None = None,
 ) -> Publisher:
     from cadence.actors.publisher import Publisher
     from cadence.launch.settings import publisher_settings, session
@@ -279,7 +275,14 @@ def _publisher(
     return Publisher(
         server,
         session(
-            cfg, net.connect("publisher", connect), "publisher", time.time, server.address, local, secret
+            cfg,
+            net.connect("publisher", connect),
+            "publisher",
+            time.time,
+            server.address,
+            local,
+            secret,
+            stream,
         ),
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
@@ -325,13 +328,13 @@ async def rollout_main(cfg: RunConfig, connect: str, name: str, stream: LogStrea
         worker = RolloutWorker(
             worker_settings(cfg),
             name,
-            session(cfg, net.connect(name, connect), "rollout", time.time),
+            session(cfg, net.connect(name, connect), "rollout", time.time, stream=stream),
             net.connect,
             make_group_maker(cfg, tokenizer, engine, episodes, task),
             time.time,
             use_threads=use_threads,
         )
-        await _with_log_stream(worker.run(), net, name, connect, stream)
+        await worker.run()
     finally:
         net.close()
 

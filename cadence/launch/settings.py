@@ -8,7 +8,8 @@ periods, the batch and the policy for a lost trainer.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
@@ -21,6 +22,8 @@ from cadence.launch.threads import (
     trainer_threads,
     trainer_threads_alone,
 )
+from cadence.log import LogStream
+from cadence.monitor.logstream import LogBounds, stream_logs
 from cadence.training.filters import Filters
 from cadence.training.selection import SelectionRule
 from cadence.training.steps import StepRule
@@ -43,10 +46,25 @@ def session(
     address: str = "",
     local: str = "",
     secret: str = "",
+    stream: LogStream | None = None,
 ) -> Session:
     """The session of actor `role` (serving at `address`, and at the ipc:// `local` for peers on its
-    host) with the dispatcher behind `dispatcher`; a trainer's or publisher's shows the run's `secret`."""
-    return Session(dispatcher, role, liveness(cfg, clock), address, local=local, secret=secret)
+    host) with the dispatcher behind `dispatcher`; a trainer's or publisher's shows the run's `secret`;
+    with `stream`, the process's log lines go to the dispatcher on it."""
+    beside = None
+    if stream is not None:
+
+        def beside() -> Coroutine[Any, Any, None]:
+            return stream_logs(dispatcher, stream)
+
+    beat = liveness(cfg, clock)
+    return Session(dispatcher, role, beat, address, local=local, secret=secret, beside=beside)
+
+
+def log_bounds(cfg: RunConfig) -> LogBounds:
+    """What the dispatcher's log hub takes of streamed lines, in bytes."""
+    m = cfg.monitor
+    return LogBounds(m.log_line_bytes, m.log_batch_bytes, m.log_actor_bytes, m.log_run_bytes)
 
 
 def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:

@@ -9,12 +9,16 @@ run's own log folder and passes them on to followers (`cadence logs --connect`).
                                           (a renewal) ─► Heartbeat ─► follower
 ```
 
+An actor's batches travel on its own session (`Session.beside`): the dispatcher takes them only from
+a registered route, under the name that route registered with (`dispatch.checks`).
+
 Invariant: the hub writes a batch to `logs/<actor>.jsonl` only when that actor is not already writing
 the same file itself (another host, or another run folder), so no line is written twice; a follower
 that stops renewing its subscription is dropped after the liveness timeout. What a hub keeps, writes
-and passes on is bounded in bytes: a line of at most `MAX_LINE_BYTES`, a batch's lines together of
-at most `MAX_BATCH_BYTES`, an actor name's file of at most `MAX_ACTOR_BYTES`; what is beyond is
-dropped, counted, and said once an actor name (`log_lines_refused`).
+and passes on is bounded in bytes (`LogBounds`, the `monitor.log_*_bytes` settings): a line, a
+batch's lines together, an actor name's lines in all, and the run's; what is beyond is dropped,
+counted, and said once an actor name (`log_lines_refused`). A batch is encoded once for all its
+followers, whose queues share its bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import socket
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -71,12 +76,20 @@ MAX_FILES = 1024
 """Log files of remote actors a hub opens at most: further actor names' lines are dropped."""
 MAX_FOLLOWERS = 64
 """Followers a hub serves at once: a further one is not taken until another's lease ends."""
-MAX_LINE_BYTES = 64 << 10
-"""The longest log line a hub takes (a traceback's event is a few KiB)."""
-MAX_BATCH_BYTES = 4 << 20
-"""A batch's lines together: the rest of a larger batch is dropped."""
-MAX_ACTOR_BYTES = 1 << 30
-"""What a hub writes and passes on under one actor name in all."""
+
+
+@dataclass(frozen=True)
+class LogBounds:
+    """What a hub takes of streamed lines, in bytes (the `monitor.log_*_bytes` settings)."""
+
+    line: int = 64 << 10
+    """The longest line (a traceback's event is a few KiB)."""
+    batch: int = 4 << 20
+    """A batch's lines together: the rest of a larger batch is dropped."""
+    actor: int = 1 << 30
+    """What it writes and passes on under one actor name in all."""
+    run: int = 8 << 30
+    """What it writes and passes on for all actor names together."""
 
 
 class LogHub:
@@ -90,8 +103,10 @@ class LogHub:
         lease_s: float,
         own: LogStream | None = None,
         backlog: int = 5000,
+        bounds: LogBounds = LogBounds(),
     ) -> None:
         self.server = server
+        self.bounds = bounds
         self.own = own
         self.log_dir = log_dir
         self.clock = clock
@@ -102,6 +117,7 @@ class LogHub:
         self.host = socket.gethostname()
         self._said_full: set[str] = set()
         self.bytes: dict[str, int] = {}  # what each actor name's lines took so far
+        self.total = 0  # what all of them took
         self.refused = 0  # lines beyond the byte bounds
         self._said_refused: set[str] = set()
 
@@ -113,8 +129,8 @@ class LogHub:
         self.backlog.extend(msg.lines)
         if msg.dropped:
             log.warning("log_lines_dropped", actor=msg.actor, dropped=msg.dropped)
-        for peer in list(self.followers):
-            await self.server.send(peer, msg)
+        if self.followers:
+            await self.server.send_each(list(self.followers), msg)
 
     async def subscribe(self, peer: bytes, sender: str, msg: Subscribe) -> None:
         new = peer not in self.followers
@@ -153,17 +169,19 @@ class LogHub:
             log.warning("log_hub_full", what=what, peer=sender, files=MAX_FILES, followers=MAX_FOLLOWERS)
 
     def _bounded(self, msg: LogBatch) -> LogBatch:
-        """`msg` with only the lines within the byte bounds (`MAX_*_BYTES`); the others counted."""
+        """`msg` with only the lines within the byte bounds (`self.bounds`); the others counted."""
+        b = self.bounds
         used = self.bytes.get(msg.actor, 0)
         kept: list[str] = []
         batch = 0
         for line in msg.lines:
             size = len(line.encode("utf-8", "surrogatepass"))
-            if size > MAX_LINE_BYTES or batch + size > MAX_BATCH_BYTES or used + size > MAX_ACTOR_BYTES:
+            if size > b.line or batch + size > b.batch or used + size > b.actor or self.total + size > b.run:
                 continue
             kept.append(line)
             batch += size
             used += size
+            self.total += size
         self.bytes[msg.actor] = used
         refused = len(msg.lines) - len(kept)
         if refused:
@@ -174,9 +192,11 @@ class LogHub:
                     "log_lines_refused",
                     actor=msg.actor[:100],
                     lines=refused,
-                    line_bytes=MAX_LINE_BYTES,
-                    batch_bytes=MAX_BATCH_BYTES,
-                    actor_bytes=MAX_ACTOR_BYTES,
+                    line_bytes=b.line,
+                    batch_bytes=b.batch,
+                    actor_bytes=b.actor,
+                    run_bytes=b.run,
+                    run_used=self.total,
                 )
         return msg if not refused else LogBatch(msg.actor, msg.host, msg.path, kept, msg.dropped)
 

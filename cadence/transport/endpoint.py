@@ -131,6 +131,12 @@ class Server(_Codec, abc.ABC):
         connection has that route or the peer is not reading."""
         await self._send_raw(peer, self._encode(msg))
 
+    async def send_each(self, peers: list[bytes], msg: Message) -> None:
+        """Send `msg` to every route in `peers`, encoded once: their queues share its bytes."""
+        frames = self._encode(msg)
+        for peer in peers:
+            await self._send_raw(peer, frames)
+
     @abc.abstractmethod
     def reachable(self, peer: bytes) -> bool:
         """Whether a connection still has the route `peer` (it may be sent a heartbeat to find out)."""

@@ -16,6 +16,9 @@
                        anything else     ─► unexpected_message(peer, type), and listening goes on
 ```
 
+A process's log lines (`beside`, its log stream) go out on the session itself, after its Register:
+the dispatcher takes them only from a registered route and under that route's own name.
+
 A session is new at every start: its `proof` (shown only in its Register) and its trainer's `key`
 are random, and a trainer's word (`roles.SIGNED`) leaves signed with that key.
 
@@ -87,8 +90,10 @@ class Session:
         monotonic: Callable[[], float] = time.monotonic,
         local: str = "",
         secret: str = "",
+        beside: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.beside = beside  # a loop on this session once registered (the process's log stream)
         self.local = local  # an ipc:// address it also serves at, for peers on its host
         self.secret = secret  # the run's, which a trainer or publisher shows when it registers
         self.monotonic = monotonic  # real time, to tell this process's own pauses
@@ -121,7 +126,8 @@ class Session:
             Register(self.role, self.address, pid, host, key, self.local, self.proof, self.secret)
         )
         self.liveness.seen(self.peer)
-        return await first_of(*work, self.listen(), self.beat())
+        also = [self.beside()] if self.beside is not None else []
+        return await first_of(*work, self.listen(), self.beat(), *also)
 
     async def beat(self) -> None:
         """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long

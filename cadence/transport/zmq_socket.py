@@ -11,6 +11,8 @@ a keys folder encrypts every socket with CURVE, and its servers accept only auth
 Every receive gives the event loop a turn: a frame already waiting is received without one, so a
 peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
 A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix.
+What a peer can make a socket hold is bounded in bytes: a connection's queue of at most
+`receive_queue` messages (RCVHWM), each frame of at most `cut_off(max_frame_bytes)` (MAXMSGSIZE).
 """
 
 from __future__ import annotations
@@ -48,11 +50,25 @@ def beyond_loopback(address: str) -> bool:
         return True
 
 
-def _socket(ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int) -> zmq.asyncio.Socket:
+DEFAULT_RECEIVE_QUEUE = 8
+"""Messages a socket queues from one connection before it stops reading that connection."""
+
+
+def cut_off(max_frame_bytes: int) -> int:
+    """The frame size past which libzmq drops the connection unread: the codec's limit and a margin,
+    so a frame just above the limit still reaches the codec and is refused with a log line."""
+    return max_frame_bytes + max(4096, max_frame_bytes // 8)
+
+
+def _socket(
+    ctx: zmq.asyncio.Context, kind: int, max_frame_bytes: int, receive_queue: int
+) -> zmq.asyncio.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    # libzmq drops peers far beyond the limit; frames just above it reach the codec and are logged.
-    sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_frame_bytes + 4096)
+    sock.setsockopt(zmq.MAXMSGSIZE, cut_off(max_frame_bytes))
+    # what one connection may hold here: receive_queue messages of at most the cut-off each; a
+    # sender beyond it waits (a DEALER) or loses its messages (a ROUTER), this process does not grow
+    sock.setsockopt(zmq.RCVHWM, receive_queue)
     return sock
 
 
@@ -65,9 +81,10 @@ class ZmqServer(Server):
         run: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         gate: CurveGate | None = None,
+        receive_queue: int = DEFAULT_RECEIVE_QUEUE,
     ) -> None:
         super().__init__(name, run, max_frame_bytes)
-        self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes)
+        self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes, receive_queue)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown route says so
         self._gate = gate
@@ -128,9 +145,10 @@ class ZmqClient(Client):
         run: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         keys: CurveKeys | None = None,
+        receive_queue: int = DEFAULT_RECEIVE_QUEUE,
     ) -> None:
         super().__init__(name, address, run, max_frame_bytes)
-        self._sock = _socket(ctx, zmq.DEALER, max_frame_bytes)
+        self._sock = _socket(ctx, zmq.DEALER, max_frame_bytes, receive_queue)
         self.route = new_route(name)
         self._sock.setsockopt(zmq.IDENTITY, self.route)
         if keys is not None:
@@ -157,9 +175,14 @@ class ZmqNetwork:
     """
 
     def __init__(
-        self, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, keys: Path | None = None
+        self,
+        run: str = "",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        keys: Path | None = None,
+        receive_queue: int = DEFAULT_RECEIVE_QUEUE,
     ) -> None:
         self.keys = CurveKeys(keys) if keys is not None else None
+        self.receive_queue = receive_queue
         self.ctx = zmq.asyncio.Context()
         self.run = run
         self.max_frame_bytes = max_frame_bytes
@@ -175,10 +198,14 @@ class ZmqNetwork:
                 " run, send it work results and read its weights; nothing is encrypted",
                 fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
             )
-        return ZmqServer(self.ctx, name, address, self.run, self.max_frame_bytes, self.gate)
+        return ZmqServer(
+            self.ctx, name, address, self.run, self.max_frame_bytes, self.gate, self.receive_queue
+        )
 
     def connect(self, name: str, address: str) -> ZmqClient:
-        return ZmqClient(self.ctx, name, address, self.run, self.max_frame_bytes, self.keys)
+        return ZmqClient(
+            self.ctx, name, address, self.run, self.max_frame_bytes, self.keys, self.receive_queue
+        )
 
     def close(self) -> None:
         if self.gate is not None:

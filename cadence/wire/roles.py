@@ -7,7 +7,7 @@ nothing of cadence but the messages.
 
 A peer's role is:
 - at the dispatcher, the role it registered with (`Register.role`), kept by the route it registered
-  from; "stranger" before it has (a log stream or a `cadence logs` follower never registers); the
+  from; "stranger" before it has (a `cadence logs` follower never registers); the
   trainer's word (`SIGNED`) must also carry a MAC under the key it registered with (`sign`);
 - at the trainer, "rollout" for a `GroupResult` that carries the dispatcher's ticket for that
   (period, prompt id) and that worker: the dispatcher makes it with the key the trainer registered
@@ -55,7 +55,7 @@ AUTHORISED: dict[str, dict[str, frozenset[str]]] = {
         "consumed": frozenset({"trainer"}),
         "version_ready": frozenset({"trainer"}),
         "run_done": frozenset({"trainer"}),
-        "log_batch": _ANYONE,  # an actor's log stream connects beside its session, unregistered
+        "log_batch": _MEMBERS,  # on the actor's own session, under its own name (`dispatch.checks`)
         "subscribe": _ANYONE,  # `cadence logs` followers
     },
     "trainer": {  # its server; on its session, what every session takes

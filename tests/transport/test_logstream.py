@@ -12,7 +12,7 @@ import pytest
 
 from cadence.log import LogStream
 from cadence.monitor import logstream
-from cadence.monitor.logstream import LogHub, stream_logs
+from cadence.monitor.logstream import LogBounds, LogHub, stream_logs
 from cadence.transport.zmq_socket import ZmqNetwork
 from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
 
@@ -163,11 +163,9 @@ async def test_the_hub_holds_a_bounded_number_of_files_and_followers(
 async def test_the_hub_keeps_writes_and_passes_on_log_lines_within_their_byte_bounds(
     net: ZmqNetwork, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logstream, "MAX_LINE_BYTES", 200)
-    monkeypatch.setattr(logstream, "MAX_BATCH_BYTES", 400)
-    monkeypatch.setattr(logstream, "MAX_ACTOR_BYTES", 600)
     server = net.bind("dispatcher", "tcp://127.0.0.1:*")
-    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=5.0)
+    bounds = LogBounds(line=200, batch=400, actor=600, run=800)
+    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=5.0, bounds=bounds)
     serving = asyncio.create_task(serve(hub))
     try:
         stranger = net.connect("stranger", server.address)
@@ -183,6 +181,13 @@ async def test_the_hub_keeps_writes_and_passes_on_log_lines_within_their_byte_bo
         written = (tmp_path / "logs" / "big.jsonl").read_text().splitlines()
         assert len(written) == len(hub.backlog) == 6 + 3 and hub.refused == 8
         assert hub.bytes["big"] == 9 * 61 and huge not in hub.backlog
+        # another name: the run's 800 bytes hold 4 more lines of 61 (549 + 244), where the batch held 6
+        other = [line("big", n) for n in range(8)]
+        await stranger.send(LogBatch("other", "far", "/x.jsonl", other))
+        while hub.refused < 8 + 1:
+            assert asyncio.get_running_loop().time() < deadline + WAIT, hub.refused
+            await asyncio.sleep(0.01)
+        assert hub.bytes["other"] == 4 * 61 and hub.total == 13 * 61 and hub.refused == 12
     finally:
         serving.cancel()
         hub.close()

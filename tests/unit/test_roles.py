@@ -43,7 +43,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("dispatcher", "consumed"): {"trainer"},
     ("dispatcher", "version_ready"): {"trainer"},
     ("dispatcher", "run_done"): {"trainer"},
-    ("dispatcher", "log_batch"): ANYONE,
+    ("dispatcher", "log_batch"): MEMBERS,
     ("dispatcher", "subscribe"): ANYONE,
     ("trainer", "group_result"): {"rollout"},
     ("trainer", "heartbeat"): {"dispatcher"},
