@@ -139,3 +139,56 @@ def test_a_peer_s_volume_is_bounded_and_its_log_lines_are_its_own(
     noisy = [json.loads(x) for x in (out / "logs" / "noisy.jsonl").read_text().splitlines()]
     assert [e["event"] for e in noisy] == ["run_done"]  # its own line, under its own name
     assert summary(out)["final_version"] == 2
+
+
+def test_a_registered_worker_s_group_beyond_the_run_s_sizes_is_refused(tmp_path: Path) -> None:
+    """A registered worker takes a prompt and answers it with 16 completions of 512 tokens where the run
+    has groups of 4 and a limit of 8 tokens: the trainer refuses it, naming why, and trains only the
+    run's own worker's groups."""
+    from cadence.wire.messages import Assignment, GroupResult, Welcome, WorkRequest, decode_frames
+
+    out = tmp_path / "run"
+    settings = ("periods=2", "rollout.workers=1", "rollout.hold_s=3", "run_id='sizes'")
+    run = start_run(out, *[x for s in settings for x in ("--set", s)])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock, to_trainer = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for s in (sock, to_trainer):
+        s.setsockopt(zmq.LINGER, 1000)
+
+    def send(to: zmq.Socket[bytes], msg: Register | WorkRequest | Heartbeat | GroupResult) -> None:
+        to.send_multipart([bytes(f) for f in encode_frames(msg, "oversized", "sizes")])
+
+    try:
+        wait_until(lambda: (out / "dispatcher.addr").exists(), 120, "dispatcher.addr", run.proc)
+        sock.connect((out / "dispatcher.addr").read_text().strip())
+        send(sock, Register("rollout"))
+        answered = False
+        deadline = time.monotonic() + 240
+        while run.proc.poll() is None:  # beat; answer the first training prompt with a huge group
+            assert time.monotonic() < deadline, "the run did not end"
+            send(sock, Heartbeat("rollout"))
+            while sock.poll(100):
+                msg = decode_frames(sock.recv_multipart()).message
+                if isinstance(msg, Welcome):
+                    send(sock, WorkRequest(1))
+                if isinstance(msg, Assignment) and not msg.eval and not answered:
+                    joined = [e for e in events(out, "dispatcher") if e["event"] == "peer_joined"]
+                    to_trainer.connect(next(e["address"] for e in joined if e["role"] == "trainer"))
+                    n, length = 16, 512
+                    group = GroupResult(
+                        msg.period, msg.version, msg.prompt_id, [1] * 8, [[1] * length] * n,
+                        [[-1.0] * length] * n, [0.0] * n, [0.0] * n, 0.0, 0.0, 0.0, ticket=msg.ticket,
+                    )  # fmt: skip
+                    send(to_trainer, group)
+                    answered = True
+        code, _, err = run.finish(timeout=60)
+        assert code == 0, err
+    finally:
+        run.kill()
+        ctx.destroy(linger=0)
+    assert answered
+    refused = [e for e in events(out, "trainer") if e["event"] == "message_refused"]
+    assert any(
+        e["peer"] == "oversized" and "16 completions, the run's groups have 4" in e["reason"] for e in refused
+    ), refused
+    assert summary(out)["final_version"] == 2 and summary(out)["groups_trained"] == 2 * 4
