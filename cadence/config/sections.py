@@ -329,6 +329,13 @@ class TransportConfig:
         " what one connection can make an actor hold",
         POSITIVE,
     )
+    refused_bytes_per_s: int = doc(
+        64 << 20,
+        "bytes of refused frames (garbage, another run's) a peer may send a server within a second;"
+        " past it, its frames are dropped unread for the rest of that second (well-formed traffic is"
+        " never charged)",
+        POSITIVE,
+    )
     keys: str = doc(
         "",
         "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"

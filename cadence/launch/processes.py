@@ -75,7 +75,7 @@ def _bind_address(cfg: RunConfig, port: int) -> str:
 def _network(cfg: RunConfig) -> ZmqNetwork:
     keys = Path(cfg.transport.keys) if cfg.transport.keys else None
     t = cfg.transport
-    return ZmqNetwork(cfg.run_id, t.max_frame_bytes, keys, t.receive_queue)
+    return ZmqNetwork(cfg.run_id, t.max_frame_bytes, keys, t.receive_queue, t.refused_bytes_per_s)
 
 
 def advertised(bound: str, cfg: RunConfig) -> str:

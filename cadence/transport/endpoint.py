@@ -1,7 +1,8 @@
 """The two shapes of channel every actor uses, and the one place frames are refused.
 
 Invariant: `recv` returns only valid messages of this run; every refused frame is logged (with
-rate limiting) with who sent it and why, counted in `refused`, and the caller never sees it.
+rate limiting) with who sent it and why, counted in `refused`, and the caller never sees it; a route
+past its budget of refused bytes (`budget.py`) has its frames dropped unread for the rest of the window.
 
 - `Server`: bound, many peers; `recv()` gives `(peer, envelope)`, `send(peer, msg)` replies,
   `reachable(peer)` says whether a connection still has that route.
@@ -24,6 +25,7 @@ import secrets
 import structlog
 
 from cadence.log import Throttle
+from cadence.transport.budget import DEFAULT_REFUSED_BYTES_PER_S, RefusedBudget
 from cadence.wire.messages import (
     DEFAULT_MAX_FRAME_BYTES,
     DecodeError,
@@ -116,15 +118,33 @@ class Server(_Codec, abc.ABC):
 
     address: str
 
-    def __init__(self, name: str, run: str = "", max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        name: str,
+        run: str = "",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        refused_bytes_per_s: int = DEFAULT_REFUSED_BYTES_PER_S,
+    ) -> None:
         super().__init__(name, run, max_frame_bytes)
+        self.budget = RefusedBudget(refused_bytes_per_s)
 
     async def recv(self) -> tuple[bytes, Envelope]:
         while True:
             peer, frames = await self._recv_raw()
+            if self.budget.muted(peer):  # past its budget of refused bytes: dropped unread
+                continue
             env = self._decode(frames, shown(peer))
             if env is not None:
                 return peer, env
+            if self.budget.charge(peer, sum(memoryview(f).nbytes for f in frames)):
+                log.warning(
+                    "peer_muted",
+                    channel=self.name,
+                    peer=shown(peer),
+                    refused_bytes_per_s=self.budget.bytes_per_s,
+                    for_s=self.budget.window_s,
+                    dropped_total=self.budget.dropped,
+                )
 
     async def send(self, peer: bytes, msg: Message) -> None:
         """Send `msg` to the client whose route is `peer`; dropped, as a ROUTER drops it, when no

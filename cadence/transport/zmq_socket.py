@@ -12,7 +12,8 @@ Every receive gives the event loop a turn: a frame already waiting is received w
 peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
 A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix.
 What a peer can make a socket hold is bounded in bytes: a connection's queue of at most
-`receive_queue` messages (RCVHWM), each frame of at most `cut_off(max_frame_bytes)` (MAXMSGSIZE).
+`receive_queue` messages (RCVHWM), each frame of at most `cut_off(max_frame_bytes)` (MAXMSGSIZE); a
+server drops unread what a route sends past its budget of refused bytes (`budget.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from cadence.transport.budget import DEFAULT_REFUSED_BYTES_PER_S
 from cadence.transport.curve import CurveGate
 from cadence.transport.endpoint import Client, Server, new_route
 from cadence.transport.keys import CurveKeys
@@ -82,8 +84,9 @@ class ZmqServer(Server):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         gate: CurveGate | None = None,
         receive_queue: int = DEFAULT_RECEIVE_QUEUE,
+        refused_bytes_per_s: int = DEFAULT_REFUSED_BYTES_PER_S,
     ) -> None:
-        super().__init__(name, run, max_frame_bytes)
+        super().__init__(name, run, max_frame_bytes, refused_bytes_per_s)
         self._sock = _socket(ctx, zmq.ROUTER, max_frame_bytes, receive_queue)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown route says so
@@ -180,9 +183,11 @@ class ZmqNetwork:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         keys: Path | None = None,
         receive_queue: int = DEFAULT_RECEIVE_QUEUE,
+        refused_bytes_per_s: int = DEFAULT_REFUSED_BYTES_PER_S,
     ) -> None:
         self.keys = CurveKeys(keys) if keys is not None else None
         self.receive_queue = receive_queue
+        self.refused_bytes_per_s = refused_bytes_per_s
         self.ctx = zmq.asyncio.Context()
         self.run = run
         self.max_frame_bytes = max_frame_bytes
@@ -199,7 +204,14 @@ class ZmqNetwork:
                 fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
             )
         return ZmqServer(
-            self.ctx, name, address, self.run, self.max_frame_bytes, self.gate, self.receive_queue
+            self.ctx,
+            name,
+            address,
+            self.run,
+            self.max_frame_bytes,
+            self.gate,
+            self.receive_queue,
+            self.refused_bytes_per_s,
         )
 
     def connect(self, name: str, address: str) -> ZmqClient:

@@ -10,6 +10,8 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
+import zmq
 
 from cadence.transport.zmq_socket import ZmqNetwork
 
@@ -78,3 +80,53 @@ async def test_a_connection_that_is_not_read_holds_at_most_its_receive_queue(net
         reading.cancel()
     # the sender is gone: what it had not handed over is lost; what was here is read and refused
     assert 4 <= server.refused <= sent
+
+
+async def test_a_peer_past_its_budget_of_refused_bytes_is_dropped_unread_and_others_are_not(
+    net: ZmqNetwork,
+) -> None:
+    from cadence.transport.budget import RefusedBudget
+    from cadence.wire.messages import Heartbeat
+
+    server = net.bind("trainer", "tcp://127.0.0.1:*")
+    server.budget = RefusedBudget(4 * FRAME, clock=lambda: 0.0)  # one window, however long this takes
+    with structlog.testing.capture_logs() as logs:
+        reading = asyncio.create_task(server.recv())
+        sent = await asyncio.to_thread(_garbage, server.address, 20)
+        deadline = time.monotonic() + 20
+        while server.refused + server.budget.dropped < 20:  # every frame is either refused or dropped
+            assert time.monotonic() < deadline and not reading.done()
+            await asyncio.sleep(0.01)
+        honest = net.connect("worker", server.address)
+        await honest.send(Heartbeat("rollout"))
+        peer, env = await asyncio.wait_for(reading, 20)
+    assert sent == 20 and isinstance(env.message, Heartbeat) and env.sender == "worker"
+    # 1, 2, 3, 4 MiB refused within the budget, the 5th past it; the other 15 dropped unread
+    assert server.refused == 5 and server.budget.dropped == 15
+    muted = [e for e in logs if e["event"] == "peer_muted"]
+    assert len(muted) == 1 and muted[0]["refused_bytes_per_s"] == 4 * FRAME
+
+
+def test_a_route_s_budget_starts_anew_each_window() -> None:
+    from cadence.transport.budget import RefusedBudget
+
+    now = [0.0]
+    budget = RefusedBudget(100, clock=lambda: now[0])
+    assert not budget.charge(b"a", 60) and not budget.muted(b"a")
+    assert budget.charge(b"a", 60) and budget.muted(b"a") and not budget.muted(b"b")
+    assert not budget.charge(b"a", 60)  # said once a window
+    now[0] = 1.0
+    assert not budget.muted(b"a") and not budget.charge(b"a", 60) and budget.dropped == 1
+
+
+def _garbage(address: str, frames: int) -> int:
+    """`frames` frames of 1 MiB that are not msgpack, from one connection; how many went out."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.connect(address)
+    for _ in range(frames):
+        sock.send(b"\xc1" * FRAME)
+    sock.close()  # lingers until they are out
+    ctx.term()
+    return frames
