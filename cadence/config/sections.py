@@ -137,6 +137,13 @@ class RolloutConfig:
         " the run naming the lost workers",
         POSITIVE,
     )
+    wait_for_dispatcher_s: float = doc(
+        1800.0,
+        "seconds a Slurm rollout job waits for a dispatcher address it has not joined (its control job"
+        " pending or requeued; Slurm holds a requeued job about 120 s) before it gives up; it gives up"
+        " at once when the control job has ended",
+        POSITIVE,
+    )
     engine: Literal["torch", "vllm", "simulated"] = doc(
         "torch",
         "inference engine of each worker: torch (built-in: KV cache, temperature, top-p), vllm (vLLM in"
