@@ -317,6 +317,12 @@ class TransportConfig:
         "missed heartbeats after which a peer is declared dead (silent for heartbeat_s x liveness)",
         POSITIVE,
     )
+    first_contact_s: float = doc(
+        120.0,
+        "seconds an actor waits for the dispatcher's first word (it may start before the dispatcher),"
+        " saying so every 10 s, before it fails naming the address; once heard, liveness rules",
+        POSITIVE,
+    )
     max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused", POSITIVE)
     keys: str = doc(
         "",

@@ -46,7 +46,15 @@ def session(
 ) -> Session:
     """The session of actor `role` (serving at `address`, and at the ipc:// `local` for peers on its
     host) with the dispatcher behind `dispatcher`; a trainer's or publisher's shows the run's `secret`."""
-    return Session(dispatcher, role, liveness(cfg, clock), address, local=local, secret=secret)
+    return Session(
+        dispatcher,
+        role,
+        liveness(cfg, clock),
+        address,
+        local=local,
+        secret=secret,
+        first_contact_s=cfg.transport.first_contact_s,
+    )
 
 
 def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:

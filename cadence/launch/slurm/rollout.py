@@ -5,6 +5,7 @@ joins it again whenever the control job comes back (requeued), until the run has
  DIR/dispatcher.addr, one not joined yet ─► cadence rollout --name rollout-<job id> ─► it ends:
       0, or DIR/summary.json ─► the task ends, 0
       else (the dispatcher gone: its job requeued, or it refused us) ─► wait for the next address
+ a new address while the worker runs (a new dispatcher) ─► the worker stopped, started against it
  no such address yet ─► every 5 s: the control job's state (squeue, then scontrol for a finished one)
       ended (COMPLETED/FAILED/CANCELLED/..., or forgotten) without summary.json ─► control_job_gone, 1
       pending, requeued, running ─► wait on; waiting_for_dispatcher every 30 s
@@ -79,6 +80,13 @@ def _address(path: Path) -> tuple[str, int] | None:
     return (text, mtime) if text else None
 
 
+def _moved(out: Path, seen: int) -> bool:
+    try:
+        return (out / "dispatcher.addr").stat().st_mtime_ns != seen
+    except OSError:
+        return False
+
+
 def next_dispatcher(
     out: Path,
     seen: int | None,
@@ -146,6 +154,8 @@ def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
                 )
             ]
             while child[0].poll() is None and not signals.term:
+                if _moved(out, seen):  # a new dispatcher (its job requeued): the old one is gone
+                    stop_children(child)
                 time.sleep(0.2)
             if signals.term:
                 return 143
