@@ -1,8 +1,9 @@
-"""What a node of a Slurm run does (`cadence slurm task --role control|rollout DIR`).
+"""What a node of a Slurm run's control job does (`cadence slurm task --role control DIR`); the
+rollout job's task is `rollout.py`.
 
 Invariant: a task leaves no process of its own behind: on SIGTERM (scancel, the time limit, a
-requeue) it stops its children before it exits; a rollout task ends when the run has (its summary
-is written) and starts its worker again while it has not.
+requeue) it stops its children before it exits. A control job never starts a run over in a folder
+that holds its periods (`should_resume`), and a stop ends the run at its last checkpoint's version.
 """
 
 from __future__ import annotations
