@@ -21,7 +21,8 @@
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
- stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop
+ stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop;
+                              a VersionReady still on its way is logged (version_after_end), not recorded
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
                               "wait": trainer_lost_waiting; nothing pending, nothing assigned, until a
                               trainer registers again ─► a fresh Welcome to every worker
@@ -289,6 +290,9 @@ class Dispatcher:
     def _on_version_ready(self, peer: bytes, sender: str, msg: VersionReady) -> None:
         # a period's row replaces any earlier row of it and of the periods after it: a trainer that
         # resumed from its checkpoint starts over there (its first version carries the row before)
+        if self.done.is_set():  # the summary is written (a stop): nothing is recorded after it
+            log.warning("version_after_end", version=msg.version, reason="the run has ended; not recorded")
+            return
         self.peers[peer].announced = msg.version
         row = PeriodMetrics.from_row(msg.metrics) if msg.metrics else None
         dropped = self.recorder.rewind(msg.version - 1 if msg.metrics else msg.version)

@@ -18,6 +18,8 @@
    B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
          ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
               checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
+ checkpoint asked with "stop" (cadence slurm stop) ─► that checkpoint, VersionReady(k+1), no period
+              more: wait for Shutdown
  last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
 ```
 
@@ -52,6 +54,7 @@ from cadence.training.resume import (
     clear_checkpoint_ask,
     load_resume,
     save_resume,
+    stop_asked,
 )
 from cadence.training.selection import Selection, SelectionRule
 from cadence.training.steps import StepRule, Steps, group_tokens
@@ -206,8 +209,12 @@ class Trainer:
                 stale_dropped=metrics.stale_dropped,
                 duplicates_dropped=metrics.duplicates_dropped,
             )
-            await self._checkpoint(period + 1, metrics.to_row())
+            halt = await self._checkpoint(period + 1, metrics.to_row())
             await self.session.send(VersionReady(period + 1, digest, nbytes, metrics.to_row()))
+            if halt and period + 1 < self.settings.periods:  # the run ends here: its summary, this version
+                log.info("trainer_halted", version=period + 1, reason="asked to stop after this checkpoint")
+                await self.stopped.wait()
+                return
             start = end
         final = self.checkpoint_dir / "final"
         sha = await self._compute(self.learner.save, final)
@@ -232,14 +239,16 @@ class Trainer:
         )
         return version, dict(state.get("metrics", {}))
 
-    async def _checkpoint(self, version: int, metrics: dict[str, Any]) -> None:
+    async def _checkpoint(self, version: int, metrics: dict[str, Any]) -> bool:
         """Every `trainer.checkpoint_every` periods (and after the last), after the optimizer step and
         before version `version` is announced: the resume checkpoint of `version`, with the metrics of
-        the period just done (a kill may come before the dispatcher has recorded them)."""
+        the period just done (a kill may come before the dispatcher has recorded them). True when it
+        was asked for with the run to stop there (`cadence slurm stop`)."""
         every = self.settings.checkpoint_every
         asked = checkpoint_asked(self.checkpoint_dir)  # cadence slurm, before a time limit
+        halt = asked and stop_asked(self.checkpoint_dir)
         if not asked and (every <= 0 or (version % every and version != self.settings.periods)):
-            return
+            return False
         with span(self.clock, "checkpoint", period=version - 1, version=version) as saving:
             path = await asyncio.to_thread(
                 save_resume, self.checkpoint_dir, self.learner, version, self.run_record, metrics
@@ -247,6 +256,7 @@ class Trainer:
         log.info("resume_checkpoint_saved", path=str(path), version=version, save_s=round(saving.duration, 3))
         if asked:
             clear_checkpoint_ask(self.checkpoint_dir)  # the answer
+        return halt
 
     async def _period(self, period: int, stats: PeriodStats) -> None:
         """Resolve the period's groups as they arrive, whatever is training meanwhile (so a period

@@ -55,6 +55,13 @@ def actor_handler(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         return refuse(f"--out {out} is a file, not a folder")
+    if args.command == "dispatcher" and not args.resume:
+        from cadence.monitor.run_dir import RunDirError, check_fresh
+
+        try:
+            check_fresh(out)
+        except RunDirError as err:
+            return refuse(str(err))
     out.mkdir(parents=True, exist_ok=True)
     name = args.command if args.command != "rollout" else (args.name or processes.default_name("rollout"))
     if not ranks.leader:

@@ -47,7 +47,9 @@ def add(sub: Subparsers) -> None:
     a.add_argument("--count", type=int, default=1)
     a.add_argument("--partition", default="")
     a.set_defaults(handler=add_workers_handler)
-    st = verbs.add_parser("status", help="each job's Slurm state and the run's last metrics row")
+    st = verbs.add_parser(
+        "status", help="each job's Slurm state, the dispatcher's view of its worker, the last metrics row"
+    )
     st.add_argument("out", type=Path)
     st.add_argument("--json", action="store_true")
     st.set_defaults(handler=status_handler)
@@ -59,8 +61,8 @@ def add(sub: Subparsers) -> None:
 
 def submit_handler(args: argparse.Namespace) -> int:
     from cadence.launch.slurm.allocation import SlurmError
-    from cadence.launch.slurm.commands import submit
     from cadence.launch.slurm.scripts import SubmitOptions
+    from cadence.launch.slurm.submit import submit
 
     opts = SubmitOptions(
         trainer_nodes=args.trainer_nodes,
@@ -89,7 +91,8 @@ def submit_handler(args: argparse.Namespace) -> int:
 
 def task_handler(args: argparse.Namespace) -> int:
     from cadence.launch.slurm.allocation import SlurmError, allocation_from_env
-    from cadence.launch.slurm.task import control_task, rollout_task
+    from cadence.launch.slurm.rollout import rollout_task
+    from cadence.launch.slurm.task import control_task
     from cadence.log import configure_logging
 
     try:
@@ -129,12 +132,22 @@ def status_handler(args: argparse.Namespace) -> int:
         print(json.dumps(state))
         return 0
     for job in state["jobs"]:
-        print(f"{job['id']:>10}  {job['role']:<8} {job['state']:<12} {job['where']}")
+        seen = f"  dispatcher: {job['worker']}" if "worker" in job else ""
+        print(f"{job['id']:>10}  {job['role']:<8} {job['state']:<12} {job['where']}{seen}")
     row = state["last_period"]
     if row is not None:
         print(f"period {row['period']}  reward {row['reward_mean']:.3f}  workers {row.get('workers', '?')}")
-    print("run ended" if state["ended"] else "run going")
+    print(RUN_STATES[state["run"]].format(out=args.out, periods=state["periods"], **state["control"]))
     return 0
+
+
+RUN_STATES = {
+    "going": "run going",
+    "ended": "run ended",
+    "waiting": "run waiting: its control job {id} is {state}",
+    "dead": "run dead: its control job {id} is {state} and the run did not end (no summary.json);"
+    " metrics.jsonl holds {periods} periods; `cadence slurm stop {out}` writes their summary",
+}
 
 
 def stop_handler(args: argparse.Namespace) -> int:

@@ -149,6 +149,13 @@ class RolloutConfig:
         " the run naming the lost workers",
         POSITIVE,
     )
+    wait_for_dispatcher_s: float = doc(
+        1800.0,
+        "seconds a Slurm rollout job waits for a dispatcher address it has not joined (its control job"
+        " pending or requeued; Slurm holds a requeued job about 120 s) before it gives up; it gives up"
+        " at once when the control job has ended",
+        POSITIVE,
+    )
     engine: Literal["torch", "vllm", "simulated"] = doc(
         "torch",
         "inference engine of each worker: torch (built-in: KV cache, temperature, top-p), vllm (vLLM in"
@@ -320,6 +327,12 @@ class TransportConfig:
     liveness: int = doc(
         20,
         "missed heartbeats after which a peer is declared dead (silent for heartbeat_s x liveness)",
+        POSITIVE,
+    )
+    first_contact_s: float = doc(
+        120.0,
+        "seconds an actor waits for the dispatcher's first word (it may start before the dispatcher),"
+        " saying so every 10 s, before it fails naming the address; once heard, liveness rules",
         POSITIVE,
     )
     max_frame_bytes: int = doc(64 << 20, "frames larger than this are refused", POSITIVE)

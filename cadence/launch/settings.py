@@ -57,8 +57,16 @@ def session(
         def beside() -> Coroutine[Any, Any, None]:
             return stream_logs(dispatcher, stream)
 
-    beat = liveness(cfg, clock)
-    return Session(dispatcher, role, beat, address, local=local, secret=secret, beside=beside)
+    return Session(
+        dispatcher,
+        role,
+        liveness(cfg, clock),
+        address,
+        local=local,
+        secret=secret,
+        beside=beside,
+        first_contact_s=cfg.transport.first_contact_s,
+    )
 
 
 def log_bounds(cfg: RunConfig) -> LogBounds:

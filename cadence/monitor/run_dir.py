@@ -66,13 +66,32 @@ def truncate_metrics(path: Path, version: int) -> int:
     return len(rows) - len(keep)
 
 
+class RunDirError(ValueError):
+    """A run folder that cannot be recorded into as asked; the message names it, one line."""
+
+
+def check_fresh(out: Path) -> None:
+    """`RunDirError` when `out/metrics.jsonl` holds periods: a new run there would record them again
+    (a run folder reused after a crash is continued with --resume, never started over in place)."""
+    path = out / "metrics.jsonl"
+    if path.is_file() and path.stat().st_size > 0:
+        periods = len(read_new_lines(path, 0)[0])
+        raise RunDirError(
+            f"{path} holds {periods} periods of an earlier run: continue it with --resume (the dispatcher's"
+            " and the trainer's), or give another --out; a period is never recorded twice"
+        )
+
+
 class RunRecorder:
     """Writes the per-period metrics and the run summary of one run directory; with `resume` it
-    continues the `metrics.jsonl` already there, whose periods count in the summary."""
+    continues the `metrics.jsonl` already there, whose periods count in the summary; without, it
+    refuses one that holds periods (`check_fresh`)."""
 
     def __init__(
         self, out: Path, mode: str, writers: Sequence[MetricWriter] = (), resume: bool = False
     ) -> None:
+        if not resume:
+            check_fresh(out)
         self.out = out
         self.writers = list(writers)
         self.mode = mode

@@ -2,7 +2,8 @@
 
 ```
  checkpoints/asked                        a resume checkpoint asked for after the current period
-                                          (`cadence slurm`, before a time limit); removed once written
+                                          (`cadence slurm`, before a time limit); "stop": and no period
+                                          after it (`cadence slurm stop`); removed once written
  checkpoints/resume/   state.json         version (= the next period), seed, run id, the config keys
                                           that must match to continue (with their sha256), and the
                                           metrics row of the period before (a kill may come before the
@@ -218,14 +219,23 @@ def load_resume(root: Path, learner: Learner, run: RunRecord) -> dict[str, Any]:
     return state
 
 
-def ask_for_checkpoint(root: Path) -> None:
+def ask_for_checkpoint(root: Path, then_stop: bool = False) -> None:
     """Ask the trainer whose checkpoints are under `root` for a resume checkpoint after its current
-    period; `checkpoint_asked(root)` holds until it is written."""
-    (root / ASKED).write_text("asked\n")
+    period (`then_stop`: and to train no further, so the run ends at that version); `checkpoint_asked(root)`
+    holds until it is written."""
+    (root / ASKED).write_text("stop\n" if then_stop else "asked\n")
 
 
 def checkpoint_asked(root: Path) -> bool:
     return (root / ASKED).exists()
+
+
+def stop_asked(root: Path) -> bool:
+    """The ask under `root` is to stop after the checkpoint (`cadence slurm stop`)."""
+    try:
+        return (root / ASKED).read_text().strip() == "stop"
+    except OSError:
+        return False
 
 
 def clear_checkpoint_ask(root: Path) -> None:

@@ -4,7 +4,9 @@
  run(work…) ─► Register(role, address, pid, host, key, proof) ─► dispatcher seen
             ─► together, until the first ends:
                work…                     the actor's own loops
-               beat:   Heartbeat(role) every interval_s; a peer silent > liveness ─► PeerLost
+               beat:   Heartbeat(role) every interval_s; the dispatcher never heard: waiting_for_dispatcher
+                       every 10 s, NoAnswer after first_contact_s (it may start after this actor);
+                       once heard, a peer silent > liveness ─► PeerLost
                        this process itself not run for > liveness (SIGSTOP, a suspended VM)
                          ─► process_paused, Paused: the silence was its own, and the dispatcher
                             has declared it lost (what it held went to others)
@@ -48,6 +50,9 @@ log = structlog.get_logger()
 
 M = TypeVar("M", bound=Message)
 
+FIRST_CONTACT_SAY_S = 10.0
+"""How often an actor still waiting for the dispatcher's first word says so."""
+
 
 class PeerLost(RuntimeError):
     """A peer stopped answering."""
@@ -56,6 +61,19 @@ class PeerLost(RuntimeError):
         super().__init__(f"{peer} silent for {silent_s:.1f}s")
         self.peer = peer
         self.silent_s = silent_s
+
+
+class NoAnswer(PeerLost):
+    """The dispatcher never answered: not started yet past the wait, or not at that address."""
+
+    def __init__(self, address: str, waited_s: float) -> None:
+        RuntimeError.__init__(
+            self,
+            f"no answer from the dispatcher at {address} in {waited_s:.1f}s (transport.first_contact_s):"
+            " is it running, and is that its address?",
+        )
+        self.peer = "dispatcher"
+        self.silent_s = waited_s
 
 
 class Refused(RuntimeError):
@@ -91,9 +109,12 @@ class Session:
         local: str = "",
         secret: str = "",
         beside: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        first_contact_s: float = 0.0,
     ) -> None:
         self.dispatcher = dispatcher
         self.beside = beside  # a loop on this session once registered (the process's log stream)
+        self.first_contact_s = first_contact_s  # the wait for the dispatcher's first word (0: liveness)
+        self.heard = False
         self.local = local  # an ipc:// address it also serves at, for peers on its host
         self.secret = secret  # the run's, which a trainer or publisher shows when it registers
         self.monotonic = monotonic  # real time, to tell this process's own pauses
@@ -132,13 +153,21 @@ class Session:
     async def beat(self) -> None:
         """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long
         while this process ran, `Paused` once this process itself did not run for that long."""
-        last = self.monotonic()
+        last = began = said = self.monotonic()
         while True:
             await self.send(Heartbeat(self.role))
             now = self.monotonic()
             if now - last > self.liveness.timeout_s:  # nothing ran here: the peers could not be heard
                 log.warning("process_paused", role=self.role, paused_s=round(now - last, 1))
                 raise Paused(self.role, now - last, self.liveness.timeout_s)
+            if not self.heard and self.first_contact_s > 0:  # it may start after this actor
+                if now - began > self.first_contact_s:
+                    raise NoAnswer(self.dispatcher.address, now - began)
+                self.liveness.seen(self.peer)
+                if now - said >= FIRST_CONTACT_SAY_S:
+                    said = now
+                    log.info("waiting_for_dispatcher", address=self.dispatcher.address,
+                             waited_s=round(now - began), limit_s=self.first_contact_s)  # fmt: skip
             for peer, silent in self.liveness.expired():
                 raise PeerLost(peer, silent)
             last = now
@@ -148,6 +177,7 @@ class Session:
         """Take the dispatcher's messages until Shutdown."""
         while True:
             env = await self.dispatcher.recv()
+            self.heard = True
             self.liveness.seen(self.peer)
             msg = env.message
             handler = self._handlers.get(type(msg))

@@ -149,24 +149,26 @@ async def _first_row(run_dir: Path) -> dict[str, Any]:
     return rows[0]
 
 
+ROW = {
+    "period": 0,
+    "groups": 4,
+    "samples": 16,
+    "tokens_generated": 40,
+    "reward_mean": 0.5,
+    "accuracy": 0.25,
+    "stale_dropped": 0,
+    "duplicates_dropped": 0,
+    "period_s": 1.0,
+    "overlap_s": 0.5,
+}
+
+
 async def test_period_metrics_summary_and_shutdown(network: InprocNetwork, tmp_path: Path) -> None:
     dispatcher, task = await start(network, tmp_path, "periods=1")
     trainer = await join(network, "trainer", "trainer", "inproc://trainer")
     publisher = await join(network, "publisher", "publisher", "inproc://publisher")
     await trainer.send(VersionReady(0, "digest", 10, {}))
-    row = {
-        "period": 0,
-        "groups": 4,
-        "samples": 16,
-        "tokens_generated": 40,
-        "reward_mean": 0.5,
-        "accuracy": 0.25,
-        "stale_dropped": 0,
-        "duplicates_dropped": 0,
-        "period_s": 1.0,
-        "overlap_s": 0.5,
-    }
-    await trainer.send(VersionReady(1, "digest", 10, row))
+    await trainer.send(VersionReady(1, "digest", 10, ROW))
     await trainer.send(RunDone(1, "sha1", "/x"))
     assert (await expect(trainer, Shutdown)).reason == "run complete"
     assert (await expect(publisher, TrainerKey)).key == "key-of-trainer"  # uploads need its tickets
@@ -560,3 +562,21 @@ async def test_a_restarted_worker_takes_its_name_back_once_its_old_connection_is
     assert [p.name for p in dispatcher.peers.values() if p.role == "rollout"] == ["rollout-0"]
     assert new.route in dispatcher.peers
     task.cancel()
+
+
+async def test_a_period_reported_after_a_stop_is_dropped_not_written_to_the_closed_metrics(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """`cadence slurm stop`: the summary is written and the metrics file closed while the trainer's
+    next report may still be on its way; it is logged and dropped, and the summary stands."""
+    dispatcher, task = await start(network, tmp_path, "periods=5")
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await trainer.send(VersionReady(0, "digest", 10, {}))
+    await _until(lambda: dispatcher.core.published == 0)
+    route = next(k for k, p in dispatcher.peers.items() if p.role == "trainer")
+    dispatcher.stop()
+    late = sign("key-of-trainer", VersionReady(1, "digest", 10, {**ROW, "period": 0}))
+    dispatcher.handle(route, "trainer", late)  # the closed file: ValueError before
+    await asyncio.wait_for(task, 5)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == []
+    assert json.loads((tmp_path / "summary.json").read_text())["periods"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from cadence.launch.build import make_engine, make_group_maker, make_learner, ma
 from cadence.launch.settings import dispatcher_settings, liveness, session, trainer_settings, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
-from cadence.training.resume import RunRecord
+from cadence.training.resume import RunRecord, ask_for_checkpoint, checkpoint_asked, find_resume
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightStore
 from tests.conftest import tiny_config
@@ -33,7 +34,10 @@ from tests.conftest import tiny_config
 pytestmark = pytest.mark.timeout(120)
 
 
-async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
+async def run_inproc(
+    cfg: RunConfig, out: Path, beside: Callable[[Dispatcher], Awaitable[None]] | None = None
+) -> dict[str, Any]:
+    """The run's summary; `beside`, run alongside the actors, is handed the dispatcher."""
     net = InprocNetwork(run=cfg.run_id)
     tokenizer = make_tokenizer(cfg)
     task = make_task(cfg.task, cfg.seed)
@@ -71,7 +75,10 @@ async def run_inproc(cfg: RunConfig, out: Path) -> dict[str, Any]:
         )
         for i in range(cfg.rollout.workers)
     ]
-    await asyncio.gather(dispatcher.run(), trainer.run(), publisher.run(), *(w.run() for w in workers))
+    others = [beside(dispatcher)] if beside is not None else []
+    await asyncio.gather(
+        dispatcher.run(), trainer.run(), publisher.run(), *(w.run() for w in workers), *others
+    )
     net.close()
     return dict(json.loads((out / "summary.json").read_text()))
 
@@ -151,6 +158,34 @@ async def test_two_workers_share_the_work_and_every_group_is_trained_once(tmp_pa
     assert all(r["groups"] == 6 and r["stale_dropped"] == 0 for r in rows)
     assert max(r["workers_active"] for r in rows) == 2
     assert torch.isfinite(torch.tensor([r["reward_mean"] for r in rows])).all()
+
+
+async def test_a_run_stopped_after_its_checkpoint_ends_at_that_checkpoints_version(tmp_path: Path) -> None:
+    """`cadence slurm stop`: a checkpoint asked for with "stop" is the trainer's last; the dispatcher,
+    stopped once it has the row before it, sums exactly the periods the checkpoint holds."""
+    cfg = tiny_config("periods=50", "transport.liveness=100")
+    root = tmp_path / "checkpoints"
+
+    async def stop_after_checkpoint(dispatcher: Dispatcher) -> None:
+        while not read_jsonl(tmp_path / "metrics.jsonl"):  # a period or more done
+            await asyncio.sleep(0.01)
+        root.mkdir(parents=True, exist_ok=True)
+        ask_for_checkpoint(root, then_stop=True)
+        while checkpoint_asked(root):
+            await asyncio.sleep(0.01)
+        found = find_resume(root)
+        assert found is not None
+        version = found[1]["version"]
+        while len(read_jsonl(tmp_path / "metrics.jsonl")) < version:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # a trainer that went on would report more periods meanwhile
+        dispatcher.stop()
+
+    summary = await run_inproc(cfg, tmp_path, stop_after_checkpoint)
+    found = find_resume(root)
+    assert found is not None and summary["stopped"]
+    assert summary["final_version"] == summary["periods"] == found[1]["version"] < 50
+    assert [r["period"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(summary["periods"]))
 
 
 def make_checkpoint(directory: Path) -> Path:

@@ -118,16 +118,24 @@ def test_a_run_is_submitted_grown_shrunk_requeued_and_stopped(slurm: SlurmCluste
     then = len(rows(out))
     wait_until(lambda: len(rows(out)) >= then + 5, 300, "5 periods after the loss")
     status = json.loads(cadence_slurm(slurm, "status", str(out), "--json").stdout)
-    states = {j["id"]: j["state"] for j in status["jobs"]}
-    assert states[control] == "RUNNING" and states[first] == "GONE" and not status["ended"]
+    states = {j["id"]: (j["state"], j.get("worker")) for j in status["jobs"]}
+    assert states[control] == ("RUNNING", None) and states[first] == ("CANCELLED", "lost")
+    assert states[added] == ("RUNNING", "joined") and status["run"] == "going"
 
     stopped = cadence_slurm(slurm, "stop", str(out))
     assert "no job of it is left" in stopped.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"] and summary["periods"] >= then + 5
     assert slurm.squeue_jobs() == []
+    # every job that was running ends by itself, none killed; the summary is the checkpoint's version
+    assert {j: slurm.job_state(j) for j in (control, added)} == {control: "COMPLETED", added: "COMPLETED"}
+    state = json.loads((out / "checkpoints" / "resume" / "state.json").read_text())
+    assert state["version"] == summary["final_version"] == summary["periods"]
+    assert [r["period"] for r in rows(out)] == list(range(summary["periods"]))
+    assert f"stopped after {summary['periods']} periods" in stopped.stdout
+    assert dispatcher_events(out, "message_failed") == []
+    assert not [e for e in events(out, f"slurm-control-{control}-0") if e["level"] == "error"]
     wait_until(lambda: not cadence_processes(out), 60, "no cadence process of the run left")
-    assert (out / "checkpoints" / "resume").exists()  # where the stopped run can go on from
 
 
 def test_a_control_job_requeued_before_its_time_limit_finishes_from_its_checkpoint(

@@ -13,7 +13,7 @@ import structlog
 
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
-from cadence.transport.session import Paused, PeerLost, Session
+from cadence.transport.session import NoAnswer, Paused, PeerLost, Session
 from cadence.wire.messages import Heartbeat, Register, Shutdown, Welcome, WorkRequest
 from tests.conftest import expect
 
@@ -151,3 +151,22 @@ async def test_a_pause_of_this_process_is_not_blamed_on_the_dispatcher(network: 
             await asyncio.wait_for(task, WAIT)
     (paused,) = [e for e in logs if e["event"] == "process_paused"]
     assert paused["paused_s"] == 7.5 and paused["role"] == "rollout"
+
+
+async def test_a_dispatcher_that_never_answers_is_waited_for_then_named_with_its_address(
+    network: InprocNetwork,
+) -> None:
+    """An actor started before its dispatcher (by hand, docs/hosts.md) waits `first_contact_s` for its
+    first word, whatever the liveness says, then fails naming the address it tried."""
+    clock = FakeClock()
+    liveness = Liveness(interval_s=0.01, liveness=3, clock=clock)
+    client = network.connect("w0", "inproc://nobody")
+    session = Session(client, "rollout", liveness, first_contact_s=0.5)
+    task = asyncio.create_task(session.run(forever()))
+    clock.now += 7.5  # past the liveness: not yet a lost dispatcher, one that has not answered yet
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    with pytest.raises(
+        NoAnswer, match=r"no answer from the dispatcher at inproc://nobody in [0-9.]+s \(transport"
+    ):
+        await asyncio.wait_for(task, WAIT)

@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from cadence.launch.slurm.allocation import Allocation, SlurmError, allocation_from_env, expand_hostlist
-from cadence.launch.slurm.commands import add_workers, partition_nodes, status, stop, submit
+from cadence.launch.slurm.commands import add_workers, status, stop
 from cadence.launch.slurm.interfaces import choose_address, interface_addresses
-from cadence.launch.slurm.jobs import read_jobs, sbatch
+from cadence.launch.slurm.jobs import partition_nodes, read_jobs, sbatch
+from cadence.launch.slurm.rollout import worker_name
 from cadence.launch.slurm.scripts import SubmitOptions, control_script, rollout_script
-from cadence.launch.slurm.task import network_env, should_resume, worker_name
+from cadence.launch.slurm.submit import submit
+from cadence.launch.slurm.task import network_env, should_resume
+from tests.unit.fake_slurm import FakeSlurm
 
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
 
@@ -96,11 +99,23 @@ def test_a_requeued_rollout_job_keeps_its_workers_name() -> None:
 
 def test_a_control_job_resumes_when_requeued_or_when_the_run_has_periods(tmp_path: Path) -> None:
     fresh, requeued = Allocation("1", ("n1",), 0, 0), Allocation("1", ("n1",), 0, 1)
-    assert not should_resume(tmp_path, requeued)  # no checkpoint: nothing to resume from
+    assert not should_resume(tmp_path, requeued)  # no checkpoint and no period: nothing to resume
     (tmp_path / "checkpoints" / "resume").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "resume" / "state.json").write_text('{"version": 1}')
     assert should_resume(tmp_path, requeued) and not should_resume(tmp_path, fresh)
     (tmp_path / "metrics.jsonl").write_text('{"period": 0}\n')
     assert should_resume(tmp_path, fresh)
+
+
+def test_a_requeued_control_job_never_starts_over_a_run_that_has_periods(tmp_path: Path) -> None:
+    """trainer.checkpoint_every = 0 and a requeue (a node failed, scontrol requeue): the periods in
+    metrics.jsonl would be recorded again from period 0, so the job refuses, saying why."""
+    (tmp_path / "metrics.jsonl").write_text('{"period": 0}\n{"period": 1}\n')
+    with pytest.raises(
+        SlurmError, match="no resume checkpoint to go on from.*restart 1.*count its periods twice"
+    ):
+        should_resume(tmp_path, Allocation("9", ("n1",), 0, 1))
+    assert (tmp_path / "metrics.jsonl").read_text().count("period") == 2  # nothing lost
 
 
 def test_the_scripts_are_a_few_lines_a_slurm_user_recognises(tmp_path: Path) -> None:
@@ -133,33 +148,6 @@ def test_the_scripts_are_a_few_lines_a_slurm_user_recognises(tmp_path: Path) -> 
     )
 
 
-class FakeSlurm:
-    """What the client commands answer, recorded: the one fake, at the edge."""
-
-    def __init__(self, nodes: int = 3) -> None:
-        self.calls: list[list[str]] = []
-        self.nodes = nodes
-        self.next = 100
-        self.queue: dict[str, str] = {}
-
-    def __call__(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        self.calls.append(list(args))
-        out = ""
-        if args[0] == "sinfo":
-            out = f"main* {self.nodes}\nspot 2\n"
-        elif args[0] == "sbatch":
-            self.next += 1
-            self.queue[str(self.next)] = "PENDING"
-            out = f"{self.next}\n"
-        elif args[0] == "squeue":
-            ids = args[args.index("--jobs") + 1].split(",")
-            out = "".join(f"{i}|{self.queue[i]}|n1\n" for i in ids if i in self.queue)
-        elif args[0] == "scancel":
-            for i in args[1:]:
-                self.queue.pop(i, None)
-        return subprocess.CompletedProcess(list(args), 0, out, "")
-
-
 def test_submit_writes_the_run_and_records_every_job_it_submitted(tmp_path: Path) -> None:
     slurm, said = FakeSlurm(), list[str]()
     out = tmp_path / "run"
@@ -173,7 +161,7 @@ def test_submit_writes_the_run_and_records_every_job_it_submitted(tmp_path: Path
     config = json.loads((out / "config.json").read_text())
     assert config["periods"] == 7 and config["run_id"]  # the run id fixed before any job starts
     assert f"cadence-control-{config['run_id']}" in (out / "slurm" / "control.sbatch").read_text()
-    sbatches = [c for c in slurm.calls if c[0] == "sbatch"]
+    sbatches = slurm.submitted()
     assert sbatches[0] == ["sbatch", "--parsable", str(out / "slurm" / "control.sbatch")]
     assert all("--dependency=after:101" in c for c in sbatches[1:])  # workers once the control job runs
     with pytest.raises(SlurmError, match="holds a run"):
@@ -209,7 +197,7 @@ def test_submit_refuses_what_cannot_run_and_a_dry_run_touches_nothing(tmp_path: 
         run=slurm,
         say=said.append,
     )
-    assert not (tmp_path / "b").exists() and not [c for c in slurm.calls if c[0] == "sbatch"]
+    assert not (tmp_path / "b").exists() and not slurm.submitted()
     assert any("#SBATCH --nodes=2" in s for s in said)
     with pytest.raises(SlurmError, match="is not a Slurm run"):
         add_workers(tmp_path, 1, run=slurm)

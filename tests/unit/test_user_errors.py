@@ -150,3 +150,23 @@ def test_a_full_disk_while_checkpointing_says_so_and_leaves_no_resume_tmp(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume"]  # no resume.tmp, the last one kept
     found = find_resume(tmp_path)
     assert found is not None and found[1]["version"] == 1
+
+
+def test_a_run_folder_reused_after_a_crash_is_refused_and_never_records_a_period_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cadence dispatcher --out DIR` by hand (docs/hosts.md) on the folder of a run that crashed: its
+    periods would be recorded again from period 0; refused in one line, before anything is written."""
+    from cadence.cli import main
+    from cadence.monitor.run_dir import RunDirError, RunRecorder
+
+    (tmp_path / "metrics.jsonl").write_text('{"period": 0}\n{"period": 1}\n')
+    with pytest.raises(RunDirError, match="holds 2 periods of an earlier run: continue it with --resume"):
+        RunRecorder(tmp_path, "periodic")
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
+    assert main(["dispatcher", "--config", str(config), "--out", str(tmp_path)]) == 2
+    assert "holds 2 periods" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no address, no secret
+    assert (tmp_path / "metrics.jsonl").read_text().count("period") == 2
+    RunRecorder(tmp_path, "periodic", resume=True).finish(0.0, 2, "")  # --resume continues it
+    assert json.loads((tmp_path / "summary.json").read_text())["periods"] == 2

@@ -1,94 +1,39 @@
-"""`cadence slurm submit|add-workers|status|stop`: a run's life on a cluster, from its login node.
+"""`cadence slurm add-workers|status|stop`: a run's life on a cluster, from its login node.
 
-Invariant: nothing is submitted for a folder that holds a run (the rule of `cadence run`), and every
-job a command submitted is recorded in `DIR/slurm/jobs.json` before the next one; `stop` ends the run
-(its summary written) before it cancels what is left, and returns once `squeue` shows none of its jobs.
+Invariant: each command reads the jobs' states from Slurm and the run's folder and says what is
+true. A control job that ended without the run's summary is named with its state: `add-workers`
+refuses, `status` says the run is dead, `stop` cancels what is left and writes the summary of the
+periods `metrics.jsonl` holds. A live run is stopped cleanly: a resume checkpoint, then the summary
+of exactly the periods it holds, and its jobs end on their own (COMPLETED); only jobs that never
+started, or any still there after the timeout, are cancelled. `stop` returns once squeue shows none.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
-import sys
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cadence.config import load_config
-from cadence.launch.launcher import LaunchError, check_out, prepare
 from cadence.launch.slurm.allocation import SlurmError
-from cadence.launch.slurm.jobs import Runner, read_jobs, record_job, run_command, sbatch, scancel, squeue_jobs
-from cadence.launch.slurm.scripts import SubmitOptions, control_script, rollout_script
+from cadence.launch.slurm.jobs import (
+    ENDED,
+    Runner,
+    ended_state,
+    partition_nodes,
+    read_jobs,
+    record_job,
+    run_command,
+    sbatch,
+    scancel,
+    squeue_jobs,
+)
 from cadence.launch.slurm.task import STOP_FILE
-from cadence.monitor.run_dir import read_jsonl
-
-
-def partition_nodes(partition: str, run: Runner = run_command) -> tuple[str, int]:
-    """The partition (the default one where `partition` is empty) and how many nodes it has."""
-    lines = run(["sinfo", "--noheader", "--format", "%P %D"]).stdout.split()
-    sizes: dict[str, int] = {}
-    default = ""
-    for name, count in zip(lines[::2], lines[1::2], strict=False):
-        if name.endswith("*"):
-            name = default = name[:-1]
-        sizes[name] = sizes.get(name, 0) + int(count)
-    chosen = partition or default
-    if chosen not in sizes:
-        raise SlurmError(f"partition {chosen!r} is not one of this cluster's: {', '.join(sorted(sizes))}")
-    return chosen, sizes[chosen]
-
-
-def submit(
-    config: Path,
-    overrides: Sequence[str],
-    out: Path,
-    opts: SubmitOptions,
-    dry_run: bool = False,
-    run: Runner = run_command,
-    say: Callable[[str], None] = print,
-) -> list[dict[str, str]]:
-    """Write the run's folder and scripts and submit its jobs (with `dry_run`, print them instead and
-    touch nothing); the jobs submitted."""
-    try:
-        check_out(out, overwrite=False)
-    except LaunchError as err:
-        raise SlurmError(str(err)) from None
-    ranks = opts.trainer_nodes * opts.ranks_per_node
-    cfg = load_config(config, overrides, {"trainer.ranks": ranks} if ranks > 1 else {})
-    out = out.resolve()
-    if not dry_run and run is run_command and shutil.which("sbatch") is None:
-        raise SlurmError("sbatch is not on PATH: submit from a host of the cluster with Slurm's client")
-    if not dry_run:
-        name, size = partition_nodes(opts.partition, run)
-        if opts.trainer_nodes > size:
-            raise SlurmError(f"--trainer-nodes {opts.trainer_nodes}: partition {name} has {size} nodes")
-    cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])  # kept by `prepare`
-    python = sys.executable
-    control = control_script(out, cfg.run_id, opts, python)
-    rollout = rollout_script(out, cfg.run_id, opts, python)
-    if dry_run:
-        say(f"# {out / 'slurm' / 'control.sbatch'}\n{control}")
-        say(f"# {out / 'slurm' / 'rollout.sbatch'}\n{rollout}")
-        say(f"sbatch --parsable {out / 'slurm' / 'control.sbatch'}")
-        for _ in range(opts.rollout_jobs):
-            say(f"sbatch --parsable --dependency=after:<control job> {out / 'slurm' / 'rollout.sbatch'}")
-        return []
-    cfg, _ = prepare(cfg, out, beyond=True)  # its actors bind the nodes' addresses: keys of its own
-    folder = out / "slurm"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "control.sbatch").write_text(control)
-    (folder / "rollout.sbatch").write_text(rollout)
-    (folder / "options.json").write_text(json.dumps(opts.__dict__, default=list, indent=1) + "\n")
-    control_id = sbatch(folder / "control.sbatch", [], run)
-    record_job(out, control_id, "control")
-    say(f"cadence: control job {control_id} (dispatcher, trainer) for run {cfg.run_id} in {out}")
-    submitted = [{"id": control_id, "role": "control"}]
-    if opts.rollout_jobs:
-        submitted += add_workers(out, opts.rollout_jobs, after=control_id, run=run, say=say)
-    return submitted
+from cadence.launch.slurm.workers import dispatcher_view
+from cadence.monitor.period_metrics import PeriodMetrics
+from cadence.monitor.run_dir import read_new_lines, summarize, write_json
+from cadence.training.resume import ResumeError, find_resume
 
 
 def _check_live(out: Path) -> list[dict[str, str]]:
@@ -98,6 +43,21 @@ def _check_live(out: Path) -> list[dict[str, str]]:
     return jobs
 
 
+def job_state(job: str, states: dict[str, tuple[str, str]], run: Runner) -> str:
+    """Its state in squeue (`states`), else the last one Slurm knows ("GONE" once forgotten)."""
+    return states[job][0] if job in states else ended_state(job, run)
+
+
+def control_state(out: Path, run: Runner = run_command) -> tuple[str, str]:
+    """The run's control job and its state."""
+    control = next((j["id"] for j in read_jobs(out) if j["role"] == "control"), "")
+    return control, job_state(control, squeue_jobs([control], run), run) if control else "GONE"
+
+
+def periods_recorded(out: Path) -> list[dict[str, Any]]:
+    return read_new_lines(out / "metrics.jsonl", 0)[0]
+
+
 def add_workers(
     out: Path,
     count: int,
@@ -105,35 +65,65 @@ def add_workers(
     after: str = "",
     run: Runner = run_command,
     say: Callable[[str], None] = print,
+    submitted: list[dict[str, str]] | None = None,
 ) -> list[dict[str, str]]:
-    """Submit `count` more rollout jobs that join the run in `out` (on `partition`, if given)."""
+    """Submit `count` more rollout jobs that join the run in `out` (on `partition`, if given); each
+    is appended to `submitted` as it goes."""
     _check_live(out)
     if count < 1:
         raise SlurmError(f"--count {count}: at least one worker")
+    if partition:
+        partition_nodes(partition, run)
+    if not after:
+        control, state = control_state(out, run)
+        if state in ENDED or state == "GONE":
+            raise SlurmError(
+                f"the control job {control} has ended ({state}) without ending the run: a worker would"
+                f" find no dispatcher (`cadence slurm status {out}`)"
+            )
     args = ([f"--dependency=after:{after}"] if after else []) + (
         [f"--partition={partition}"] if partition else []
     )
-    submitted = []
+    added: list[dict[str, str]] = []
     for _ in range(count):
-        job = sbatch(out / "slurm" / "rollout.sbatch", args, run)
-        record_job(out, job, "rollout")
-        submitted.append({"id": job, "role": "rollout"})
-        say(f"cadence: rollout job {job} (worker rollout-{job})")
-    return submitted
+        job = {"id": sbatch(out / "slurm" / "rollout.sbatch", args, run), "role": "rollout"}
+        added.append(job)
+        if submitted is not None:
+            submitted.append(job)
+        record_job(out, job["id"], "rollout")
+        say(f"cadence: rollout job {job['id']} (worker rollout-{job['id']})")
+    return added
 
 
 def status(out: Path, run: Runner = run_command) -> dict[str, Any]:
-    """Each job's Slurm state (`GONE` once squeue no longer knows it) and the run's last metrics row."""
+    """Each job's Slurm state (the last one Slurm knows for a finished job) and, for a rollout job,
+    what the dispatcher says of its worker; the run's last metrics row; whether it is going, waiting
+    for its control job, ended, or dead (its control job ended without its summary)."""
     jobs = read_jobs(out)
     states = squeue_jobs([j["id"] for j in jobs], run)
-    rows = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    view = dispatcher_view(out)
+    rows = periods_recorded(out)
+    listed = []
+    for j in jobs:
+        entry = {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]}
+        if j["role"] == "rollout":
+            entry["worker"] = view.get(f"rollout-{j['id']}", {}).get("state", "not seen")
+        listed.append(entry)
+    control = next((j for j in listed if j["role"] == "control"), {"id": "", "state": "GONE"})
+    ended = (out / "summary.json").exists()
+    if ended:
+        run_state = "ended"
+    elif control["state"] in ENDED or control["state"] == "GONE":
+        run_state = "dead"
+    else:
+        run_state = "going" if control["state"] == "RUNNING" else "waiting"
     return {
-        "jobs": [
-            {**j, "state": states.get(j["id"], ("GONE", ""))[0], "where": states.get(j["id"], ("", ""))[1]}
-            for j in jobs
-        ],
+        "jobs": listed,
         "last_period": rows[-1] if rows else None,
-        "ended": (out / "summary.json").exists(),
+        "periods": len(rows),
+        "ended": ended,
+        "run": run_state,
+        "control": {"id": control["id"], "state": control["state"]},
     }
 
 
@@ -143,27 +133,63 @@ def stop(
     run: Runner = run_command,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """End the run in `out` cleanly (a resume checkpoint, then its summary), then cancel every job of it
-    and wait until squeue shows none; the summary."""
+    """End the run in `out` (see the module's invariant) and wait until squeue shows none of its jobs;
+    the summary."""
     jobs = _check_live(out)
     ids = [j["id"] for j in jobs]
-    control = [j["id"] for j in jobs if j["role"] == "control"]
-    running = squeue_jobs(control, run)
-    if any(state == "RUNNING" for state, _ in running.values()):
+    control, state = control_state(out, run)
+    if state == "RUNNING":
         (out / "slurm" / STOP_FILE).write_text("stop\n")
         say("cadence: asked the control job to end the run (a resume checkpoint, then the summary)")
-        _until(
-            lambda: (out / "summary.json").exists() or not squeue_jobs(control, run),
-            timeout_s,
-            "summary.json",
-        )
-    scancel(ids, run)
-    _until(lambda: not squeue_jobs(ids, run), timeout_s, "every job of the run to leave squeue")
-    summary: dict[str, Any] = (
-        json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+        _until(lambda: (out / "summary.json").exists() or control_state(out, run)[1] != "RUNNING",
+               timeout_s, "summary.json")  # fmt: skip
+        state = control_state(out, run)[1]
+    if (out / "summary.json").exists():
+        _let_jobs_end(ids, timeout_s, run, say)
+    else:  # no dispatcher to end it: its control job ended, or waits in the queue
+        say(f"cadence: the control job {control} is {state}: no dispatcher ends the run; cancelling its jobs")
+        scancel([j for j in ids if j in squeue_jobs(ids, run)], run)
+        _until(lambda: not squeue_jobs(ids, run), timeout_s, "every job of the run to leave squeue")
+        _summary_of_recorded(out, f"{control} {state}")
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    ends = ", ".join(f"{j} {ended_state(j, run)}" for j in ids)
+    say(
+        f"cadence: run in {out} stopped after {summary.get('periods', 0)} periods"
+        f"{_checkpoint_note(out)}; no job of it is left ({ends})"
     )
-    say(f"cadence: run in {out} stopped after {summary.get('periods', 0)} periods; no job of it is left")
     return summary
+
+
+def _let_jobs_end(ids: list[str], timeout_s: float, run: Runner, say: Callable[[str], None]) -> None:
+    """The run has its summary: its running jobs end on their own; those that never started are
+    cancelled (they would have nothing to do); any left after `timeout_s` too."""
+    pending = [j for j, (state, _) in squeue_jobs(ids, run).items() if state == "PENDING"]
+    if pending:
+        scancel(pending, run)
+    try:
+        _until(lambda: not squeue_jobs(ids, run), timeout_s, "the run's jobs to end")
+    except SlurmError:
+        left = list(squeue_jobs(ids, run))
+        say(f"cadence: jobs {', '.join(left)} still there after {timeout_s:.0f}s: cancelling them")
+        scancel(left, run)
+        _until(lambda: not squeue_jobs(ids, run), timeout_s, "every job of the run to leave squeue")
+
+
+def _summary_of_recorded(out: Path, control: str) -> None:
+    """`summary.json` of the periods in `metrics.jsonl`, for a run whose dispatcher is gone."""
+    rows = [PeriodMetrics.from_row(r) for r in periods_recorded(out)]
+    config = json.loads((out / "config.json").read_text())
+    wall_s = sum(r.period_s for r in rows)  # the periods' own; the run's wall time is not known
+    summary = summarize(rows, str(config.get("mode", "")), wall_s, len(rows), "")
+    write_json(out / "summary.json", {**summary, "stopped": True, "control_job": control})
+
+
+def _checkpoint_note(out: Path) -> str:
+    try:
+        found = find_resume(out / "checkpoints")
+    except ResumeError:
+        return "; its resume checkpoint is damaged"
+    return f"; resume checkpoint at version {found[1]['version']}" if found else "; no resume checkpoint"
 
 
 def _until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:

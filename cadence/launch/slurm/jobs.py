@@ -60,6 +60,21 @@ def record_job(out: Path, job_id: str, role: str) -> None:
     tmp.replace(path)
 
 
+def partition_nodes(partition: str, run: Runner = run_command) -> tuple[str, int]:
+    """The partition (the default one where `partition` is empty) and how many nodes it has."""
+    lines = run(["sinfo", "--noheader", "--format", "%P %D"]).stdout.split()
+    sizes: dict[str, int] = {}
+    default = ""
+    for name, count in zip(lines[::2], lines[1::2], strict=False):
+        if name.endswith("*"):
+            name = default = name[:-1]
+        sizes[name] = sizes.get(name, 0) + int(count)
+    chosen = partition or default
+    if chosen not in sizes:
+        raise SlurmError(f"partition {chosen!r} is not one of this cluster's: {', '.join(sorted(sizes))}")
+    return chosen, sizes[chosen]
+
+
 def sbatch(script: Path, args: Sequence[str], run: Runner = run_command) -> str:
     """Submit `script` with `args` before it; the job id."""
     proc = run(["sbatch", "--parsable", *args, str(script)])
@@ -91,6 +106,31 @@ def squeue_jobs(ids: Sequence[str], run: Runner = run_command) -> dict[str, tupl
         if "Invalid job id" in str(err):
             return {}
         raise
+
+
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+"""States a job does not leave: it will never run (again)."""
+
+
+def ended_state(job: str, run: Runner = run_command) -> str:
+    """The state `scontrol show job` gives a job squeue no longer lists (it keeps a finished job for
+    MinJobAge, 300 s by default); "GONE" once Slurm has forgotten it."""
+    try:
+        text = run(["scontrol", "show", "job", "-o", job]).stdout
+    except SlurmError:
+        return "GONE"
+    fields = dict(f.split("=", 1) for f in text.split() if "=" in f)
+    return fields.get("JobState", "GONE") or "GONE"
+
+
+def job_ended(ids: Sequence[str], run: Runner = run_command) -> dict[str, str]:
+    """Each of `ids` that has ended, with its last state: not in squeue, or in a state of `ENDED`."""
+    states = squeue_jobs(ids, run)
+    ended = {j: state for j, (state, _) in states.items() if state in ENDED}
+    ended.update({j: ended_state(j, run) for j in ids if j not in states})
+    return ended
 
 
 def scancel(ids: Sequence[str], run: Runner = run_command) -> None:

@@ -1,8 +1,9 @@
-"""What a node of a Slurm run does (`cadence slurm task --role control|rollout DIR`).
+"""What a node of a Slurm run's control job does (`cadence slurm task --role control DIR`); the
+rollout job's task is `rollout.py`.
 
 Invariant: a task leaves no process of its own behind: on SIGTERM (scancel, the time limit, a
-requeue) it stops its children before it exits; a rollout task ends when the run has (its summary
-is written) and starts its worker again while it has not.
+requeue) it stops its children before it exits. A control job never starts a run over in a folder
+that holds its periods (`should_resume`), and a stop ends the run at its last checkpoint's version.
 """
 
 from __future__ import annotations
@@ -13,20 +14,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
 
 import structlog
 
 from cadence.config import load_config
 from cadence.launch.launcher import LaunchError, prepare_resume
 from cadence.launch.slurm.allocation import Allocation, SlurmError
+from cadence.launch.slurm.children import Signals, cadence_command, deaf_to_usr1, stop_children, wait_for
 from cadence.launch.slurm.interfaces import choose_address
-from cadence.launch.slurm.jobs import read_jobs, run_command, squeue_jobs
+from cadence.launch.slurm.jobs import run_command
 from cadence.launch.torchrun import free_port
-from cadence.training.resume import ask_for_checkpoint, checkpoint_asked, clear_checkpoint_ask
+from cadence.monitor.run_dir import read_new_lines
+from cadence.training.resume import (
+    ResumeError,
+    ask_for_checkpoint,
+    checkpoint_asked,
+    clear_checkpoint_ask,
+    find_resume,
+)
 
 log = structlog.get_logger()
 
@@ -36,73 +43,29 @@ STOP_FILE = "stop"
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 
 
-@dataclass
-class Signals:
-    """The signals a task was sent, as flags its loop reads (no work in a signal handler)."""
-
-    usr1: bool = False
-    term: bool = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._take)
-
-    def _take(self, signum: int, _: FrameType | None) -> None:
-        if signum == signal.SIGUSR1:
-            self.usr1 = True
-        else:
-            self.term = True
-
-
-def worker_name(alloc: Allocation) -> str:
-    """A rollout job's worker name: the same after a requeue (the job keeps its id)."""
-    return f"rollout-{alloc.job_id}" + (f"-{alloc.node_index}" if len(alloc.nodes) > 1 else "")
-
-
 def network_env(env: Mapping[str, str], ifname: str) -> dict[str, str]:
     """`env` with the collectives' interface variables set to `ifname` where the user set none."""
     return {**env, **{name: ifname for name in IFNAME_VARIABLES if not env.get(name)}}
 
 
 def should_resume(out: Path, alloc: Allocation) -> bool:
-    """A control job continues from the run's resume checkpoint when it was requeued, or when the run
-    in `out` has periods recorded already."""
-    has_checkpoint = (out / "checkpoints" / "resume").exists()
-    started = (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0
+    """Whether a control job continues from the run's resume checkpoint: when the run in `out` has
+    periods recorded or the job was requeued, and a checkpoint is there. Periods recorded and no
+    checkpoint is a `SlurmError`: a run is never started over in a folder that holds its periods (they
+    would be counted twice)."""
+    metrics = out / "metrics.jsonl"
+    started = metrics.exists() and metrics.stat().st_size > 0
+    try:
+        has_checkpoint = find_resume(out / "checkpoints") is not None
+    except ResumeError:
+        has_checkpoint = True  # damaged: `prepare_resume` names the file
+    if started and not has_checkpoint:
+        raise SlurmError(
+            f"the run in {out} has periods in metrics.jsonl and no resume checkpoint to go on from"
+            f" (trainer.checkpoint_every = 0?): control job {alloc.job_id} (restart {alloc.restarts})"
+            " will not start it over and count its periods twice; continue it with a new --out"
+        )
     return has_checkpoint and (alloc.restarts > 0 or started)
-
-
-def _deaf_to_usr1() -> None:
-    """In a child, before it runs: Slurm signals every process of the step (the time-limit notice),
-    and SIGUSR1 would end one that does not handle it; this task alone acts on it."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
-def _cadence(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cadence", *args]
-
-
-def _stop_children(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for(ready: Callable[[], bool], timeout_s: float, signals: Signals, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if signals.term:
-            raise SlurmError(f"stopped while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise SlurmError(f"no {what} after {timeout_s:.0f}s")
-        time.sleep(0.2)
 
 
 class ControlTask:
@@ -134,10 +97,10 @@ class ControlTask:
                 return self._follow()
             return self._lead()
         finally:
-            _stop_children(self.procs)
+            stop_children(self.procs)
 
     def _start(self, args: list[str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(args, env=self.env, preexec_fn=_deaf_to_usr1)
+        proc = subprocess.Popen(args, env=self.env, preexec_fn=deaf_to_usr1)
         self.procs.append(proc)
         return proc
 
@@ -157,7 +120,7 @@ class ControlTask:
         args += ["--set", f"transport.host='{self.address}'", "--set", "transport.advertise_host=''"]
         args += ["--resume"] if resume else []
         if self.cfg.trainer.ranks <= 1:
-            return _cadence(*args)
+            return cadence_command(*args)
         nodes = len(self.alloc.nodes)
         host = "true" if self.alloc.first else "false"
         return [
@@ -168,8 +131,16 @@ class ControlTask:
         ]  # fmt: skip
 
     def _lead(self) -> int:
-        resume = should_resume(self.out, self.alloc)
+        try:
+            resume = should_resume(self.out, self.alloc)
+        except SlurmError as err:
+            log.error(
+                "control_cannot_resume", job=self.alloc.job_id, restarts=self.alloc.restarts, reason=str(err)
+            )
+            raise
         config = self.out / "config.json"
+        if not resume and self.alloc.restarts:
+            log.warning("control_starts_over", restarts=self.alloc.restarts, reason="no period recorded yet")
         if resume:
             try:
                 _, version = prepare_resume(self.cfg, self.out)
@@ -182,11 +153,11 @@ class ControlTask:
         clear_checkpoint_ask(self.out / "checkpoints")  # an earlier job's, never answered
         again = ["--resume"] if resume else []
         dispatcher = self._start(
-            _cadence("dispatcher", "--config", str(config), "--out", str(self.out), "--bind",
+            cadence_command("dispatcher", "--config", str(config), "--out", str(self.out), "--bind",
                      f"tcp://{self.address}:*", "--set", f"transport.host='{self.address}'", *again)
         )  # fmt: skip
         addr = self.out / "dispatcher.addr"
-        _wait_for(lambda: addr.exists() and bool(addr.read_text().strip()) or dispatcher.poll() is not None,
+        wait_for(lambda: addr.exists() and bool(addr.read_text().strip()) or dispatcher.poll() is not None,
                   120, self.signals, "dispatcher address")  # fmt: skip
         if dispatcher.poll() is not None:
             return dispatcher.returncode or 1
@@ -205,7 +176,7 @@ class ControlTask:
             while not self.signals.term and not (self.out / "summary.json").exists():
                 time.sleep(1.0)
             return 0
-        _wait_for(self.rendezvous.exists, 300, self.signals, "the first node's rendezvous address")
+        wait_for(self.rendezvous.exists, 300, self.signals, "the first node's rendezvous address")
         plan = json.loads(self.rendezvous.read_text())
         trainer = self._start(
             self._trainer_command(plan["dispatcher"], bool(plan["resume"]), plan["endpoint"])
@@ -227,7 +198,8 @@ class ControlTask:
                 run_command(["scontrol", "requeue", self.alloc.job_id])
             if stop.exists() and not stopping:
                 stopping = True
-                self._checkpoint(dispatcher)
+                self._checkpoint(dispatcher, then_stop=True)  # the trainer's last period
+                self._until_recorded(dispatcher)
                 dispatcher.send_signal(signal.SIGUSR2)  # the run ends now, its summary written
             time.sleep(0.2)
         try:
@@ -239,12 +211,22 @@ class ControlTask:
             return 1
         return dispatcher.returncode
 
-    def _checkpoint(self, dispatcher: subprocess.Popen[bytes]) -> None:
-        """Ask the trainer for a resume checkpoint after its current period and wait until written."""
-        root = self.out / "checkpoints"
-        ask_for_checkpoint(root)
+    def _until_recorded(self, dispatcher: subprocess.Popen[bytes]) -> None:
+        """Wait until the dispatcher has the row of the checkpoint's last period (on its way from the
+        trainer), so the summary counts exactly the periods the checkpoint holds."""
         try:
-            _wait_for(
+            wait_for(lambda: recorded_through(self.out) or dispatcher.poll() is not None, 60, self.signals,
+                     "metrics row of the checkpoint's last period")  # fmt: skip
+        except SlurmError as err:
+            log.warning("checkpoint_row_missing", error=str(err))
+
+    def _checkpoint(self, dispatcher: subprocess.Popen[bytes], then_stop: bool = False) -> None:
+        """Ask the trainer for a resume checkpoint after its current period (`then_stop`: and no period
+        after it) and wait until written."""
+        root = self.out / "checkpoints"
+        ask_for_checkpoint(root, then_stop)
+        try:
+            wait_for(
                 lambda: not checkpoint_asked(root) or dispatcher.poll() is not None,
                 600,
                 self.signals,
@@ -254,70 +236,15 @@ class ControlTask:
             log.warning("checkpoint_not_written", error=str(err))
 
 
-class ControlWatch:
-    """Whether the run's control job is still in Slurm's queue (running, pending, or requeued),
-    asked of squeue at most every `every_s` seconds; True where that cannot be told."""
-
-    def __init__(self, out: Path, every_s: float = 5.0) -> None:
-        self.out = out
-        self.every_s = every_s
-        self.asked = 0.0
-        self.alive = True
-
-    def __call__(self) -> bool:
-        if time.monotonic() - self.asked < self.every_s:
-            return self.alive
-        self.asked = time.monotonic()
-        try:
-            control = [j["id"] for j in read_jobs(self.out) if j["role"] == "control"]
-            self.alive = bool(squeue_jobs(control)) if control else True
-        except (SlurmError, OSError, subprocess.TimeoutExpired):
-            self.alive = True
-        return self.alive
-
-
-def rollout_task(out: Path, alloc: Allocation, env: Mapping[str, str]) -> int:
-    """One worker that joins the run, and joins the dispatcher again whenever the control job comes
-    back (requeued), until the run has ended."""
-    signals = Signals()
-    signals.install()
-    name = worker_name(alloc)
-    control_alive = ControlWatch(out)
-    addr, summary = out / "dispatcher.addr", out / "summary.json"
-    child: list[subprocess.Popen[bytes]] = []
+def recorded_through(out: Path) -> bool:
+    """The dispatcher has recorded every period the run's resume checkpoint holds (its metrics row
+    of the period before the checkpoint's version is in `metrics.jsonl`)."""
     try:
-        while not summary.exists() and not signals.term:
-            if not (addr.exists() and addr.read_text().strip()):
-                time.sleep(0.5)
-                continue
-            seen = addr.stat().st_mtime_ns
-            address = addr.read_text().strip()
-            log.info("rollout_task_joins", worker=name, dispatcher=address)
-            args = ["rollout", "--connect", address, "--name", name, "--config", str(out / "config.json")]
-            command = _cadence(*args, "--out", str(out))
-            child[:] = [
-                subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_deaf_to_usr1)
-            ]
-            while child[0].poll() is None and not signals.term:
-                time.sleep(0.2)
-            if signals.term:
-                break
-            if child[0].returncode == 0 or summary.exists():
-                return 0
-            # the dispatcher went away (its job requeued) or refused us: wait for it to come back
-            while (
-                addr.exists()
-                and addr.stat().st_mtime_ns == seen
-                and not summary.exists()
-                and not signals.term
-            ):
-                if not control_alive():
-                    log.error("control_job_gone", worker=name, reason="the run ended without its summary")
-                    return 1
-                time.sleep(0.5)
-        return 0 if summary.exists() else 143
-    finally:
-        _stop_children(child)
+        found = find_resume(out / "checkpoints")
+    except ResumeError:
+        return True
+    rows, _ = read_new_lines(out / "metrics.jsonl", 0)
+    return found is None or any(r.get("period") == found[1]["version"] - 1 for r in rows)
 
 
 def control_task(out: Path, alloc: Allocation, ifname: str, env: Mapping[str, str] = os.environ) -> int:
