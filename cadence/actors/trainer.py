@@ -16,7 +16,8 @@
                          sync: hold until the period closes, then the same
                  filtered ─► counted, written to the samples with its reason, never trained
    B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
-         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
+         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► (the engine-learner gap
+              above trainer.mismatch.warn_kl: mismatch_high, throttled) ─► every N periods: resume
               checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
  last period ─► final checkpoint ─► RunDone ─► wait for Shutdown
 ```

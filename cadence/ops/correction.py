@@ -14,9 +14,11 @@ and the corrected importance weight f(ρ) of a `mode`:
 
 The weight on a token's term is f(ρ) when the surrogate's ratio does not carry ρ (one step a period:
 the old policy is the learner's own, ratio 1), and f(ρ) / ρ when it does (`carried`: the old policy is
-the engine's, several steps a period, so r = π_θ / π_engine already holds ρ): either way a token's
-effective importance weight, outside the clip, is f(ρ). Sums over a sample's tokens and its length are
-over its sampled tokens only (`mask`).
+the engine's, several steps a period, so r = π_θ / π_engine already holds ρ_t): at the token level a
+token's effective importance weight outside the clip is then f(ρ_t) either way; at the sequence levels
+each token keeps its own ratio r inside the clip and the sample is scaled by f(ρ) / ρ (truncate: down
+where ρ > cap; mask: dropped outside the band). Sums over a sample's tokens and its length are over
+its sampled tokens only (`mask`).
 
 Invariant: where the learner's and the engine's log-probs are equal, ρ = 1 exactly and every weight is
 exactly 1 (cap >= 1, low <= 1 <= high), so a step is bit for bit the uncorrected one.

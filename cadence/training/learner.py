@@ -12,6 +12,10 @@ reference. With
 Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
 `"shared_prompt"` the beginning the prompts of a micro-batch share is computed once in its row.
 
+The same forward measures the gap between the engine's log-probs (a group's `engine_logprobs`, or its
+old ones) and the learner's on the sampled tokens (ops/mismatch.py) and, with
+`[trainer.rollout_correction]`, weighs each token's surrogate by the correction (ops/correction.py).
+
 A completion's environment tokens (a group's `masks`, ops/sampled.py) are in every forward, as
 context; every packing reads log-probs, entropies and the loss at its sampled tokens only, and
 `tokens` (the statistics' count) counts those.
