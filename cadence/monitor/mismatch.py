@@ -61,7 +61,7 @@ class MismatchWatch:
             "mismatch_high",
             period=period,
             mismatch_kl=kl,
-            level=self.level,
+            warn_kl=self.level,
             ratio_min=row.get("mismatch_ratio_min"),
             ratio_max=row.get("mismatch_ratio_max"),
             beyond_token_share=row.get("mismatch_beyond_token_share"),

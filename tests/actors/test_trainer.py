@@ -474,7 +474,7 @@ async def test_the_engine_learner_gap_reaches_the_row_and_a_high_one_is_warned_a
             assert ready.metrics["mismatch_kl"] == 0.05 and ready.metrics["mismatch_ratio_max"] == 6.0
             assert ready.metrics["mismatch_beyond_sample_share"] == 0.5
     warned = [e for e in logs if e["event"] == "mismatch_high"]
-    assert [e["period"] for e in warned] == [0] and warned[0]["level"] == 0.01
+    assert [e["period"] for e in warned] == [0] and warned[0]["warn_kl"] == 0.01
     assert learner.old[0] is None and learner.engine[0] == [[-1.0, -1.0], [-1.0, -1.0, -1.0]]
     await expect(dispatcher, RunDone, skip=(Consumed,))
     await dispatcher.send(b"trainer", Shutdown("run complete"))

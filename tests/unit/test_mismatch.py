@@ -123,6 +123,7 @@ def test_the_warning_is_logged_above_its_level_and_throttled() -> None:
         said = [watch.check(p, high if p != 1 else low) for p in range(2 * WARN_EVERY + 1)]
     assert said == [True] + [False] * (WARN_EVERY - 1) + [True] + [False] * (WARN_EVERY - 1) + [True]
     assert [e["period"] for e in logs if e["event"] == "mismatch_high"] == [0, WARN_EVERY, 2 * WARN_EVERY]
+    assert logs[0]["warn_kl"] == 0.01 and logs[0]["mismatch_kl"] == 0.02  # not `level`: the log's own
     assert not MismatchWatch(0.0).check(0, high)  # 0: never
     assert not MismatchWatch(0.01).check(0, {})  # a row without the figure
 
