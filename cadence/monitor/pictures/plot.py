@@ -4,7 +4,7 @@ accuracy and reward panels; a run of multi-turn episodes (rows with `turns_mean`
 turns, tool calls, tool errors and environment timeouts an episode, and the environment's seconds and
 tokens an episode; a run whose rows measure the gap between the engine's log-probs and the learner's
 (`mismatch_kl`) adds a row of its own: its k3 mean (log scale) and the share of tokens and samples
-beyond the bound, and the token ratio's extremes with its mean (log scale).
+beyond the bound, and the token ratio's extremes with its mean.
 
 Invariant: a key missing from some rows leaves those periods out of its curve, a key missing from
 every row leaves its curve (or panel) out; neither stops the picture. From `_SMOOTH_FROM` periods
@@ -143,7 +143,7 @@ def _sampling(rows: list[dict[str, Any]], groups: Any, times: Any, smooth: bool,
 
 def _mismatch(rows: list[dict[str, Any]], gap: Any, ratios: Any, smooth: bool, window: int) -> None:
     """The engine-learner gap: its k3 mean (log scale) with the shares beyond the bound on a second
-    scale; the token ratio pi_learner / pi_engine, its mean and extremes (log scale)."""
+    scale; the token ratio pi_learner / pi_engine, its mean and extremes."""
     kl = (*series(rows, "mismatch_kl"), _BLUE, "k3 mean (KL engine || learner)", "k3 a token")
     beyond = (*series(rows, "mismatch_beyond_token_share"), _ORANGE, "tokens beyond the bound", "share")
     drawn, paired = _two_scales(gap, kl, beyond, smooth, window, "upper right")
@@ -157,11 +157,11 @@ def _mismatch(rows: list[dict[str, Any]], gap: Any, ratios: Any, smooth: bool, w
         ("mismatch_ratio_min", _PURPLE, "smallest"),
     ):
         x, y = series(rows, key)
-        if x and min(y) > 0:
+        if x:
             _curve(ratios, x, y, colour, label, smooth, window)
             drawn = True
     if drawn:
-        ratios.set_yscale("log")
+        ratios.axhline(1.0, color="#777777", linewidth=0.8)
         ratios.set_ylabel("pi_learner / pi_engine")
     _finish(ratios, "token ratio", "mismatch_ratio_max", drawn)
 
