@@ -196,3 +196,33 @@ def test_a_group_without_engine_log_probs_is_not_measured() -> None:
     plain = [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(4), REWARDS, strict=True)]
     stats = learner("dapo", kl_beta=0.0).train_groups(plain)
     assert mismatch_figures(stats) == {} and "mismatch_tokens" not in stats
+
+
+def test_the_ranks_statistics_add_with_their_extremes_by_min_and_max() -> None:
+    """`train_share` gathers every rank's sums: the counts and sums add, the ratio's extremes are the
+    smallest and the largest of the ranks' (a stand-in for the other rank's gather)."""
+    import msgpack
+
+    from cadence.training.parallel import train_share
+    from cadence.training.ranks import Ranks
+
+    groups, _, _ = groups_with_engine(0.3)
+    own = learner("dapo", kl_beta=0.0)
+    other = {"tokens": 5.0, "mismatch_tokens": 5.0, "mismatch_ratio_min": 1e-3, "mismatch_ratio_max": 1.0}
+
+    class TwoRanks:
+        ranks = Ranks(rank=0, world=2)
+
+        def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
+            self.mine = msgpack.unpackb(data)
+            return [data, msgpack.packb(other)]
+
+    comm = TwoRanks()
+    total = train_share(own, groups, comm)  # type: ignore[arg-type]
+    mine = comm.mine
+    assert total["mismatch_tokens"] == mine["mismatch_tokens"] + 5.0
+    assert (
+        total["mismatch_ratio_min"] == 1e-3
+        and total["mismatch_ratio_max"] == mine["mismatch_ratio_max"] > 1.0
+    )
+    assert total["mismatch_k3_sum"] == mine["mismatch_k3_sum"]  # a sum the other rank lacks: its own
