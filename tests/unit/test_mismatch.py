@@ -226,3 +226,24 @@ def test_the_ranks_statistics_add_with_their_extremes_by_min_and_max() -> None:
         and total["mismatch_ratio_max"] == mine["mismatch_ratio_max"] > 1.0
     )
     assert total["mismatch_k3_sum"] == mine["mismatch_k3_sum"]  # a sum the other rank lacks: its own
+
+
+def test_a_period_row_carries_its_steps_gap_and_reads_back() -> None:
+    from cadence.monitor.metrics import PeriodStats
+    from cadence.monitor.period_metrics import PeriodMetrics
+
+    logp, engine, mask, counts = gap_batch(6)
+    steps = [
+        mismatch_figures(mismatch_sums(logp[r], engine[r], mask[r], counts[r], BOUND))
+        for r in (slice(0, 3), slice(3, 6))
+    ]
+    stats = PeriodStats(period=0, start=0.0)
+    for info in steps:
+        stats.stepped(info | {"correction_weight": 0.5, "correction_zeroed": 0.25})
+    row = stats.finish(end=1.0, publish_s=0.1).to_row()
+    want = reference(logp, engine, mask, counts)
+    for key in ("mismatch_kl", "mismatch_ratio_min", "mismatch_ratio_max", "mismatch_beyond_sample_share"):
+        assert row[key] == pytest.approx(want[key], rel=1e-12)
+    assert (row["correction_weight"], row["correction_zeroed"]) == (0.5, 0.25)
+    assert PeriodMetrics.from_row(row).to_row() == row
+    assert "mismatch_kl" not in PeriodStats(period=0, start=0.0).finish(1.0, 0.1).to_row()  # nothing measured
