@@ -16,7 +16,8 @@
                          sync: hold until the period closes, then the same
                  filtered ─► counted, written to the samples with its reason, never trained
    B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
-         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► every N periods: resume
+         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► (the engine-learner gap
+              above trainer.mismatch.warn_kl: mismatch_high, throttled) ─► every N periods: resume
               checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
  checkpoint asked with "stop" (cadence slurm stop) ─► that checkpoint, VersionReady(k+1), no period
               more: wait for Shutdown
@@ -45,6 +46,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import structlog
 
 from cadence.monitor.metrics import PeriodStats
+from cadence.monitor.mismatch import MismatchWatch
 from cadence.monitor.samples import SampleWriter, sample_record
 from cadence.monitor.span import span
 from cadence.training.learner import Learner
@@ -85,6 +87,7 @@ class TrainerSettings:
     threads: int = 0  # torch threads while workers generate (0: leave the process's count)
     threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
     publish_dtype: str | None = None  # versions published in this dtype (the workers'); None: the learner's
+    mismatch_warn_kl: float = 0.0  # a period's engine-learner k3 above it is warned about (0: never)
 
     sampling: SelectionRule = SelectionRule()
 
@@ -138,6 +141,7 @@ class Trainer:
         self.session = session
         self.learner = learner
         self.steps = Steps(learner, settings.steps)
+        self.mismatch = MismatchWatch(settings.mismatch_warn_kl)
         self.publish = publish
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
@@ -209,6 +213,7 @@ class Trainer:
                 stale_dropped=metrics.stale_dropped,
                 duplicates_dropped=metrics.duplicates_dropped,
             )
+            self.mismatch.check(period, metrics.to_row())
             halt = await self._checkpoint(period + 1, metrics.to_row())
             await self.session.send(VersionReady(period + 1, digest, nbytes, metrics.to_row()))
             if halt and period + 1 < self.settings.periods:  # the run ends here: its summary, this version

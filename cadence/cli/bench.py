@@ -11,7 +11,8 @@ from cadence.cli.common import Subparsers
 def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements printed as text or JSON (docs/benchmarks.md)")
     bench.add_argument(
-        "name", choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire"]
+        "name",
+        choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire", "mismatch"],
     )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -23,8 +24,18 @@ def add(sub: Subparsers) -> None:
         help="weights: megabytes to publish (default: SmolLM2-135M fp32)",
     )
     bench.add_argument(
-        "--config", type=Path, default=None, help="e2e, tail: the run's config (default: SmolLM2's)"
+        "--config", type=Path, default=None, help="e2e, tail, mismatch: the run's config (default: SmolLM2's)"
     )
+    bench.add_argument(
+        "--engines",
+        default="float32,bfloat16",
+        help="mismatch: comma-separated sampling engines: float32, bfloat16 (the built-in one's"
+        " rollout.dtype), vllm (in a Python with vLLM)",
+    )
+    bench.add_argument(
+        "--precisions", default="fp32,bf16", help="mismatch: comma-separated trainer.precision values"
+    )
+    bench.add_argument("--prompts", type=int, default=4, help="mismatch: prompts sampled (each a group)")
     bench.add_argument(
         "--periods",
         type=int,
@@ -62,6 +73,11 @@ def bench_handler(args: argparse.Namespace) -> int:
         return bench_tail(
             args.config, args.overrides, args.periods, args.json, args.out, args.variants, args.rounds
         )
+    if args.name == "mismatch":
+        from cadence.bench.mismatch import bench_mismatch
+
+        engines, precisions = args.engines.split(","), args.precisions.split(",")
+        return bench_mismatch(args.config, args.overrides, engines, precisions, args.prompts, args.json)
     if args.name == "signing":
         from cadence.bench.signing import bench_signing
 

@@ -71,6 +71,25 @@ def several_steps_need_old_log_probs_at_the_temperature(cfg: RunConfig) -> None:
         )
 
 
+def engine_log_probs_at_the_temperature(cfg: RunConfig) -> bool:
+    """Whether the engine's log-probs are of the distribution it samples from, softmax(z / T): all but
+    vLLM's with both a temperature (other than 0 and 1) and `rollout.top_p < 1` (then at T = 1)."""
+    r = cfg.rollout
+    return not (r.engine == "vllm" and r.temperature not in (0.0, 1.0) and r.top_p < 1.0)
+
+
+def a_correction_needs_log_probs_at_the_temperature(cfg: RunConfig) -> None:
+    """`trainer.rollout_correction` weighs by the engine's log-probs: not where they are at T = 1."""
+    mode = cfg.trainer.rollout_correction.mode
+    if mode != "off" and not engine_log_probs_at_the_temperature(cfg):
+        raise ConfigError(
+            f"trainer.rollout_correction.mode = {mode!r} weighs by the engine's log-probs, and"
+            f" rollout.engine = 'vllm' with rollout.top_p = {cfg.rollout.top_p} returns them at"
+            f" temperature 1, not at rollout.temperature = {cfg.rollout.temperature}: use top_p 1,"
+            " temperature 1, or rollout.engine = 'torch'"
+        )
+
+
 def ranks_need_the_torch_learner(cfg: RunConfig) -> None:
     """`trainer.ranks > 1` needs `trainer.learner = "torch"`."""
     trainer = cfg.trainer
@@ -228,6 +247,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     waiting_needs_checkpoints,
     normaliser_only_for_dapo,
     several_steps_need_old_log_probs_at_the_temperature,
+    a_correction_needs_log_probs_at_the_temperature,
     ranks_need_the_torch_learner,
     sharding_needs_ranks_and_shared_prompt_packing,
     rollout_device_and_dtype_only_for_builtin_engine,

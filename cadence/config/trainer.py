@@ -24,6 +24,44 @@ class GspoConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """A correction for the gap between the engine that samples and the learner that trains
+    (docs/objectives.md): a detached weight on each sampled token's surrogate term from the ratio
+    rho = pi_learner / pi_engine, of the token, of the sample (the product) or their geometric mean;
+    off by default (the loss as without it, bit for bit)."""
+
+    mode: Literal["off", "truncate", "mask"] = doc(
+        "off",
+        "off; truncate: weight min(rho, cap) (truncated importance sampling, TIS); mask: weight rho inside"
+        " [low, high] and 0 outside (masked importance sampling, IcePop)",
+    )
+    level: Literal["token", "sequence", "geometric"] = doc(
+        "token",
+        "which rho: each token's own, the product of a sample's token ratios, or their geometric mean"
+        " (one weight for every token of the sample)",
+    )
+    cap: float = doc(2.0, "truncate: the largest weight", Rule(ge=1, finite=True, why="rho = 1 must keep 1"))
+    low: float = doc(0.5, "mask: the band's lower end", Rule(gt=0, le=1))
+    high: float = doc(2.0, "mask: the band's upper end", Rule(ge=1, finite=True, why="rho = 1 must be kept"))
+
+
+@dataclass(frozen=True)
+class MismatchConfig:
+    """What the trainer reports of the gap between the engine's log-probs and its own on the sampled
+    tokens (always measured, from the forward it trains with: `mismatch_*` in metrics.jsonl)."""
+
+    bound: float = doc(
+        2.0, "a token ratio pi_learner / pi_engine outside [1 / bound, bound] counts as beyond", Rule(gt=1)
+    )
+    warn_kl: float = doc(
+        0.01,
+        "a period whose mismatch_kl (token mean of k3) exceeds it logs a mismatch_high warning, at most once"
+        " every 10 periods; 0 never",
+        NOT_NEGATIVE,
+    )
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """The trainer: its optimizer and schedule, the policy loss, how groups are packed, its ranks and
     device, and what it does when lost."""
@@ -61,6 +99,11 @@ class TrainerConfig:
         NOT_NEGATIVE,
     )
     gspo: GspoConfig = section(GspoConfig, "the gspo objective's clip range")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig,
+        "weights correcting for the gap between the engine's log-probs and the learner's",
+    )
+    mismatch: MismatchConfig = section(MismatchConfig, "what is reported of the engine-learner gap")
     kl_beta: float = doc(
         0.0,
         "weight of the k3 KL penalty to the frozen reference (the starting policy); 0 skips the reference",

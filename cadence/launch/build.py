@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cadence.config import ConfigError, RunConfig
+from cadence.config.checks import engine_log_probs_at_the_temperature
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
@@ -23,6 +24,7 @@ from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
+from cadence.ops.correction import CorrectionRule
 from cadence.rewards.scorer import make_scorer
 from cadence.rollout.maker import GroupMaker
 from cadence.rollout.play import Episodes
@@ -204,6 +206,12 @@ def join_ranks(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks) -> tuple[
     return comm, make_torch_learner(cfg, tokenizer, device, comm)
 
 
+def correction_rule(cfg: RunConfig) -> CorrectionRule:
+    """`[trainer.rollout_correction]` as the learner applies it (ops/correction.py)."""
+    c = cfg.trainer.rollout_correction
+    return CorrectionRule(c.mode, c.level, c.cap, c.low, c.high)
+
+
 def make_torch_learner(
     cfg: RunConfig, tokenizer: TextTokenizer, device: torch.device, comm: Collectives | None = None
 ) -> TorchLearner:
@@ -225,6 +233,9 @@ def make_torch_learner(
         objective=t.objective,
         temperature=cfg.rollout.temperature,
         precision=t.precision,
+        correction=correction_rule(cfg),
+        # the gap is measured where the engine's log-probs are of the tempered distribution
+        mismatch_bound=t.mismatch.bound if engine_log_probs_at_the_temperature(cfg) else None,
     )
     if t.sharding == "fsdp2" and comm is not None:
         from cadence.training.sharding import ShardedLearner

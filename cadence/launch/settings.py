@@ -108,6 +108,7 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         threads_alone=trainer_threads_alone(cfg),
         publish_dtype=publish_dtype(cfg),
         sampling=selection_rule(cfg),
+        mismatch_warn_kl=t.mismatch.warn_kl,
     )
 
 

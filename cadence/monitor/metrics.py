@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.monitor.episode_figures import episode_metrics
+from cadence.monitor.mismatch import period_mismatch
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.wire.messages import EpisodeFigures, GroupResult
 
@@ -116,6 +117,13 @@ class PeriodStats:
             "filtered": dict(sorted(self.filtered.items())),
         }
 
+    def _gap(self) -> dict[str, Any]:
+        """The engine-learner gap's figures (monitor/mismatch.py) and a rollout correction's, the
+        steps' means (none where nothing was measured, or without a correction)."""
+        keys = ("correction_weight", "correction_zeroed")
+        figures: dict[str, Any] = period_mismatch(self.steps)
+        return figures | {key: self._mean_of_steps(key) for key in keys if any(key in s for s in self.steps)}
+
     def _mean_of_steps(self, key: str) -> float:
         values = [info[key] for info in self.steps if key in info]
         return sum(values) / len(values) if values else 0.0
@@ -172,6 +180,7 @@ class PeriodStats:
             clip_fraction=self._mean_of_steps("clip_fraction"),
             kl=self._mean_of_steps("kl"),
             lr=self.steps[-1].get("lr", 0.0) if self.steps else 0.0,
+            **self._gap(),
             **self._selection(),
             **played,
         )

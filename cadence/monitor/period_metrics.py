@@ -33,6 +33,18 @@ _EPISODES = (
     "env_tokens",
     "turn_reward_mean",
 )
+# the gap between the engine's log-probs and the learner's (ops/mismatch.py) and its correction's
+# figures, left out of a row while None (nothing measured; no correction)
+_MISMATCH = (
+    "mismatch_kl",
+    "mismatch_ratio_mean",
+    "mismatch_ratio_min",
+    "mismatch_ratio_max",
+    "mismatch_beyond_token_share",
+    "mismatch_beyond_sample_share",
+    "correction_weight",
+    "correction_zeroed",
+)
 # fields that are no key of the row themselves
 _NOT_KEYS = ("reward_functions", "endings", "filtered", "extra")
 
@@ -81,6 +93,14 @@ class PeriodMetrics:
     clip_fraction: float = 0.0  # share of trained tokens whose clip is active for their advantage's sign
     kl: float = 0.0  # mean k3 KL to the reference a trained token (0 without a reference)
     lr: float = 0.0  # learning rate of the period's last optimizer step
+    mismatch_kl: float | None = None  # token mean of k3 = rho - 1 - log rho, rho = pi_learner / pi_engine
+    mismatch_ratio_mean: float | None = None  # token mean of rho
+    mismatch_ratio_min: float | None = None  # the smallest rho of a sampled token
+    mismatch_ratio_max: float | None = None  # the largest
+    mismatch_beyond_token_share: float | None = None  # share of tokens with rho beyond [1/bound, bound]
+    mismatch_beyond_sample_share: float | None = None  # share of samples with such a token
+    correction_weight: float | None = None  # rollout correction: mean weight a computed token
+    correction_zeroed: float | None = None  # rollout correction: share of computed tokens masked out
     samples_sha256: str = ""  # checksum of every generated token, independent of arrival order
     reward_functions: dict[str, float] = field(default_factory=dict)  # function -> mean (reward_<name>)
     turns_mean: float | None = None  # model turns an episode, mean (None: a single-turn run)
@@ -110,7 +130,9 @@ class PeriodMetrics:
         row.update({f"filtered_{reason}": count for reason, count in self.filtered.items()})
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in _NOT_KEYS or (f.name in _RECORDED + _EPISODES + _SAMPLING and value is None):
+            if f.name in _NOT_KEYS or (
+                f.name in _RECORDED + _EPISODES + _SAMPLING + _MISMATCH and value is None
+            ):
                 continue
             row[f.name] = list(value) if f.name in _SEQUENCES else value
         return row

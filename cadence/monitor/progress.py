@@ -3,7 +3,9 @@
 On a terminal one line is redrawn in place (period, groups trained of B in the current period,
 reward, accuracy, tokens/s, turns an episode in a multi-turn run, elapsed and time left) and a
 permanent line is printed every twentieth of the run; without a terminal every period gets one plain
-line, as a log would want (a multi-turn run's with its episode figures).
+line, as a log would want (a multi-turn run's with its episode figures). The gap between the engine's
+log-probs and the learner's is shown only where it matters: a period's `mismatch_kl` above
+`MISMATCH_SHOWN` (1e-3, a k3 far above float rounding).
 
 Invariant: the display only reads the run folder (`metrics.jsonl`, the trainer's `train` spans in
 `logs/trainer.jsonl`); it never talks to an actor, so a slow terminal cannot slow the run.
@@ -18,12 +20,26 @@ from typing import TextIO
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import read_new_lines
 
+MISMATCH_SHOWN = 1e-3
+
 
 def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
         f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}{sampling_part(row)}"
+        f"{mismatch_part(row)}"
+    )
+
+
+def mismatch_part(row: PeriodMetrics) -> str:
+    """The engine-learner gap (its k3 mean, the ratio's extremes, the share of tokens beyond the bound)
+    when its k3 is above `MISMATCH_SHOWN`, else ""."""
+    if row.mismatch_kl is None or row.mismatch_kl <= MISMATCH_SHOWN:
+        return ""
+    return (
+        f"  mismatch kl {row.mismatch_kl:.2g} ratio [{row.mismatch_ratio_min or 0.0:.3g},"
+        f" {row.mismatch_ratio_max or 0.0:.3g}] beyond {row.mismatch_beyond_token_share or 0.0:.2%}"
     )
 
 

@@ -31,10 +31,12 @@ def distinct_samples(
     old_logprobs: Sequence[Sequence[float]] | None,
     drop_zero: bool,
     masks: Masks = None,
+    engine_logprobs: Sequence[Sequence[float]] | None = None,
 ) -> list[tuple[int, int]]:
     """(index, count) of each distinct sample of one group, in the order of first appearance: the index
     of its first occurrence and how many samples it stands for. `masks`: each completion's sampled
-    tokens (None: all)."""
+    tokens (None: all); `engine_logprobs`: the sampler's log-probs where the loss reads them beside the
+    old ones (a rollout correction's weights, ops/correction.py), compared as the old ones are."""
     if len(advantages) != len(completions):
         raise ValueError(f"{len(advantages)} advantages for {len(completions)} completions")
     if old_logprobs is not None and len(old_logprobs) != len(completions):
@@ -51,6 +53,7 @@ def distinct_samples(
             mask,
             advantage,
             _read(old_logprobs[i], mask) if old_logprobs is not None else None,
+            _read(engine_logprobs[i], mask) if engine_logprobs is not None else None,
         )
         index = first.setdefault(key, i)
         counts[index] = counts.get(index, 0) + 1

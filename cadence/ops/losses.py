@@ -10,6 +10,11 @@ result beyond floating-point summation order. The formulas are in docs/objective
 `mask` [N, T] marks the tokens that enter: each sample's sampled response tokens, neither padding nor
 an environment's tokens (ops/sampled.py). Every term, statistic and sample length (grpo's mean, gspo's
 sequence ratio) counts those alone, and an old log-prob off the mask is never read (whatever it holds).
+
+`correction` (ops/correction.py), where given, is a detached weight on each token's surrogate term
+([N, T], or [N, 1] one a sample): dapo, grpo and dr_grpo multiply each token's surrogate by it; gspo
+multiplies a sample's surrogate by its [N, 1] weight and, with [N, T], each token's share of the
+sequence ratio's gradient (the value of s unchanged). The KL term and every normaliser are untouched.
 """
 
 from __future__ import annotations
@@ -63,13 +68,16 @@ def _token_terms(
     ref_logp: Tensor | None,
     kl_beta: float,
     weights: Tensor | None,
+    correction: Tensor | None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Per-token terms [N, T] (surrogate, plus kl_beta x k3 with a reference) and summed statistics,
-    both weighted by `weights` [N] where given."""
+    """Per-token terms [N, T] (surrogate, times `correction` where given, plus kl_beta x k3 with a
+    reference) and summed statistics, both weighted by `weights` [N] where given."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)
     old_logp = _old_on_mask(old_logp, logp, mask)
     per_token = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    if correction is not None:
+        per_token = per_token * correction.detach()
     w = _sample_weights(weights, logp)
     stats: dict[str, float] = {}
     with torch.no_grad():
@@ -101,6 +109,7 @@ def grpo_loss_sum(
     weights: Tensor | None = None,
     *,
     sample_mean: bool = False,
+    correction: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The token-level terms where `mask` is set, summed (dapo, dr_grpo) or, with `sample_mean`,
     averaged over each sample's tokens and the means summed over samples (grpo); and summed statistics
@@ -109,7 +118,7 @@ def grpo_loss_sum(
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample) or [N, T].
     """
     per_token, stats = _token_terms(
-        logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights
+        logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights, correction
     )
     if not sample_mean:
         return _masked(per_token, mask).sum(), stats
@@ -127,6 +136,7 @@ def gspo_loss_sum(
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
     weights: Tensor | None = None,
+    correction: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """gspo: the sum over samples of -min(s A, clip(s, 1 - clip_low, 1 + clip_high) A) with the
     sequence ratio s = exp(token-mean of logp - old_logp); the KL term as a token-mean per sample.
@@ -135,10 +145,13 @@ def gspo_loss_sum(
     if advantages.dim() != 1:
         raise ValueError("gspo takes one advantage per sample, [N]")
     lengths = mask.sum(dim=-1).clamp_min(1).to(logp.dtype)
-    log_ratio = _masked(logp - _old_on_mask(old_logp, logp, mask), mask).sum(dim=-1) / lengths
+    policy = _token_weighted(logp, correction)
+    log_ratio = _masked(policy - _old_on_mask(old_logp, logp, mask), mask).sum(dim=-1) / lengths
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_sample = -torch.minimum(ratio * advantages, clipped * advantages)
+    if correction is not None and correction.shape[-1] == 1:
+        per_sample = per_sample * correction.detach().squeeze(-1)
     w = _sample_weights(weights, logp).squeeze(-1)
     stats: dict[str, float] = {}
     with torch.no_grad():
@@ -152,6 +165,15 @@ def gspo_loss_sum(
     return torch.where(has_tokens, per_sample * w, torch.zeros_like(per_sample)).sum(), stats
 
 
+def _token_weighted(logp: Tensor, correction: Tensor | None) -> Tensor:
+    """`logp` with the same values and each token's gradient times its `correction` weight (a token-level
+    [N, T] one); `logp` itself otherwise. At a weight of 1 the values and gradient are exactly logp's."""
+    if correction is None or correction.shape[-1] == 1:
+        return logp
+    held = logp.detach()
+    return held + correction.detach() * (logp - held)
+
+
 def objective_loss_sum(
     objective: str,
     logp: Tensor,
@@ -163,14 +185,15 @@ def objective_loss_sum(
     ref_logp: Tensor | None = None,
     kl_beta: float = 0.0,
     weights: Tensor | None = None,
+    correction: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics, each sample
-    weighted by `weights` [N] where given."""
+    weighted by `weights` [N] where given, each token's surrogate by `correction` (ops/correction.py)."""
     args = (logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights)
     if objective in ("dapo", "dr_grpo", "grpo"):
-        return grpo_loss_sum(*args, sample_mean=objective == "grpo")
+        return grpo_loss_sum(*args, sample_mean=objective == "grpo", correction=correction)
     if objective == "gspo":
-        return gspo_loss_sum(*args)
+        return gspo_loss_sum(*args, correction=correction)
     raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
 
 

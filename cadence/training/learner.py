@@ -12,6 +12,10 @@ reference. With
 Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
 `"shared_prompt"` the beginning the prompts of a micro-batch share is computed once in its row.
 
+The same forward measures the gap between the engine's log-probs (a group's `engine_logprobs`, or its
+old ones) and the learner's on the sampled tokens (ops/mismatch.py) and, with
+`[trainer.rollout_correction]`, weighs each token's surrogate by the correction (ops/correction.py).
+
 A completion's environment tokens (a group's `masks`, ops/sampled.py) are in every forward, as
 context; every packing reads log-probs, entropies and the loss at its sampled tokens only, and
 `tokens` (the statistics' count) counts those.
@@ -39,13 +43,16 @@ from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.clipping import normalise_and_clip
+from cadence.ops.correction import CorrectionRule, correction_sums
 from cadence.ops.distinct import distinct_samples
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
+from cadence.ops.mismatch import add_sums, mismatch_sums
 from cadence.ops.packing import PackedBatch, pack_groups, to_padded
 from cadence.ops.sampled import Masks, sampled_rows
 from cadence.training.state import read_state, write_checkpoint, write_state
-from cadence.training.train_group import TrainGroup, sampled_tokens
+from cadence.training.step_figures import summarise
+from cadence.training.train_group import TrainGroup, logprob_rows, sampled_tokens
 
 
 class PolicyPass(NamedTuple):
@@ -152,6 +159,8 @@ class TorchLearner:
         objective: str = "dapo",
         temperature: float = 1.0,
         precision: str = "fp32",
+        correction: CorrectionRule | None = None,
+        mismatch_bound: float | None = 2.0,
     ) -> None:
         packings = ("shared_prompt", "prefix_cache", "padded")
         if precision not in ("fp32", "bf16"):
@@ -176,6 +185,9 @@ class TorchLearner:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
+        self.correction = correction or CorrectionRule()
+        # a token ratio beyond [1/bound, bound] counts (ops/mismatch.py); None: the gap is not measured
+        self.mismatch_bound = mismatch_bound
         self._sums: dict[str, float] = {}
 
     def train_group(
@@ -204,8 +216,7 @@ class TorchLearner:
         else:
             self._train_nothing()
         stats["tokens"] = float(sum(sampled_tokens(groups)))
-        for key, value in stats.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
+        add_sums(self._sums, stats)
         return stats
 
     def _distinct(self, groups: Sequence[TrainGroup]) -> tuple[list[TrainGroup], list[int]]:
@@ -217,7 +228,8 @@ class TorchLearner:
         for g in groups:
             advantages = g.advantage_list(scale)
             drop_zero = self.reference is None
-            picks = distinct_samples(g.completions, advantages, g.old_logprobs, drop_zero, g.masks)
+            engine = g.engine_logprobs if self.correction.on else None  # the loss reads them
+            picks = distinct_samples(g.completions, advantages, g.old_logprobs, drop_zero, g.masks, engine)
             if picks:
                 kept.append(g.pick([i for i, _ in picks], advantages))
                 weights += [count for _, count in picks]
@@ -229,13 +241,10 @@ class TorchLearner:
             [a for g in groups for a in g.advantages or ()], dtype=torch.float32, device=self.device
         )
         logp, mask, ref_logp, entropy, computed = self._logprobs(groups)
-        old = logp.detach().clone()
-        row = 0
-        for g in groups:
-            for given in g.old_logprobs or []:
-                old[row, : len(given)] = torch.tensor(given, dtype=old.dtype, device=old.device)
-                row += 1
-            row += 0 if g.old_logprobs else len(g.completions)
+        old, carried = logprob_rows(groups, logp, lambda g: g.old_logprobs)
+        engine, measured = logprob_rows(groups, logp, TrainGroup.engine_list)
+        measured = mask & measured
+        correction = self.correction.weights(logp, engine, measured, carried) if self.correction.on else None
         loss, stats = objective_loss_sum(
             self.objective,
             logp,
@@ -247,8 +256,13 @@ class TorchLearner:
             ref_logp,
             self.kl_beta,
             weights,
+            correction,
         )
         loss.backward()
+        if self.mismatch_bound is not None:
+            stats |= mismatch_sums(logp, engine, measured, weights, self.mismatch_bound)
+        if correction is not None:
+            stats |= correction_sums(correction, mask, weights)
         counted = mask * weights.unsqueeze(1)
         stats["loss_sum"] = float(loss.detach())
         stats["entropy_sum"] = float((entropy * counted).sum())
@@ -377,24 +391,3 @@ class TorchLearner:
 
     def load_state(self, directory: Path) -> None:
         self.load(*read_state(directory))
-
-
-def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
-    """A step's statistics from its micro-batches' sums: the loss and the other sums divided by the
-    normaliser (as the gradient was), and means over the trained tokens (`tokens`: the sampled ones,
-    never an environment's): `clip_fraction` (tokens whose clip is active) and, with a reference, `kl`
-    (k3); `entropy` (of the tempered policy) over the sampled tokens computed (a sample with advantage
-    0 is not, ops/distinct.py); `computed_tokens`: the packed tokens the step's forwards and backwards
-    took, environment tokens included."""
-    per_token = ("tokens", "entropy_sum", "entropy_tokens", "computed_tokens")
-    info = {k: round(v / normaliser, 6) for k, v in sums.items() if k not in per_token}
-    if "computed_tokens" in sums:
-        info["computed_tokens"] = sums["computed_tokens"]
-    tokens = sums.get("tokens", 0.0)
-    if sums.get("entropy_tokens", 0.0) > 0:
-        info["entropy"] = round(sums.get("entropy_sum", 0.0) / sums["entropy_tokens"], 6)
-    if tokens > 0 and "clipped_tokens" in sums:
-        info["clip_fraction"] = round(sums["clipped_tokens"] / tokens, 6)
-        if "kl_sum" in sums:
-            info["kl"] = round(sums["kl_sum"] / tokens, 6)
-    return info

@@ -40,9 +40,11 @@ import torch
 from torch import Tensor
 
 from cadence.model.checkpoint import tensors_to_bytes
+from cadence.ops.mismatch import add_sums
 from cadence.training.collectives import CollectiveError, Collectives
-from cadence.training.learner import TorchLearner, TrainGroup, summarise
+from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.state import read_state, write_checkpoint, write_state
+from cadence.training.step_figures import summarise
 
 log = structlog.get_logger()
 
@@ -70,8 +72,7 @@ class DistributedLearner:
         with self._lock:
             self._command({"op": "train", "groups": [dataclasses.asdict(g) for g in groups]})
             stats = train_share(self.local, groups, self.comm)
-        for key, value in stats.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
+        add_sums(self._sums, stats)
         return stats
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
@@ -207,13 +208,13 @@ def share(groups: Sequence[TrainGroup], rank: int, world: int, scale: bool = Tru
 
 
 def train_share(local: TorchLearner, groups: Sequence[TrainGroup], comm: Collectives) -> dict[str, float]:
-    """Every rank: forward/backward of its share; the statistics summed over the ranks."""
+    """Every rank: forward/backward of its share; the statistics summed over the ranks (extremes by
+    min and max, ops/mismatch.py `add_sums`)."""
     mine = share(groups, comm.ranks.rank, comm.ranks.world, local.objective != "dr_grpo")
     stats = local.train_groups(mine) if mine or local.sharded else {}
     total: dict[str, float] = {}
     for part in comm.all_gather_bytes(msgpack.packb(stats), "gathering the micro-batch's statistics"):
-        for key, value in msgpack.unpackb(part).items():
-            total[key] = total.get(key, 0.0) + value
+        add_sums(total, msgpack.unpackb(part))
     return total
 
 

@@ -1,7 +1,9 @@
 """A GRPO group as the learner takes it (`TrainGroup.of` a `GroupResult`, with no copy of its lists): one prompt, its completions and their rewards, and what the
-sampler knew of them (old log-probs; which tokens the model sampled and which an environment wrote).
+sampler knew of them (its log-probs, as the old policy's or only to measure and correct the gap between
+the engine and the learner; which tokens the model sampled and which an environment wrote).
 
-Invariant: every per-completion list (`rewards`, `old_logprobs`, `advantages`, `masks`) lines up with
+Invariant: every per-completion list (`rewards`, `old_logprobs`, `advantages`, `masks`,
+`engine_logprobs`) lines up with
 `completions`, and `pick` keeps it so: a completion travels with its reward, old log-probs, advantage
 and mask to whichever rank or micro-batch takes it. The fields are plain lists, so a group crosses
 between ranks as a msgpack dict (`TrainGroup(**fields)`).
@@ -9,10 +11,11 @@ between ranks as a msgpack dict (`TrainGroup(**fields)`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from cadence.ops.advantages import group_advantages
 from cadence.ops.sampled import check_masks, sampled_lengths
@@ -25,7 +28,9 @@ class TrainGroup:
     or None to take the detached policy's; `advantages`, one a completion, when these completions are a
     share of a larger group (whose rewards they come from), or None to compute them from `rewards`;
     `masks`, one list a completion and one entry a token, 1 where the model sampled the token and 0
-    where an environment wrote it (context only: no loss, ops/sampled.py), or None: all sampled."""
+    where an environment wrote it (context only: no loss, ops/sampled.py), or None: all sampled;
+    `engine_logprobs`, the sampler's log-probs when they are not the old policy's (one step a period):
+    what the learner measures its own against (ops/mismatch.py) and corrects for (ops/correction.py)."""
 
     prompt: list[int]
     completions: list[list[int]]
@@ -33,6 +38,7 @@ class TrainGroup:
     old_logprobs: list[list[float]] | None = None
     advantages: list[float] | None = None
     masks: list[list[int]] | None = None
+    engine_logprobs: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         check_masks(self.completions, self.masks)
@@ -41,9 +47,17 @@ class TrainGroup:
     def of(cls, group: GroupResult, sampler_logprobs: bool) -> TrainGroup:
         """The learner's view of a group as the wire carries it: its prompt, completions, rewards and
         masks, with the sampler's log-probs as the old policy's when `sampler_logprobs` (else the
-        detached policy's)."""
+        detached policy's, and the sampler's as `engine_logprobs`)."""
         old = group.logprobs if sampler_logprobs else None
-        return cls(group.prompt_tokens, group.completions, group.rewards, old, masks=group.masks or None)
+        engine = None if sampler_logprobs or not group.logprobs else group.logprobs
+        masks = group.masks or None
+        return cls(
+            group.prompt_tokens, group.completions, group.rewards, old, masks=masks, engine_logprobs=engine
+        )
+
+    def engine_list(self) -> list[list[float]] | None:
+        """The sampler's log-probs, however the group carries them (as the old policy's or not)."""
+        return self.old_logprobs if self.old_logprobs is not None else self.engine_logprobs
 
     def advantage_list(self, scale: bool) -> list[float]:
         """The given advantages, or the group's own from its rewards (`scale`: divided by their std)."""
@@ -58,7 +72,7 @@ class TrainGroup:
     def pick(self, index: Sequence[int], advantages: Sequence[float]) -> TrainGroup:
         """The completions at `index` (in that order) as a group of their own, with `advantages`
         (those of the whole group) made explicit, each with its old log-probs and mask."""
-        old, masks = self.old_logprobs, self.masks
+        old, masks, engine = self.old_logprobs, self.masks, self.engine_logprobs
         return TrainGroup(
             self.prompt,
             [self.completions[i] for i in index],
@@ -66,6 +80,7 @@ class TrainGroup:
             [old[i] for i in index] if old is not None else None,
             [advantages[i] for i in index],
             [masks[i] for i in index] if masks is not None else None,
+            [engine[i] for i in index] if engine is not None else None,
         )
 
 
@@ -73,3 +88,22 @@ def sampled_tokens(groups: Sequence[TrainGroup]) -> list[int]:
     """The sampled tokens of every completion of `groups`, in order: the lengths `step_normaliser`
     (ops/losses.py) takes, environment tokens left out."""
     return [n for g in groups for n in g.sampled_lengths()]
+
+
+def logprob_rows(
+    groups: Sequence[TrainGroup], like: Tensor, given: Callable[[TrainGroup], list[list[float]] | None]
+) -> tuple[Tensor, Tensor]:
+    """[S, T] rows of each completion's `given(group)` log-probs (groups in order, a completion's row
+    from its first token), `like`'s detached values wherever a group gives none; and [S, 1] bool, the
+    rows that were given."""
+    rows = like.detach().clone()
+    had = torch.zeros((rows.shape[0], 1), dtype=torch.bool, device=rows.device)
+    row = 0
+    for g in groups:
+        lists = given(g)
+        for values in lists or []:
+            rows[row, : len(values)] = torch.tensor(values, dtype=rows.dtype, device=rows.device)
+            had[row] = True
+            row += 1
+        row += 0 if lists else len(g.completions)
+    return rows, had

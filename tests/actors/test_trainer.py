@@ -56,6 +56,8 @@ class RecordingLearner:
         self.threads: list[int] = []  # the budget each computation was given, in order
         self.budgets: list[tuple[str, int]] = []  # (what was computed, with how many threads)
         self.dtypes: list[str | None] = []  # the dtype each version was asked in
+        self.engine: list[list[list[float]] | None] = []  # each group's engine log-probs (not the old)
+        self.gap: dict[str, float] = {}  # the engine-learner figures each step reports
 
     def use_threads(self, threads: int) -> None:
         self.threads.append(threads)
@@ -68,13 +70,15 @@ class RecordingLearner:
         for g in groups:
             self.calls.append(("train", g.rewards[0]))
             self.old.append(g.old_logprobs)
+            self.engine.append(g.engine_logprobs)
         return {}
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         self.calls.append(("step", normaliser))
         self.budgets.append(("step", self.threads[-1]))
         self.rates.append(lr)
-        return {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
+        figures = {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
+        return figures | self.gap
 
     def weights(self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None) -> bytes:
         self.budgets.append(("weights", self.threads[-1]))
@@ -441,3 +445,37 @@ async def test_eval_work_never_reaches_the_gradient(network: InprocNetwork, tmp_
     assert ready.metrics["groups"] == 4 and ready.metrics["stale_dropped"] == 0
     assert [c for c in learner.calls if c[0] == "train"] == [("train", 0.0)] * 4
     task.cancel()
+
+
+async def test_the_engine_learner_gap_reaches_the_row_and_a_high_one_is_warned_about_once(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """One step a period: the groups carry the engine's log-probs beside no old ones; the period's row
+    has the step's figures, and a k3 above `trainer.mismatch.warn_kl` logs `mismatch_high`, throttled."""
+    cfg, dispatcher, worker, learner, published, task, _ = await start(
+        network, tmp_path, "trainer.mismatch.warn_kl=0.01"
+    )
+    learner.gap = {
+        "mismatch_kl": 0.05,
+        "mismatch_ratio_mean": 1.01,
+        "mismatch_ratio_min": 0.2,
+        "mismatch_ratio_max": 6.0,
+        "mismatch_beyond_token_share": 0.02,
+        "mismatch_beyond_sample_share": 0.5,
+        "mismatch_tokens": 20.0,
+        "mismatch_samples": 8.0,
+    }
+    await expect(dispatcher, VersionReady, skip=(Register,))
+    with structlog.testing.capture_logs() as logs:
+        for period in (0, 1):
+            for pid in range(4 * period, 4 * period + 4):
+                await worker.send(group(period, pid))
+            ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+            assert ready.metrics["mismatch_kl"] == 0.05 and ready.metrics["mismatch_ratio_max"] == 6.0
+            assert ready.metrics["mismatch_beyond_sample_share"] == 0.5
+    warned = [e for e in logs if e["event"] == "mismatch_high"]
+    assert [e["period"] for e in warned] == [0] and warned[0]["warn_kl"] == 0.01
+    assert learner.old[0] is None and learner.engine[0] == [[-1.0, -1.0], [-1.0, -1.0, -1.0]]
+    await expect(dispatcher, RunDone, skip=(Consumed,))
+    await dispatcher.send(b"trainer", Shutdown("run complete"))
+    await asyncio.wait_for(task, 5)

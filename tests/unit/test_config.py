@@ -284,3 +284,23 @@ def test_waiting_for_a_lost_trainer_needs_resume_checkpoints() -> None:
     assert load_config(None, ["trainer.checkpoint_every=2"]).trainer.on_loss == "fail"  # the default
     with pytest.raises(ConfigError, match="trainer.on_loss"):
         load_config(None, ["trainer.on_loss='retry'"])
+
+
+def test_the_rollout_correction_is_read_and_checked() -> None:
+    cfg = load_config(
+        None, ["trainer.rollout_correction.mode=truncate", "trainer.rollout_correction.level=geometric"]
+    )
+    assert (cfg.trainer.rollout_correction.mode, cfg.trainer.rollout_correction.level) == (
+        "truncate",
+        "geometric",
+    )
+    assert load_config(None, []).trainer.rollout_correction.mode == "off"  # off by default
+    assert "trainer.rollout_correction.mode" in config_error(["trainer.rollout_correction.mode=clip"])
+    assert "trainer.rollout_correction.cap" in config_error(["trainer.rollout_correction.cap=0.5"])
+    assert "trainer.rollout_correction.low" in config_error(["trainer.rollout_correction.low=1.5"])
+    assert "trainer.rollout_correction.high" in config_error(["trainer.rollout_correction.high=0.9"])
+    assert "trainer.mismatch.bound" in config_error(["trainer.mismatch.bound=1"])
+    vllm_at_t1 = ["rollout.engine=vllm", "rollout.top_p=0.9", "rollout.temperature=0.7"]
+    load_config(None, vllm_at_t1)  # measured nothing, corrected nothing: allowed
+    message = config_error([*vllm_at_t1, "trainer.rollout_correction.mode=mask"])
+    assert "trainer.rollout_correction.mode" in message and "temperature 1" in message

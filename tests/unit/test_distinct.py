@@ -46,6 +46,16 @@ def test_the_same_tokens_with_another_advantage_or_old_log_probs_stay_apart() ->
     assert distinct_samples([[4, 4], [4, 4]], [1.0, 1.0], same, drop_zero=True) == [(0, 2)]
 
 
+def test_engine_log_probs_a_correction_reads_keep_samples_apart() -> None:
+    """Where a rollout correction weighs by the engine's log-probs, samples whose engine log-probs
+    differ have other terms; without them (measured only) they fold as before."""
+    engine = [[-0.5, -0.25], [-0.5, -0.75]]
+    args = ([[4, 4], [4, 4]], [1.0, 1.0], None)
+    assert distinct_samples(*args, drop_zero=True, engine_logprobs=engine) == [(0, 1), (1, 1)]
+    assert distinct_samples(*args, drop_zero=True, engine_logprobs=[engine[0], engine[0]]) == [(0, 2)]
+    assert distinct_samples(*args, drop_zero=True) == [(0, 2)]
+
+
 def test_the_same_tokens_with_other_masks_stay_apart() -> None:
     """A token the model sampled in one sample and an environment wrote in the other: two samples. An
     environment token's old log-prob is never read, so it tells no samples apart; a sample whose every

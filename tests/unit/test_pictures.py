@@ -392,3 +392,17 @@ def test_commands_refuse_what_they_cannot_draw(tmp_path: Path, capsys: pytest.Ca
     with pytest.raises(SystemExit) as exit_:
         main(["timeline", str(run), "-o", str(tmp_path / "t.png"), "--periods", "9:7"])
     assert exit_.value.code == 2
+
+
+def test_plot_of_a_run_that_measures_the_engine_learner_gap_adds_its_panels(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "gap", 4)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for k, row in enumerate(rows):
+        row |= {"mismatch_kl": 1e-6 * (k + 1), "mismatch_beyond_token_share": 0.001 * k}
+        row |= {"mismatch_ratio_min": 0.5, "mismatch_ratio_mean": 1.0, "mismatch_ratio_max": 2.0 + k}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    svg = draw_plot(run, tmp_path / "gap.svg").read_text()
+    for label in ("engine-learner gap", "tokens beyond the bound", "token ratio", "largest", "smallest"):
+        assert label in svg, label
+    plain = draw_plot(_run_dir(tmp_path / "plain", 3), tmp_path / "plain.svg").read_text()
+    assert "engine-learner gap" not in plain

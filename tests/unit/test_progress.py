@@ -90,3 +90,14 @@ def test_an_over_sampled_row_says_what_was_issued_kept_filtered_and_stopped() ->
     line = period_line(row, 10)
     assert "issued 9  kept 4  filtered 3 (zero_variance 3)  stopped 2  tail 1.25s" in line
     assert "issued" not in period_line(PeriodMetrics(period=2, groups=4), 10)  # a run without sampling
+
+
+def test_the_engine_learner_gap_is_shown_only_above_its_level() -> None:
+    from cadence.monitor.progress import MISMATCH_SHOWN, period_line
+
+    gap = dict(mismatch_ratio_min=0.25, mismatch_ratio_max=3.5, mismatch_beyond_token_share=0.0125)
+    line = period_line(PeriodMetrics(period=2, mismatch_kl=0.02, **gap), 10)  # type: ignore[arg-type]
+    assert "mismatch kl 0.02 ratio [0.25, 3.5] beyond 1.25%" in line
+    quiet = PeriodMetrics(period=2, mismatch_kl=MISMATCH_SHOWN / 2, **gap)  # type: ignore[arg-type]
+    assert "mismatch" not in period_line(quiet, 10)
+    assert "mismatch" not in period_line(PeriodMetrics(period=2), 10)  # not measured

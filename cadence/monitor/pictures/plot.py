@@ -2,7 +2,9 @@
 with held-out evaluation (`eval.jsonl`) adds its eval accuracy, pass@k and reward as marked lines to the
 accuracy and reward panels; a run of multi-turn episodes (rows with `turns_mean`) adds a third row:
 turns, tool calls, tool errors and environment timeouts an episode, and the environment's seconds and
-tokens an episode.
+tokens an episode; a run whose rows measure the gap between the engine's log-probs and the learner's
+(`mismatch_kl`) adds a row of its own: its k3 mean (log scale) and the share of tokens and samples
+beyond the bound, and the token ratio's extremes with its mean.
 
 Invariant: a key missing from some rows leaves those periods out of its curve, a key missing from
 every row leaves its curve (or panel) out; neither stops the picture. From `_SMOOTH_FROM` periods
@@ -38,7 +40,8 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
 
     played = any(_number(row.get("turns_mean")) for row in rows)
     sampled = any(_number(row.get("groups_filtered")) for row in rows)
-    height = 2 + played + sampled
+    mismatched = any(_number(row.get("mismatch_kl")) for row in rows)
+    height = 2 + played + sampled + mismatched
     fig = Figure(figsize=(12, 3.6 * height + 0.3), dpi=150, layout="constrained")
     panels = fig.subplots(height, 2, sharex=True)
     (reward, accuracy), (length, speed) = panels[0], panels[1]
@@ -79,7 +82,9 @@ def draw_plot(run_dir: Path, out: Path) -> Path:
     if played:
         _episodes(rows, panels[2][0], panels[2][1], smooth, window)
     if sampled:
-        _sampling(rows, panels[-1][0], panels[-1][1], smooth, window)
+        _sampling(rows, panels[2 + played][0], panels[2 + played][1], smooth, window)
+    if mismatched:
+        _mismatch(rows, panels[-1][0], panels[-1][1], smooth, window)
     for ax in panels[-1]:
         ax.set_xlabel("period")
     note = f", moving average over {window} periods" if smooth else ""
@@ -134,6 +139,31 @@ def _sampling(rows: list[dict[str, Any]], groups: Any, times: Any, smooth: bool,
     tail = (*series(rows, "tail_s"), _PURPLE, "tail", "seconds")
     drawn, paired = _two_scales(times, period, tail, smooth, window, "upper right")
     _finish(times, "period and tail", "tail_s", drawn, legend=not paired)
+
+
+def _mismatch(rows: list[dict[str, Any]], gap: Any, ratios: Any, smooth: bool, window: int) -> None:
+    """The engine-learner gap: its k3 mean (log scale) with the shares beyond the bound on a second
+    scale; the token ratio pi_learner / pi_engine, its mean and extremes."""
+    kl = (*series(rows, "mismatch_kl"), _BLUE, "k3 mean (KL engine || learner)", "k3 a token")
+    beyond = (*series(rows, "mismatch_beyond_token_share"), _ORANGE, "tokens beyond the bound", "share")
+    drawn, paired = _two_scales(gap, kl, beyond, smooth, window, "upper right")
+    if kl[0] and min(kl[1]) > 0:
+        gap.set_yscale("log")
+    _finish(gap, "engine-learner gap", "mismatch_kl", drawn, legend=not paired)
+    drawn = False
+    for key, colour, label in (
+        ("mismatch_ratio_max", _RED, "largest"),
+        ("mismatch_ratio_mean", _GREEN, "mean"),
+        ("mismatch_ratio_min", _PURPLE, "smallest"),
+    ):
+        x, y = series(rows, key)
+        if x:
+            _curve(ratios, x, y, colour, label, smooth, window)
+            drawn = True
+    if drawn:
+        ratios.axhline(1.0, color="#777777", linewidth=0.8)
+        ratios.set_ylabel("pi_learner / pi_engine")
+    _finish(ratios, "token ratio", "mismatch_ratio_max", drawn)
 
 
 def _two_scales(
