@@ -13,7 +13,6 @@ from typing import Any
 
 from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
-from cadence.actors.trainer import TrainerSettings
 from cadence.config import RunConfig
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.launch.build import model_positions
@@ -27,6 +26,7 @@ from cadence.monitor.logstream import LogBounds, stream_logs
 from cadence.training.filters import Filters
 from cadence.training.selection import SelectionRule
 from cadence.training.steps import StepRule
+from cadence.training.trainer_settings import TrainerSettings
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.session import Session
