@@ -5,7 +5,6 @@ share engine calls, malformed requests get OpenAI errors, and no call is answere
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
