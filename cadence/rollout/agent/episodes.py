@@ -148,7 +148,7 @@ class AgentEpisodes:
         finally:
             endpoint.end(key)
             await client.close()
-        score = _score(value, which) if ending != "error" else None
+        score = _score(value, which) if ending == "done" else None
         if score is None:
             ending = "error" if ending == "done" else ending
             score = Score(reward=self.bounds.on_error, correct=0.0, parts={"agent": self.bounds.on_error})
