@@ -108,7 +108,12 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentE
         e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
     )
     if e.agent:
-        from cadence.rollout.agent.episodes import AgentEpisodes
+        try:
+            from cadence.rollout.agent.episodes import AgentEpisodes
+        except ImportError as err:
+            raise ConfigError(
+                f"environment.agent = {e.agent!r} needs the agents extra ({err}): pip install 'cadence[agents]'"
+            ) from None
 
         agent = load_agent(e.agent)
         return AgentEpisodes(e.agent, agent, tokenizer, bounds, e.served_model, e.max_choices, e.role)

@@ -9,7 +9,9 @@ scored by the run's reward functions or, with an environment, as whole episodes 
    single turn ─► single_turn.complete: one generate_many, each group scored and handed to `ready`
                   as soon as its samples end; `stopped()`: the rest dropped mid-decode
    episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its
-                  environment; the groups handed to `ready` together at the end (none once stopped)
+                  environment (agent.episodes.AgentEpisodes.run: every agent of the batch against the
+                  endpoint, scored by its return value); the groups handed to `ready` together at the
+                  end (none once stopped)
 ```
 
 Invariant: the same prompts, period, sample count and weights give the same groups whoever makes

@@ -30,7 +30,9 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
     return HFTokenizer(byte_checkpoint(tmp_path_factory.mktemp("agent") / "ckpt"))
 
 
-async def test_a_call_past_max_turns_is_refused_and_the_agent_keeps_its_reward(tokenizer: HFTokenizer) -> None:
+async def test_a_call_past_max_turns_is_refused_and_the_agent_keeps_its_reward(
+    tokenizer: HFTokenizer,
+) -> None:
     refused: list[openai.BadRequestError] = []
 
     async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
@@ -98,11 +100,17 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
     group = await play(agent, Scripted(tokenizer, "ok", max_context=512), tokenizer, seeds=[1])
     statuses = [status for status, _ in answers]
     assert statuses == [400, 404, 400, 400, 400, 400, 400, 401, 200]
-    for status, body in answers[:-1]:
+    for _, body in answers[:-1]:
         assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
     codes = [body["error"]["code"] for _, body in answers[:-1]]
-    assert codes[1] == "model_not_found" and codes[3] == "context_length_exceeded" and codes[7] == "invalid_api_key"
-    assert answers[2][1]["error"]["param"] == "n" and answers[-1][1]["choices"][0]["message"]["content"] == "ok"
+    assert (
+        codes[1] == "model_not_found"
+        and codes[3] == "context_length_exceeded"
+        and codes[7] == "invalid_api_key"
+    )
+    assert (
+        answers[2][1]["error"]["param"] == "n" and answers[-1][1]["choices"][0]["message"]["content"] == "ok"
+    )
     assert group.scores[0].reward == 1.0 and group.episodes is not None and group.episodes.turns == [1]
 
 
@@ -113,7 +121,9 @@ async def test_no_call_is_answered_after_its_episode_or_its_batch(tokenizer: HFT
 
     async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
         if task.seed == 1:  # keeps its client and ends at once
-            kept.append(openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0))
+            kept.append(
+                openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
+            )
             left.set()
             return 1.0
         await left.wait()

@@ -58,7 +58,7 @@ async def play(
     return group
 
 
-def ask(task: AgentTask, text: str | None = None) -> list[dict[str, Any]]:
+def ask(task: AgentTask, text: str | None = None) -> list[Any]:
     return [{"role": "user", "content": text or task.prompt}]
 
 
@@ -217,7 +217,9 @@ async def test_a_rewritten_history_is_a_sequence_of_its_own_and_the_longest_is_t
         reply = await client.chat.completions.create(model=task.model, messages=messages)
         messages += [reply.choices[0].message, {"role": "user", "content": "Sure?"}]
         answered.append(await client.chat.completions.create(model=task.model, messages=messages))
-        summary = [{"role": "user", "content": "Someone said four. Is it right?"}]  # history rewritten
+        summary: list[Any] = [
+            {"role": "user", "content": "Someone said four. Is it right?"}
+        ]  # history rewritten
         answered.append(
             await client.chat.completions.create(model=task.model, messages=summary, max_tokens=2)
         )
