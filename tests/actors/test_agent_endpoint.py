@@ -16,6 +16,7 @@ import torch
 
 from cadence.model.checkpoint import load_checkpoint
 from cadence.model.hf_tokenizer import HFTokenizer
+from cadence.rollout.agent.calls import choice_seed
 from cadence.rollout.agent.episodes import AgentEpisodes, AgentTask
 from cadence.rollout.play import EngineGenerate
 from cadence.rollout.results import GroupSamples
@@ -257,3 +258,38 @@ async def test_concurrent_agents_calls_share_engine_calls(engine: RecordingTurns
     # a gathering window far longer than the calls take to arrive: each turn's 4 calls go out together
     await play(agent, Counting(), tokenizer, seeds=[1, 2, 3, 4], gather_s=30.0)
     assert batches == [4, 4]
+
+
+async def test_choices_are_sampled_with_seeds_of_their_own_and_the_one_gone_on_from_is_kept(
+    engine: RecordingTurns, checkpoint: Path
+) -> None:
+    tokenizer = HFTokenizer(checkpoint)
+    bodies: list[dict[str, Any]] = []
+
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        messages: list[Any] = ask(task)
+        reply = await client.chat.completions.create(model=task.model, messages=messages, max_tokens=6, n=2)
+        messages += [reply.choices[1].message, {"role": "user", "content": "Go on."}]
+        bodies.append(reply.model_dump())
+        bodies.append(
+            (
+                await client.chat.completions.create(model=task.model, messages=messages, max_tokens=6)
+            ).model_dump()
+        )
+        return 1.0
+
+    group = await play(agent, EngineGenerate(engine), tokenizer, seeds=[31])
+    both, last = bodies
+    first, second = (c["token_ids"] for c in both["choices"])
+    seeds = [choice_seed(31, 0, j) for j in range(2)]
+    assert [engine.asked[s].completion.tokens for s in seeds] == [first, second] and seeds[0] == 31
+    assert (
+        last["prompt_token_ids"][: len(both["prompt_token_ids"]) + len(second)]
+        == both["prompt_token_ids"] + second
+    )
+    assert group.episodes is not None and group.episodes.sequences == [
+        2
+    ]  # the choice left, and the one gone on from
+    assert group.completions[0][: len(second)] == second and sum(group.masks[0]) == len(second) + len(
+        last["choices"][0]["token_ids"]
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from structlog.testing import capture_logs
 
 from cadence.launch.build import make_engine, make_learner, make_tokenizer, vocab_limit
 from cadence.launch.settings import group_bounds
@@ -31,9 +32,12 @@ async def test_a_worker_plays_an_assignment_as_agent_episodes(network: InprocNet
     tokenizer = make_tokenizer(cfg)
     engine = make_engine(cfg, tokenizer)
     weights = make_learner(cfg, tokenizer).weights()
-    async with welcomed_worker(cfg, network, engine, weights, chunk_bytes=1 << 16) as w:
-        await w.dispatcher.send(w.peers["rollout"], Assignment(0, 0, 7, "12", "2", 4))
-        result = await expect(w.trainer, GroupResult, timeout=60)
+    with capture_logs() as logs:
+        async with welcomed_worker(cfg, network, engine, weights, chunk_bytes=1 << 16) as w:
+            await w.dispatcher.send(w.peers["rollout"], Assignment(0, 0, 7, "12", "2", 4))
+            result = await expect(w.trainer, GroupResult, timeout=60)
+    calls = [e for e in logs if e["event"] == "span" and e["kind"] == "call"]
+    assert len(calls) == 8 and all(e["period"] == 0 and e["end"] >= e["start"] for e in calls)
     got = decode_frames(encode_frames(result, "w0", "test")).message
     assert isinstance(got, GroupResult)
     bounds = dataclasses.replace(group_bounds(cfg, vocab_limit(cfg, tokenizer)), samples=4)

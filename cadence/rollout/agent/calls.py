@@ -5,9 +5,11 @@ its sequences (`trace.py`), sampled through the batcher with the episode's seeds
  complete(request, messages)
    n within max_choices; calls < max_turns; the prompt (placed) within the model's positions;
    a token limit of min(max_tokens asked, max_turn_tokens, the positions left, the episode's tokens left)
-   ─► seeds: turn_seed(turn_seed(seed, call), choice) ─► batcher ─► each choice cut at its first stop
+   ─► seeds: choice_seed(seed, call, choice) ─► batcher ─► each choice cut at its first stop
    ─► recorded in the trace ─► the response (ids, log-probs, version)
 ```
+
+Each call is logged as a span (`call`, from its arrival to its answer) on the worker's clock.
 
 Invariant: a call past a bound is refused (an OpenAI error) and the bound is the episode's ending; the
 first call's first choice is sampled with the episode's seed, as a single-turn sample is; what a
@@ -17,10 +19,13 @@ response says was sampled is exactly what the trace keeps for training.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
 
 from cadence.model.tokenizer import TextTokenizer
 from cadence.rollout.agent.batcher import Batcher
@@ -29,6 +34,8 @@ from cadence.rollout.agent.trace import Trace
 from cadence.tasks.environments.base import Ending
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.generation import Generated, turn_seed
+
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Serving:
     version: int
     model: str
     clock: Callable[[], float] = time.monotonic
+    spans: dict[str, Any] | None = None  # each call logged as a span "call" with these fields (the worker's)
 
 
 @dataclass
@@ -69,9 +77,18 @@ class EpisodeCalls:
             return await self._complete(request, said)
         finally:
             self.in_call -= 1
-            self.seconds += clock() - arrived
             self.idle_since = clock()
+            self.seconds += self.idle_since - arrived
             self.activity.set()
+            if self.serving.spans is not None:
+                log.debug(
+                    "span",
+                    kind="call",
+                    start=arrived,
+                    end=self.idle_since,
+                    **self.serving.spans,
+                    seed=self.seed,
+                )
 
     async def _complete(self, request: ChatRequest, said: Sequence[Said]) -> dict[str, Any]:
         s, bounds = self.serving, self.serving.bounds
@@ -95,14 +112,14 @@ class EpisodeCalls:
             request.token_limit or bounds.max_turn_tokens,
             bounds.max_turn_tokens,
             s.max_context - len(placed.ids),
-            bounds.max_tokens - placed.room(self.trace.nodes),
+            bounds.max_tokens - placed.held(self.trace.nodes),
         )
         if room < 1:
             self._refuse(
                 "token_budget", f"the episode holds its {bounds.max_tokens} tokens (environment.max_tokens)"
             )
         call, self.calls = self.calls, self.calls + 1
-        seeds = [turn_seed(turn_seed(self.seed, call), j) for j in range(request.n)]
+        seeds = [choice_seed(self.seed, call, j) for j in range(request.n)]
         made = await s.batcher.sample([(placed.ids, seed, room) for seed in seeds])
         choices = [self._choice(g, request.stops) for g in made]
         for choice, generated in zip(choices, made, strict=True):
@@ -137,3 +154,14 @@ class EpisodeCalls:
 def _first_stop(text: str, stops: list[str]) -> int | None:
     found = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(found) if found else None
+
+
+def choice_seed(seed: int, call: int, choice: int) -> int:
+    """The seed of choice `choice` of call `call` (0-based) of the episode of sample seed `seed`: the
+    episode runner's `turn_seed(seed, call)` for the first choice, a stable 63-bit hash of all three
+    for the others (never another call's first choice's)."""
+    if choice == 0:
+        return turn_seed(seed, call)
+    key = f"{seed}:{call}:{choice}".encode()
+    digest = hashlib.blake2b(key, digest_size=8, person=b"cadence-choice").digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

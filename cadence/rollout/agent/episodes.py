@@ -84,7 +84,9 @@ class AgentEpisodes:
         `generate` (which holds weights `version`, the responses' `cadence.version`)."""
         pairs = [(prompt, seed) for prompt, seeds, _ in groups for seed in seeds]
         live = [len(pairs)]
-        batcher = Batcher(generate, lambda: live[0], self.gather_s, self.clock)
+        clock = waits.clock if waits is not None else self.clock  # the worker's, for its spans
+        batcher = Batcher(generate, lambda: live[0], self.gather_s, clock)
+        spans = dict(waits.fields) if waits is not None else None
         serving = Serving(
             batcher,
             self.tokenizer,
@@ -93,7 +95,8 @@ class AgentEpisodes:
             self.max_choices,
             version,
             self.model,
-            self.clock,
+            clock,
+            spans,
         )
         endpoint = Endpoint(self.model)
         serve = asyncio.ensure_future(batcher.run())
@@ -127,7 +130,7 @@ class AgentEpisodes:
         """One agent's episode, from its key to its result."""
         import openai
 
-        started = self.clock()
+        started = serving.clock()
         calls = EpisodeCalls(
             serving,
             Trace(Renderer(self.tokenizer, self.tool_role)),
@@ -143,7 +146,7 @@ class AgentEpisodes:
         which = {"agent": self.name, "prompt_id": prompt.prompt_id, "seed": seed}
         try:
             ending, value, timeouts = await _watched(
-                self.agent(client, task), calls, self.bounds, self.clock, which
+                self.agent(client, task), calls, self.bounds, serving.clock, which
             )
         finally:
             endpoint.end(key)
@@ -152,7 +155,7 @@ class AgentEpisodes:
         if score is None:
             ending = "error" if ending == "done" else ending
             score = Score(reward=self.bounds.on_error, correct=0.0, parts={"agent": self.bounds.on_error})
-        own_s = max(0.0, self.clock() - started - calls.seconds)
+        own_s = max(0.0, serving.clock() - started - calls.seconds)
         return _result(prompt, seed, calls, score, calls.bound or ending, timeouts, own_s), calls
 
 
@@ -166,20 +169,25 @@ async def _watched(
     """Run the agent within the episode's time and, outside its calls, the step timeout: (its ending,
     its value, timeouts); a failure is logged with its traceback."""
     task = asyncio.ensure_future(agent)
-    while not task.done():
-        now = clock()
-        left = calls.deadline - now
-        if calls.in_call == 0:
-            left = min(left, calls.idle_since + bounds.step_timeout_s - now)
-        if left <= 0:
-            task.cancel()
-            await asyncio.wait({task}, timeout=1.0)
-            log.warning("agent_timed_out", **which, calls=calls.calls, past_episode=clock() >= calls.deadline)
-            return "episode_timeout", None, 1
-        calls.activity.clear()
-        waiting = asyncio.ensure_future(calls.activity.wait())
-        await asyncio.wait({task, waiting}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
+    try:
+        while not task.done():
+            now = clock()
+            left = calls.deadline - now
+            if calls.in_call == 0:
+                left = min(left, calls.idle_since + bounds.step_timeout_s - now)
+            if left <= 0:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+                past = clock() >= calls.deadline
+                log.warning("agent_timed_out", **which, calls=calls.calls, past_episode=past)
+                return "episode_timeout", None, 1
+            calls.activity.clear()
+            waiting = asyncio.ensure_future(calls.activity.wait())
+            await asyncio.wait({task, waiting}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+    except BaseException:  # the batch was cancelled (its period stopped, the worker rejoined)
+        task.cancel()
+        raise
     try:
         return "done", task.result(), 0
     except Exception as exc:

@@ -96,7 +96,7 @@ class Placed:
     said: tuple[Said, ...]
     tools: str
 
-    def room(self, nodes: Sequence[Node]) -> int:
+    def held(self, nodes: Sequence[Node]) -> int:
         """The ids the call's sequence holds after its first prompt, the new ones included."""
         if self.parent is None:
             return 0
