@@ -63,16 +63,20 @@ def ask(task: AgentTask, text: str | None = None) -> list[Any]:
     return [{"role": "user", "content": text or task.prompt}]
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 async def test_a_call_is_answered_with_the_engines_ids_and_log_probs(
-    engine: RecordingTurns, checkpoint: Path
+    checkpoint: Path, temperature: float
 ) -> None:
     tokenizer = HFTokenizer(checkpoint)
+    engine = recording_engine(checkpoint, temperature=temperature)
     answers: dict[int, dict[str, Any]] = {}
 
     async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
         models = await client.models.list()
         assert [m.id for m in models.data] == [task.model]
-        reply = await client.chat.completions.create(model=task.model, messages=ask(task), max_tokens=8)
+        reply = await client.chat.completions.create(  # a temperature of its own is not honoured
+            model=task.model, messages=ask(task), max_tokens=8, temperature=1.9
+        )
         answers[task.seed] = reply.model_dump()
         return 1.0
 
@@ -98,9 +102,9 @@ async def test_a_call_is_answered_with_the_engines_ids_and_log_probs(
         }
         assert group.prompt == prompt and group.completions[i] == sampled.completion.tokens
         assert group.masks[i] == [1] * len(sampled.completion.tokens) and group.scores[i].reward == 1.0
-        ids = prompt + sampled.completion.tokens  # the learner's log-probs at the run's temperature, 1
+        ids = prompt + sampled.completion.tokens  # the learner's log-probs at the run's temperature
         with torch.no_grad():
-            forward = torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+            forward = torch.log_softmax(model(torch.tensor([ids]))[0].float() / temperature, dim=-1)
         for j, token in enumerate(sampled.completion.tokens):
             assert choice["token_logprobs"][j] == pytest.approx(
                 float(forward[len(prompt) + j - 1, token]), abs=2e-4

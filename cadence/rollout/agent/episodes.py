@@ -100,12 +100,13 @@ class AgentEpisodes:
         )
         endpoint = Endpoint(self.model)
         serve = asyncio.ensure_future(batcher.run())
+        clients = None
         try:
-            await endpoint.start()
+            clients = _Clients(endpoint, await endpoint.start(), self.bounds.episode_timeout_s)
 
             async def one(prompt: Prompt, seed: int) -> tuple[EpisodeResult, EpisodeCalls]:
                 try:
-                    return await self._episode(endpoint, serving, prompt, seed)
+                    return await self._episode(clients, serving, prompt, seed)
                 finally:
                     live[0] -= 1
                     batcher.poke()
@@ -113,6 +114,8 @@ class AgentEpisodes:
             results = await asyncio.gather(*(one(prompt, seed) for prompt, seed in pairs))
         finally:
             serve.cancel()
+            if clients is not None:
+                await clients.base.close()
             await endpoint.close()
             if waits is not None:
                 waits.close()
@@ -125,11 +128,9 @@ class AgentEpisodes:
         return out
 
     async def _episode(
-        self, endpoint: Endpoint, serving: Serving, prompt: Prompt, seed: int
+        self, clients: _Clients, serving: Serving, prompt: Prompt, seed: int
     ) -> tuple[EpisodeResult, EpisodeCalls]:
         """One agent's episode, from its key to its result."""
-        import openai
-
         started = serving.clock()
         calls = EpisodeCalls(
             serving,
@@ -138,10 +139,8 @@ class AgentEpisodes:
             deadline=started + self.bounds.episode_timeout_s,
             idle_since=started,
         )
-        key = endpoint.open(calls)
-        client = openai.AsyncOpenAI(
-            base_url=endpoint.base_url, api_key=key, max_retries=0, timeout=self.bounds.episode_timeout_s
-        )
+        key = clients.endpoint.open(calls)
+        client = clients.base.with_options(api_key=key)  # the batch's connections, the episode's key
         task = AgentTask(prompt.text, prompt.answer, prompt.prompt_id, seed, self.model)
         which = {"agent": self.name, "prompt_id": prompt.prompt_id, "seed": seed}
         try:
@@ -149,14 +148,24 @@ class AgentEpisodes:
                 self.agent(client, task), calls, self.bounds, serving.clock, which
             )
         finally:
-            endpoint.end(key)
-            await client.close()
+            clients.endpoint.end(key)
         score = _score(value, which) if ending == "done" else None
         if score is None:
             ending = "error" if ending == "done" else ending
             score = Score(reward=self.bounds.on_error, correct=0.0, parts={"agent": self.bounds.on_error})
         own_s = max(0.0, serving.clock() - started - calls.seconds)
         return _result(prompt, seed, calls, score, calls.bound or ending, timeouts, own_s), calls
+
+
+class _Clients:
+    """The batch's endpoint, and one OpenAI client of it whose connections every episode's client
+    shares (a client of its own each would make an SSL context each: 20 ms)."""
+
+    def __init__(self, endpoint: Endpoint, base_url: str, timeout_s: float) -> None:
+        import openai
+
+        self.endpoint = endpoint
+        self.base = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=timeout_s)
 
 
 async def _watched(
