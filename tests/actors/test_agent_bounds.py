@@ -169,3 +169,24 @@ async def test_a_version_change_under_the_batch_fails_its_calls_and_the_batch(tm
     with pytest.raises(RuntimeError, match="would go on with 1 loaded"):
         await play(agent, generate, tokenizer, seeds=[1])
     assert statuses == [500]
+
+
+class Stuck:
+    """A `Generate` that never answers (an engine stuck past the episode's time)."""
+
+    max_context = 512
+
+    async def __call__(self, prompts: Any, seeds: Any, max_new_tokens: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+@pytest.mark.timeout(20)  # the endpoint waits for no answer that will not come (aiohttp's 60 s)
+async def test_an_agent_past_its_time_inside_a_call_ends_and_the_batch_closes(tokenizer: HFTokenizer) -> None:
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        await client.chat.completions.create(model=task.model, messages=ask(task))
+        return 1.0
+
+    bounds = Bounds(episode_timeout_s=0.5, on_error=-1.0)
+    group = await play(agent, Stuck(), tokenizer, seeds=[1, 2], bounds=bounds)
+    assert [s.reward for s in group.scores] == [-1.0, -1.0]
+    assert group.episodes is not None and group.episodes.endings == ["episode_timeout"] * 2

@@ -8,8 +8,8 @@ together, so the episodes' calls share the engine's decode steps as the episode 
 ```
 
 Invariant: a row's sample depends on its prompt, seed and token limit alone (the engine's), never on
-the rows it is batched with; every call gets its rows' results or the engine's exception, which
-`failure` also keeps for the batch's owner to raise.
+the rows it is batched with; every call gets its rows' results, the engine's exception (which
+`failure` also keeps for the batch's owner to raise), or, once the batch is closed, a 503.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cadence.rollout.agent.chat import ApiError
 from cadence.tasks.environments.generation import Generate, Generated
 
 Row = tuple[list[int], int, int]  # prompt ids, seed, token limit
@@ -45,6 +46,7 @@ class Batcher:
         self.gather_s = gather_s
         self.clock = clock
         self.pending: list[_Call] = []
+        self.running: list[_Call] = []  # in the engine now
         self.changed = asyncio.Event()
         self.failure: BaseException | None = None
         self.engine_calls = 0
@@ -77,8 +79,16 @@ class Batcher:
             calls, self.pending = self.pending, []
             await self._generate(calls)
 
+    def close(self) -> None:
+        """The batch is over: every call not answered yet gets `ApiError` 503 (its agent has ended)."""
+        for call in self.pending + self.running:
+            if not call.done.done():
+                call.done.set_exception(ApiError(503, "the episode's batch has ended", kind="server_error"))
+        self.pending, self.running = [], []
+
     async def _generate(self, calls: list[_Call]) -> None:
         rows = [row for call in calls for row in call.rows]
+        self.running = calls
         try:
             self.engine_calls += 1
             made = await self.generate([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])

@@ -114,6 +114,7 @@ class AgentEpisodes:
             results = await asyncio.gather(*(one(prompt, seed) for prompt, seed in pairs))
         finally:
             serve.cancel()
+            batcher.close()
             if clients is not None:
                 await clients.base.close()
             await endpoint.close()

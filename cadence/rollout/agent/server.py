@@ -44,7 +44,10 @@ class Endpoint:
 
     async def start(self) -> str:
         """Listen; the base URL a client is given."""
-        self.runner = web.AppRunner(self.app, access_log=None)
+        # a handler whose client left is cancelled; one still running at close is given a second
+        self.runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, 0)
         await site.start()
