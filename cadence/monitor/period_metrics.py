@@ -96,7 +96,7 @@ class PeriodMetrics:
     turn_reward_mean: float | None = None  # the turns' own rewards (`Reply.reward`), mean over those given
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
     sequences_mean: float | None = None  # agent episodes: token sequences an episode, mean
-    rewrites: int | None = None  # agent episodes that rewrote their history (more than one sequence)
+    rewrites: int | None = None  # agent episodes of more than one sequence (a rewritten history, or n > 1)
     call_tokens_mean: float | None = None  # agent episodes: tokens a call sampled, mean
     call_s_mean: float | None = None  # agent episodes: seconds a call took at the endpoint, mean
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
