@@ -11,7 +11,7 @@ from cadence.cli.common import Subparsers
 def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements printed as text or JSON (docs/benchmarks.md)")
     bench.add_argument(
-        "name", choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire"]
+        "name", choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire", "agents"]
     )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -62,6 +62,10 @@ def bench_handler(args: argparse.Namespace) -> int:
         return bench_tail(
             args.config, args.overrides, args.periods, args.json, args.out, args.variants, args.rounds
         )
+    if args.name == "agents":
+        from cadence.bench.agents import bench_agents
+
+        return bench_agents(args.json)
     if args.name == "signing":
         from cadence.bench.signing import bench_signing
 
