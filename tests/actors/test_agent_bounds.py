@@ -73,6 +73,7 @@ async def test_an_agent_that_raises_or_overruns_is_scored_on_error_and_logged(to
 
 async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tokenizer: HFTokenizer) -> None:
     answers: list[tuple[int, dict[str, Any]]] = []
+    elsewhere: list[tuple[int, dict[str, Any]]] = []  # a route not served
 
     async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
         url = f"{client.base_url}chat/completions"
@@ -95,6 +96,8 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
                 sent = http.post(url, data=data, json=None if data else body, headers=headers)
                 async with sent as got:
                     answers.append((got.status, await got.json()))
+            async with http.post(f"{client.base_url}completions", json=good, headers=key) as got:
+                elsewhere.append((got.status, await got.json()))
         return 1.0
 
     group = await play(agent, Scripted(tokenizer, "ok", max_context=512), tokenizer, seeds=[1])
@@ -112,6 +115,8 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
         answers[2][1]["error"]["param"] == "n" and answers[-1][1]["choices"][0]["message"]["content"] == "ok"
     )
     assert group.scores[0].reward == 1.0 and group.episodes is not None and group.episodes.turns == [1]
+    ((status, body),) = elsewhere
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
 
 
 async def test_no_call_is_answered_after_its_episode_or_its_batch(tokenizer: HFTokenizer) -> None:
