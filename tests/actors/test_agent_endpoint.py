@@ -297,3 +297,27 @@ async def test_choices_are_sampled_with_seeds_of_their_own_and_the_one_gone_on_f
     assert group.completions[0][: len(second)] == second and sum(group.masks[0]) == len(second) + len(
         last["choices"][0]["token_ids"]
     )
+
+
+async def test_a_stop_string_cuts_the_answer_and_the_turns_end_is_the_templates(checkpoint: Path) -> None:
+    tokenizer = HFTokenizer(checkpoint)
+    scripted = Scripted(tokenizer, "four. five.")
+    bodies: list[dict[str, Any]] = []
+
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        messages: list[Any] = ask(task)
+        reply = await client.chat.completions.create(model=task.model, messages=messages, stop=["."])
+        bodies.append(reply.model_dump())
+        messages += [reply.choices[0].message, {"role": "user", "content": "Sure?"}]
+        bodies.append(
+            (await client.chat.completions.create(model=task.model, messages=messages)).model_dump()
+        )
+        return 1.0
+
+    group = await play(agent, scripted, tokenizer, seeds=[1])
+    (choice,) = bodies[0]["choices"]
+    assert choice["message"]["content"] == "four" and choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == tokenizer.encode("four.")  # sampled up to the stop, no further
+    after = bodies[1]["prompt_token_ids"][len(bodies[0]["prompt_token_ids"]) + len(choice["token_ids"]) :]
+    assert tokenizer.decode(after, skip_special=False).startswith("<|im_end|>\n<|im_start|>user\nSure?")
+    assert group.episodes is not None and group.episodes.sequences == [1]
