@@ -112,7 +112,7 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
             rows = read_jsonl(Path(tmp) / mode / "metrics.jsonl")
             waits = seconds_by_period(read_spans(Path(tmp) / mode), "environment")
             measured: dict[str, Any] = measure(rows, waits)
-            if run_cfg.environment.name:
+            if run_cfg.environment.played:
                 measured["bound"] = bound(measured)
             figures[mode], last = measured, rows[-1]
             figures[mode]["trainer_threads"] = trainer_threads(run_cfg)

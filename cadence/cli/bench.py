@@ -12,7 +12,18 @@ def add(sub: Subparsers) -> None:
     bench = sub.add_parser("bench", help="measurements printed as text or JSON (docs/benchmarks.md)")
     bench.add_argument(
         "name",
-        choices=["pipeline", "packing", "logs", "weights", "e2e", "tail", "signing", "wire", "mismatch"],
+        choices=[
+            "pipeline",
+            "packing",
+            "logs",
+            "weights",
+            "e2e",
+            "tail",
+            "signing",
+            "wire",
+            "mismatch",
+            "agents",
+        ],
     )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -78,6 +89,10 @@ def bench_handler(args: argparse.Namespace) -> int:
 
         engines, precisions = args.engines.split(","), args.precisions.split(",")
         return bench_mismatch(args.config, args.overrides, engines, precisions, args.prompts, args.json)
+    if args.name == "agents":
+        from cadence.bench.agents import bench_agents
+
+        return bench_agents(args.json)
     if args.name == "signing":
         from cadence.bench.signing import bench_signing
 

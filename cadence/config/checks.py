@@ -174,7 +174,12 @@ def eval_k_and_temperature_agree_with_greedy(cfg: RunConfig) -> None:
 def episodes_need_a_turn_engine(cfg: RunConfig) -> None:
     """`environment.name` needs an engine that plays episodes' turns (a token limit a call, the model's
     positions): `rollout.engine = "torch"` or `"vllm"`; the simulated engine plays none."""
-    name, engine = cfg.environment.name, cfg.rollout.engine
+    name, engine = cfg.environment.name or cfg.environment.agent, cfg.rollout.engine
+    if cfg.environment.name and cfg.environment.agent:
+        raise ConfigError(
+            f"environment.name = {cfg.environment.name!r} and environment.agent ="
+            f" {cfg.environment.agent!r}: an episode is an environment's or an agent's, set one"
+        )
     if name and engine not in ("torch", "vllm"):
         raise ConfigError(
             f"environment.name = {name!r} needs rollout.engine = 'torch' or 'vllm' (got {engine!r}):"
@@ -188,7 +193,7 @@ def episodes_fit_the_positions(cfg: RunConfig) -> None:
     `model.checkpoint`'s own positions are checked when a worker builds) and, with `rollout.engine =
     "vllm"`, in `vllm.max_model_len` when set."""
     e = cfg.environment
-    if not e.name:
+    if not e.played:
         return
     if e.max_turn_tokens > e.max_tokens:
         raise ConfigError(
@@ -213,7 +218,7 @@ def episodes_fit_the_positions(cfg: RunConfig) -> None:
 
 def episodes_take_no_reward_weights(cfg: RunConfig) -> None:
     """`environment.name` takes no `rewards.weights`: an episode's reward is its environment's score."""
-    if cfg.environment.name and cfg.rewards.weights:
+    if cfg.environment.played and cfg.rewards.weights:
         raise ConfigError(
             f"rewards.weights = {cfg.rewards.weights} with environment.name ="
             f" {cfg.environment.name!r}: an episode's reward is its environment's score; leave"

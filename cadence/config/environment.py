@@ -1,8 +1,8 @@
 """The `[environment]` section: multi-turn episodes instead of single completions, and their bounds.
 
-Invariant: `name = ""` is the single-turn run, whatever the other keys say; with a name, every key
-here becomes one field of the episode runner's `Bounds` (`cadence/tasks/environments/bounds.py`), with
-the same range. No torch here.
+Invariant: `name = ""` and `agent = ""` is the single-turn run, whatever the other keys say; with a
+name or an agent (never both), every bound here becomes one field of the episodes' `Bounds`
+(`cadence/tasks/environments/bounds.py`), with the same range. No torch here.
 """
 
 from __future__ import annotations
@@ -53,8 +53,24 @@ class EnvironmentConfig:
         " tokenizer cannot take (logged as environment_failed)",
         Rule(finite=True),
     )
+    agent: str = doc(
+        "",
+        "an agent of your own, `package.module:function`: `async def agent(client, task)` gets an"
+        " `openai.AsyncOpenAI` client of the worker's endpoint and the task's row, returns the reward (or a"
+        " Score); each sample is one agent run, its calls the episode's turns (with the bounds above);"
+        " instead of `name`",
+    )
+    served_model: str = doc(
+        "cadence", "agent episodes: the model name the endpoint serves (`model=` of a call)"
+    )
+    max_choices: int = doc(4, "agent episodes: the most choices (`n`) one call may ask for", Rule(ge=1))
     role: Literal["user", "tool"] = doc(
         "user",
         "the chat role the environment's messages are rendered in (tool: where the model's chat"
-        " template renders tool results apart)",
+        " template renders tool results apart; agent episodes: the role of tool results)",
     )
+
+    @property
+    def played(self) -> bool:
+        """Each sample is an episode: an environment's or an agent's."""
+        return bool(self.name or self.agent)

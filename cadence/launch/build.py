@@ -10,7 +10,7 @@ import json
 import string
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -37,6 +37,7 @@ from cadence.training.ranks import Ranks
 from cadence.training.simulated import SimulatedEngine, SimulatedLearner
 
 if TYPE_CHECKING:
+    from cadence.rollout.agent.episodes import Agent, AgentEpisodes
     from cadence.training.collectives import Collectives
 
 
@@ -54,7 +55,7 @@ def make_tokenizer(cfg: RunConfig, task: Task | None = None) -> TextTokenizer:
 
         extra = {c for text, answer in eval_file_records(cfg.task, cfg.eval) for c in text + answer}
         alphabet += "".join(sorted(extra - set(alphabet)))
-    if cfg.environment.name:  # an environment writes text of its own: printable ASCII, after the rest
+    if cfg.environment.played:  # an environment writes text of its own: printable ASCII, after the rest
         alphabet += "".join(c for c in string.printable if c not in alphabet and c not in "\t\r\x0b\x0c")
     return CharTokenizer(alphabet)
 
@@ -80,29 +81,49 @@ def model_positions(cfg: RunConfig) -> int:
     return cfg.model.max_position
 
 
-def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | None:
-    """What a worker runs its samples as episodes with (`environment.name`), or None (single-turn).
+def load_agent(target: str) -> Agent:
+    """The agent `environment.agent` names; `ConfigError` naming the key when it does not load."""
+    from cadence.config.targets import load_callable
+
+    if not all(target.partition(":")[::2]):
+        raise ConfigError(f"environment.agent: {target!r} is not 'package.module:function'")
+    return cast("Agent", load_callable(target, "environment.agent", target, "an async agent function"))
+
+
+def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentEpisodes | None:
+    """What a worker runs its samples as episodes with (`environment.name`, or `environment.agent`:
+    agent episodes), or None (single-turn).
     `ConfigError` naming the key for a name that does not load, a token budget that leaves the first
     message no room in the model's positions, a chat template whose turns cannot be appended."""
     from cadence.model.turns import ChatTurns
 
     e = cfg.environment
-    if not e.name:
+    if not e.played:
         return None
-    factory = load_environment(e.name)
     positions = model_positions(cfg)
     if e.max_tokens >= positions:
         raise ConfigError(
             f"environment.max_tokens = {e.max_tokens} leaves the first message no room in the model's"
             f" {positions} positions: lower it"
         )
+    bounds = Bounds(
+        e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
+    )
+    if e.agent:
+        try:
+            from cadence.rollout.agent.episodes import AgentEpisodes
+        except ImportError as err:
+            raise ConfigError(
+                f"environment.agent = {e.agent!r} needs the agents extra ({err}): pip install 'cadence[agents]'"
+            ) from None
+
+        agent = load_agent(e.agent)
+        return AgentEpisodes(e.agent, agent, tokenizer, bounds, e.served_model, e.max_choices, e.role)
+    factory = load_environment(e.name)
     try:
         codec = ChatTurns(tokenizer, e.role)
     except ValueError as err:
         raise ConfigError(f"environment.name = {e.name!r}: {err}") from None
-    bounds = Bounds(
-        e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
-    )
     return Episodes(e.name, factory, codec, bounds)
 
 
@@ -132,7 +153,7 @@ def make_group_maker(
     cfg: RunConfig,
     tokenizer: TextTokenizer,
     engine: RolloutEngine,
-    episodes: Episodes | None,
+    episodes: Episodes | AgentEpisodes | None,
     task: Task | None = None,
 ) -> GroupMaker:
     """What makes a worker's (or `cadence eval`'s) groups on `engine`: the run's reward functions (with

@@ -150,6 +150,10 @@ def launch(
         from cadence.tasks.environments.loading import load_environment
 
         load_environment(cfg.environment.name)
+    if cfg.environment.agent:
+        from cadence.launch.build import load_agent
+
+        load_agent(cfg.environment.agent)
     if resume:
         config_path, first = prepare_resume(cfg, out)
     else:

@@ -160,7 +160,7 @@ def step_rule(cfg: RunConfig) -> StepRule:
 def token_limit(cfg: RunConfig) -> int:
     """The most tokens a sample's completion may hold: `rollout.max_new_tokens`, or an episode's
     `environment.max_tokens`."""
-    return cfg.environment.max_tokens if cfg.environment.name else cfg.rollout.max_new_tokens
+    return cfg.environment.max_tokens if cfg.environment.played else cfg.rollout.max_new_tokens
 
 
 def publish_dtype(cfg: RunConfig) -> str | None:

@@ -30,12 +30,32 @@ def episode_metrics(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
     endings = Counter(ending for g in played for ending in g.endings)
     given = [r for g in played for rewards in g.turn_rewards for r in rewards if r is not None]
     rewarded = {"turn_reward_mean": sum(given) / len(given)} if given else {}
-    return rewarded | {
-        "turns_mean": sum(sum(g.turns) for g in played) / episodes,
-        "tool_calls": sum(sum(g.tool_calls) for g in played),
-        "tool_errors": sum(sum(g.tool_errors) for g in played),
-        "env_timeouts": sum(sum(g.env_timeouts) for g in played),
-        "env_s": sum(sum(g.env_s) for g in played),
-        "env_tokens": sum(sum(g.env_tokens) for g in played),
-        "endings": dict(sorted(endings.items())),
+    return (
+        rewarded
+        | _calls(played)
+        | {
+            "turns_mean": sum(sum(g.turns) for g in played) / episodes,
+            "tool_calls": sum(sum(g.tool_calls) for g in played),
+            "tool_errors": sum(sum(g.tool_errors) for g in played),
+            "env_timeouts": sum(sum(g.env_timeouts) for g in played),
+            "env_s": sum(sum(g.env_s) for g in played),
+            "env_tokens": sum(sum(g.env_tokens) for g in played),
+            "endings": dict(sorted(endings.items())),
+        }
+    )
+
+
+def _calls(played: Sequence[EpisodeFigures]) -> dict[str, Any]:
+    """Agent episodes' figures (`environment.agent`): sequences an episode (mean), episodes that rewrote
+    their history (more than one sequence), tokens a call and seconds a call (means); {} for others."""
+    agents = [g for g in played if g.sequences]
+    calls = sum(sum(g.turns) for g in agents)
+    if not agents:
+        return {}
+    episodes = sum(len(g.sequences) for g in agents)
+    return {
+        "sequences_mean": sum(sum(g.sequences) for g in agents) / episodes,
+        "rewrites": sum(n > 1 for g in agents for n in g.sequences),
+        "call_tokens_mean": sum(sum(g.call_tokens) for g in agents) / calls if calls else 0.0,
+        "call_s_mean": sum(sum(g.call_s) for g in agents) / calls if calls else 0.0,
     }

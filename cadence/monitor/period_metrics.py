@@ -32,6 +32,10 @@ _EPISODES = (
     "env_s",
     "env_tokens",
     "turn_reward_mean",
+    "sequences_mean",
+    "rewrites",
+    "call_tokens_mean",
+    "call_s_mean",
 )
 # the gap between the engine's log-probs and the learner's (ops/mismatch.py) and its correction's
 # figures, left out of a row while None (nothing measured; no correction)
@@ -111,6 +115,10 @@ class PeriodMetrics:
     env_tokens: int | None = None  # the environment's tokens in the completions (context, never trained)
     turn_reward_mean: float | None = None  # the turns' own rewards (`Reply.reward`), mean over those given
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
+    sequences_mean: float | None = None  # agent episodes: token sequences an episode, mean
+    rewrites: int | None = None  # agent episodes of more than one sequence (a rewritten history, or n > 1)
+    call_tokens_mean: float | None = None  # agent episodes: tokens a call sampled, mean
+    call_s_mean: float | None = None  # agent episodes: seconds a call took at the endpoint, mean
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)
     reassigned: int | None = None  # prompts handed to another worker so far (the dispatcher's)
     prompts_issued: int | None = None  # over-sampled: prompts the period queued, refills included

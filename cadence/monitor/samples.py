@@ -93,6 +93,12 @@ def _episode_record(msg: GroupResult, i: int) -> dict[str, Any]:
             "tool_errors": figures.tool_errors[i] if figures.tool_errors else 0,
             "env_tokens": figures.env_tokens[i] if figures.env_tokens else 0,
         }
+    if figures.sequences:
+        record |= {
+            "sequences": figures.sequences[i],
+            "call_tokens": figures.call_tokens[i],
+            "call_s": figures.call_s[i],
+        }
     if figures.turn_rewards:
         record["turn_rewards"] = figures.turn_rewards[i]
     if figures.transcripts:

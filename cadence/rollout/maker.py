@@ -9,7 +9,9 @@ scored by the run's reward functions or, with an environment, as whole episodes 
    single turn ─► single_turn.complete: one generate_many, each group scored and handed to `ready`
                   as soon as its samples end; `stopped()`: the rest dropped mid-decode
    episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its
-                  environment; the groups handed to `ready` together at the end (none once stopped)
+                  environment (agent.episodes.AgentEpisodes.run: every agent of the batch against the
+                  endpoint, scored by its return value); the groups handed to `ready` together at the
+                  end (none once stopped)
 ```
 
 Invariant: the same prompts, period, sample count and weights give the same groups whoever makes
@@ -25,7 +27,7 @@ from cadence.model.engine import sample_seed
 from cadence.model.rollout_engine import RolloutEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
-from cadence.rollout.play import EngineGenerate, Episodes, Hold
+from cadence.rollout.play import EngineGenerate, Hold, PlaysEpisodes
 from cadence.rollout.results import GroupSamples
 from cadence.rollout.single_turn import Ready, Scorer, complete
 from cadence.tasks.base import Prompt
@@ -43,7 +45,7 @@ class GroupMaker:
         scorer: Scorer,
         seed: int,
         eval_temperature: float = 0.0,
-        episodes: Episodes | None = None,
+        episodes: PlaysEpisodes | None = None,
     ) -> None:
         if episodes is not None and not isinstance(engine, TurnEngine):
             raise TypeError(f"{type(engine).__name__} runs no episodes (environment.name): not a TurnEngine")
@@ -81,7 +83,7 @@ class GroupMaker:
         assert isinstance(self.engine, TurnEngine)
         generate = EngineGenerate(self.engine, temperature, hold)
         groups = [(p, seeds, self.tokenizer.encode_prompt(p.text)) for p, seeds in seeded]
-        made = await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits)
+        made = await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits, period)
         if stopped is not None and stopped():
             return [None] * len(made)
         if ready is not None:

@@ -26,6 +26,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 from cadence.model.rollout_engine import TurnEngine
 from cadence.model.tokenizer import TextTokenizer
@@ -41,6 +42,20 @@ from cadence.tasks.environments.runner import EpisodeRunner
 from cadence.wire.messages import EpisodeFigures
 
 Hold = Callable[[], AbstractContextManager[object]]
+
+
+class PlaysEpisodes(Protocol):
+    """What a worker plays a batch's samples as episodes with: an environment's (`Episodes`) or an
+    agent's (`cadence.rollout.agent.episodes.AgentEpisodes`)."""
+
+    async def run(
+        self,
+        generate: Generate,
+        groups: Sequence[tuple[Prompt, list[int], list[int]]],
+        eos_id: int,
+        waits: Overlapping | None = None,
+        version: int = 0,
+    ) -> list[GroupSamples]: ...
 
 
 class EngineGenerate:
@@ -99,9 +114,11 @@ class Episodes:
         groups: Sequence[tuple[Prompt, list[int], list[int]]],
         eos_id: int,
         waits: Overlapping | None = None,
+        version: int = 0,
     ) -> list[GroupSamples]:
         """`play` these groups' episodes on `generate`; with `waits`, every environment call timed in
-        it, its last stretch logged by the time this returns (or raises)."""
+        it, its last stretch logged by the time this returns (or raises). (`version`: the weights'
+        version, which an environment is not told.)"""
         try:
             return await play(self.runner(generate, waits), groups, eos_id)
         finally:

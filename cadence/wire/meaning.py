@@ -219,6 +219,9 @@ def _figure_counts(figures: EpisodeFigures | None) -> dict[str, int]:
         "endings": figures.endings,
         "transcripts": figures.transcripts,
         "turn_rewards": figures.turn_rewards,
+        "sequences": figures.sequences,
+        "call_tokens": figures.call_tokens,
+        "call_s": figures.call_s,
     }
     return {name: len(values) for name, values in lists.items()}
 
@@ -229,6 +232,8 @@ def _figures_problem(figures: EpisodeFigures) -> str | None:
     long, every one finite or None (counts are never negative: their type says so)."""
     if not all(math.isfinite(s) and s >= 0 for s in figures.env_s):
         return "an environment time that is not finite and non-negative"
+    if not all(math.isfinite(s) and s >= 0 for s in figures.call_s):
+        return "a call time that is not finite and non-negative"
     if (
         figures.tool_errors
         and figures.tool_calls

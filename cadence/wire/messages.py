@@ -178,6 +178,10 @@ class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
     # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
     # on; empty when no turn of the group got one
+    sequences: list[Count] = field(default_factory=list)  # agent episodes: each episode's sequences (more
+    # than one: the agent rewrote its history; the one with the most sampled tokens is the completion)
+    call_tokens: list[Count] = field(default_factory=list)  # agent episodes: tokens its calls sampled
+    call_s: list[float] = field(default_factory=list)  # agent episodes: seconds inside its calls
 
 
 class EvalResult(Message, tag="eval_result", omit_defaults=True):

@@ -46,6 +46,19 @@ def test_bench_signing_prints_the_cost_of_each_signed_message() -> None:
     )
 
 
+def test_bench_agents_prints_what_the_endpoint_costs_beside_the_engine() -> None:
+    lines = cadence("bench", "agents", "--json").stdout.strip().splitlines()
+    assert len(lines) == 1  # nothing but the figures on stdout
+    figures = json.loads(lines[0])
+    assert figures["bench"] == "agents" and len(figures["load_avg"]) == 3
+    for engine in ("instant", "tiny"):
+        for agents in (1, 16, 64):
+            name = f"{engine}_{agents}"
+            assert figures[f"{name}_engine_rows"] == figures["calls_an_agent"] * agents, name
+            assert 1 <= figures[f"{name}_engine_calls"] <= figures[f"{name}_engine_rows"], name
+            assert figures[f"{name}_wall_s"] > 0 and figures[f"{name}_call_ms_mean"] > 0, name
+
+
 def test_bench_wire_prints_what_each_message_costs_the_codec() -> None:
     lines = cadence("bench", "wire", "--json").stdout.strip().splitlines()
     assert len(lines) == 1  # nothing but the figures on stdout

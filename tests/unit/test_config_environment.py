@@ -12,6 +12,7 @@ from cadence.config import ConfigError, load_config
 from cadence.launch.build import make_episodes, make_tokenizer
 from cadence.launch.launcher import launch
 from cadence.launch.settings import trainer_settings
+from cadence.rollout.play import Episodes
 from cadence.tasks.environments.calculator import Calculator
 from cadence.tasks.environments.guess import GuessNumber
 
@@ -109,11 +110,11 @@ def test_a_name_loads_a_built_in_environment_or_a_factory() -> None:
     for name, factory in (("calculator", Calculator), ("guess_number", GuessNumber)):
         cfg = load_config(None, [*EPISODES, f"environment.name='{name}'", "environment.role='tool'"])
         episodes = make_episodes(cfg, make_tokenizer(cfg))
-        assert episodes is not None and episodes.factory is factory and episodes.name == name
+        assert isinstance(episodes, Episodes) and episodes.factory is factory and episodes.name == name
         assert episodes.bounds.max_tokens == 256 and episodes.bounds.max_turns == 8
     cfg = load_config(None, [*EPISODES, "environment.name='tests.actors.test_rollout_episodes:Again'"])
     episodes = make_episodes(cfg, make_tokenizer(cfg))
-    assert episodes is not None and episodes.factory.__name__ == "Again"
+    assert isinstance(episodes, Episodes) and episodes.factory.__name__ == "Again"
 
 
 @pytest.mark.parametrize(
@@ -137,3 +138,22 @@ def test_the_character_tokenizer_takes_the_environments_text_after_the_tasks() -
     assert (
         trainer_settings(cfg, tokenizer.vocab_size).steps.max_sampled_tokens == 256
     )  # dr_grpo's constant: the budget
+
+
+def test_an_agent_is_loaded_with_the_bounds_and_refused_beside_a_name(tmp_path: Path) -> None:
+    from cadence.rollout.agent.episodes import AgentEpisodes
+    from tests.system.tiny_agent import agent
+
+    cfg = load_config(
+        None, [*EPISODES, "environment.agent='tests.system.tiny_agent:agent'", "environment.max_choices=2"]
+    )
+    episodes = make_episodes(cfg, make_tokenizer(cfg))
+    assert isinstance(episodes, AgentEpisodes) and episodes.agent is agent and episodes.max_choices == 2
+    assert episodes.bounds.max_tokens == 256 and episodes.model == "cadence"
+    assert trainer_settings(cfg, 100).steps.max_sampled_tokens == 256
+    both = config_error(*EPISODES, "environment.name='calculator'", "environment.agent='a.b:c'")
+    assert "environment.agent" in both and "set one" in both
+    cfg = load_config(None, [*EPISODES, "environment.agent='no_such_module:agent'"])
+    with pytest.raises(ConfigError, match="environment.agent"):
+        launch(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -191,3 +191,19 @@ def test_a_groups_episodes_share_one_prompt_and_each_keeps_its_own_ids() -> None
     assert failed.prompt == [1, 5] and failed.completions == [[2], [2]]
     with pytest.raises(ValueError, match="share no first token"):
         episode_group([_result([1, 2], [7], [1]), _result([3, 2], [7], [1])], fallback=[1], eos_id=2)
+
+
+def test_agent_episodes_add_their_calls_figures_and_others_do_not() -> None:
+    agents = EpisodeFigures(
+        turns=[2, 3],
+        endings=["done", "done"],
+        sequences=[1, 2],
+        call_tokens=[10, 20],
+        call_s=[0.5, 1.0],
+    )
+    figures = episode_metrics([agents, None])
+    assert figures["sequences_mean"] == 1.5 and figures["rewrites"] == 1
+    assert figures["call_tokens_mean"] == 6.0 and figures["call_s_mean"] == 0.3
+    assert "sequences_mean" not in episode_metrics([EpisodeFigures(turns=[2], endings=["done"])])
+    row = PeriodMetrics(turns_mean=2.5, sequences_mean=1.5, rewrites=1).to_row()
+    assert row["sequences_mean"] == 1.5 and row["rewrites"] == 1 and "call_s_mean" not in row

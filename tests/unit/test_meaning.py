@@ -162,6 +162,10 @@ def test_the_endings_are_the_runners() -> None:
         ({"turn_rewards": [[1.0, 0.0, 1.0], []]}, "episode 0: 3 turn rewards for 2 model turns"),
         ({"turn_rewards": [[1.0], [math.inf]]}, "episode 1: a turn reward that is not finite"),
         ({"env_tokens": [0, 0]}, "environment tokens other than the masks' zeros"),
+        ({"call_s": [0.1, -1.0]}, "a call time that is not finite and non-negative"),
+        ({"call_s": [0.1, math.nan]}, "a call time that is not finite and non-negative"),
+        ({"sequences": [1]}, "2 completions but {'sequences': 1}"),
+        ({"call_tokens": [3, 1, 2]}, "2 completions but {'call_tokens': 3}"),
     ],
 )
 def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:

@@ -34,6 +34,10 @@ def test_the_row_has_every_field_under_its_old_key() -> None:
         "env_tokens",
         "turn_reward_mean",
         "endings",
+        "sequences_mean",  # agent episodes'
+        "rewrites",
+        "call_tokens_mean",
+        "call_s_mean",
     }
     sampling = {"prompts_issued", "groups_stopped", "groups_arrived", "groups_filtered", "tokens_filtered"}
     sampling |= {"reward_kept_mean", "filtered"}  # an over-sampled run's

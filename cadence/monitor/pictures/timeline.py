@@ -27,6 +27,7 @@ from cadence.monitor.pictures.spans import (
 # what a span kind is shown as, and its colour
 _CATEGORY = {
     "generate": "generation",
+    "call": "generation",  # an agent's call to the worker's endpoint (inside the batch's generation)
     "stopped": "stopped generation",
     "environment": "environment",
     "train": "training",
