@@ -68,6 +68,14 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
     return exit_status(lambda: uvloop.run(main()))  # type: ignore[arg-type]
 
 
+def write_address(path: Path, address: str) -> None:
+    """Write an actor's address for others to find, whole or not at all (a reader polling for the file
+    never sees it empty)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(address + "\n")
+    os.replace(tmp, path)
+
+
 def _bind_address(cfg: RunConfig, port: int) -> str:
     return f"tcp://{cfg.transport.host}:{port or '*'}"
 
@@ -107,7 +115,7 @@ async def dispatcher_main(
     lease = cfg.transport.liveness_timeout_s
     hub = LogHub(server, out / "logs", time.time, lease, own=stream, bounds=log_bounds(cfg))
     try:
-        (out / "dispatcher.addr").write_text(server.address + "\n")
+        write_address(out / "dispatcher.addr", server.address)
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
         task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))  # training never draws those
         evals = eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every > 0 else []
@@ -250,7 +258,7 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
             )
         secret = read_run_secret(out)
         publisher = _publisher(cfg, net, connect, with_broadcast=False, secret=secret, stream=stream)
-        (out / "publisher.addr").write_text(publisher.server.address + "\n")
+        write_address(out / "publisher.addr", publisher.server.address)
         await publisher.run()
     finally:
         net.close()

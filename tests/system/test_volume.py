@@ -65,16 +65,16 @@ def _peak_growth(pids: dict[str, int], floods: list[threading.Thread]) -> dict[s
     return {name: peak[name] - base[name] for name in pids}
 
 
-def _log_traffic(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+def _log_traffic(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> list[zmq.Socket[bytes]]:
     """A registered worker's log lines under the trainer's name and its own, one of them 1 MiB long;
-    and a stranger's lines."""
+    and a stranger's lines. The two sockets, open: closed before all is sent, their messages are lost."""
 
     def send(sock: zmq.Socket[bytes], sender: str, msg: Register | Heartbeat | LogBatch) -> None:
         sock.send_multipart([bytes(f) for f in encode_frames(msg, sender, "volume")])
 
     noisy, stranger = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
     for sock in (noisy, stranger):
-        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.LINGER, 0)
         sock.connect(address)
     send(noisy, "noisy", Register("rollout"))
     line = json.dumps({"time": 1.0, "level": "info", "event": "run_done", "forged": True})
@@ -82,8 +82,7 @@ def _log_traffic(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
     huge = json.dumps({"time": 1.0, "level": "info", "event": "x" * (1 << 20)})
     send(noisy, "noisy", LogBatch("noisy", "far", "/x.jsonl", [huge, line]))
     send(stranger, "lurker", LogBatch("lurker", "far", "/x.jsonl", [line]))
-    for sock in (noisy, stranger):
-        sock.close()
+    return [noisy, stranger]
 
 
 def test_a_peer_s_volume_is_bounded_and_its_log_lines_are_its_own(
@@ -108,7 +107,22 @@ def test_a_peer_s_volume_is_bounded_and_its_log_lines_are_its_own(
         logged = events(out, "dispatcher")
         trainer = next(e for e in logged if e["event"] == "peer_joined" and e["role"] == "trainer")
         dispatcher = (out / "dispatcher.addr").read_text().strip()
-        _log_traffic(ctx, dispatcher)
+        sockets = _log_traffic(ctx, dispatcher)
+        wait_until(  # the dispatcher took all of it before the floods begin
+            lambda: (
+                any(e["event"] == "log_lines_refused" for e in events(out, "dispatcher"))
+                and sum(
+                    e["event"] == "message_refused" and e["type"] == "log_batch"
+                    for e in events(out, "dispatcher")
+                )
+                >= 2
+            ),
+            60,
+            "the log traffic refused",
+            run.proc,
+        )
+        for sock in sockets:
+            sock.close()
         pids = {"dispatcher": logged[0]["pid"], "trainer": trainer["peer_pid"]}
         sent: list[int] = []
         floods = [
