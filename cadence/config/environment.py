@@ -24,8 +24,9 @@ class EnvironmentConfig:
     name: str = doc(
         "",
         "empty: single-turn (one completion a sample); a built-in environment (calculator,"
-        " guess_number), or a factory `package.module:factory` of your own; a name that does not load"
-        " stops the run at its start",
+        " guess_number, tool_calculator, units), a factory `package.module:factory` of your own, or a"
+        " SkyRL-gym environment (`skyrl:<registry id>` or `skyrl:package.module:Class`); a name that"
+        " does not load stops the run at its start",
     )
     max_turns: int = doc(8, "model turns an episode may take", Rule(ge=1))
     max_tokens: int = doc(
@@ -52,6 +53,12 @@ class EnvironmentConfig:
         "the reward of an episode whose environment raised, gave a wrong type or a message the"
         " tokenizer cannot take (logged as environment_failed)",
         Rule(finite=True),
+    )
+    max_message_chars: int = doc(
+        4000,
+        "an environment message (each tool result) longer than this is cut to it, with a marker the"
+        " model reads ([truncated: N characters, the first M shown]), and logged",
+        Rule(ge=1),
     )
     role: Literal["user", "tool"] = doc(
         "user",

@@ -99,7 +99,13 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | None:
     except ValueError as err:
         raise ConfigError(f"environment.name = {e.name!r}: {err}") from None
     bounds = Bounds(
-        e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
+        e.max_turns,
+        e.max_tokens,
+        e.max_turn_tokens,
+        e.step_timeout_s,
+        e.episode_timeout_s,
+        e.on_error,
+        e.max_message_chars,
     )
     return Episodes(e.name, factory, codec, bounds)
 

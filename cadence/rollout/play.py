@@ -32,8 +32,8 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.monitor.span import Overlapping
 from cadence.rollout.results import GroupSamples
-from cadence.tasks.base import Prompt, Score
-from cadence.tasks.environments.base import Environment, EnvironmentFactory, Opening, Reply, Transcript
+from cadence.tasks.base import Prompt
+from cadence.tasks.environments.base import EnvironmentFactory
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
@@ -90,8 +90,7 @@ class Episodes:
 
     def runner(self, generate: Generate, waits: Overlapping | None = None) -> EpisodeRunner:
         """The runner of these episodes on `generate`; with `waits`, every environment call timed in it."""
-        factory = self.factory if waits is None else timed(self.factory, waits)
-        return EpisodeRunner(factory, generate, self.codec, self.bounds)
+        return EpisodeRunner(self.factory, generate, self.codec, self.bounds, waits=waits)
 
     async def run(
         self,
@@ -107,42 +106,6 @@ class Episodes:
         finally:
             if waits is not None:
                 waits.close()
-
-
-class TimedEnvironment(Environment):
-    """`env` with each of its calls counted in `waits` (the worker's spans of environment time)."""
-
-    def __init__(self, env: Environment, waits: Overlapping) -> None:
-        self.env = env
-        self.waits = waits
-        self.name = env.name
-
-    async def start(self) -> Opening:
-        with self.waits.inside():
-            return await self.env.start()
-
-    async def step(self, response: str) -> Reply:
-        with self.waits.inside():
-            return await self.env.step(response)
-
-    async def score(self, transcript: Transcript) -> Score:
-        with self.waits.inside():
-            return await self.env.score(transcript)
-
-    async def close(self) -> None:
-        with self.waits.inside():
-            await self.env.close()
-
-
-def timed(factory: EnvironmentFactory, waits: Overlapping) -> EnvironmentFactory:
-    """`factory`, its environments' calls timed in `waits`; what is no `Environment` is left for the
-    runner to refuse."""
-
-    def make(prompt: Prompt, seed: int) -> Environment:
-        env = factory(prompt, seed)
-        return TimedEnvironment(env, waits) if isinstance(env, Environment) else env
-
-    return make
 
 
 def episode_runner(

@@ -1,4 +1,5 @@
-"""Environments by name: a built-in one ("calculator", "guess_number") or a user's factory named
+"""Environments by name: a built-in one ("calculator", "guess_number",
+"tool_calculator", "units") or a user's factory named
 "package.module:factory" in the user's own module, as reward functions come from `rewards.modules`;
 cadence never needs to be edited to add one.
 
@@ -18,6 +19,8 @@ from cadence.tasks.environments.base import EnvironmentFactory
 BUILT_IN = {
     "calculator": "cadence.tasks.environments.calculator:Calculator",
     "guess_number": "cadence.tasks.environments.guess:GuessNumber",
+    "tool_calculator": "cadence.tasks.environments.tool_calculator:ToolCalculator",
+    "units": "cadence.tasks.environments.units:Units",
 }
 
 
