@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.tool_prompt import family_of, hermes_block, renders_tools, with_tools
+from cadence.model.tool_prompt import family_of, renders_tools, tools_block, with_tools
 
 _FIRST = "\x00first\x00"
 _MODEL = "\x00model\x00"
@@ -83,7 +83,7 @@ class ChatTurns:
         messages = [{"role": role, "content": content} for role, content in listed]
         if self.template is None:
             if tools:
-                messages = [{"role": "system", "content": hermes_block(tools)}, *messages]
+                messages = [{"role": "system", "content": tools_block(tools)}, *messages]
             text = "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
             if isinstance(self.tokenizer, HFTokenizer):
                 bos = [self.tokenizer.bos_id] if self.tokenizer.config.get("add_bos_token") is True else []
