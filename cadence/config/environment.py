@@ -8,7 +8,7 @@ the same range. No torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cadence.config.fields import Rule, doc
 
@@ -59,6 +59,11 @@ class EnvironmentConfig:
         "an environment message (each tool result) longer than this is cut to it, with a marker the"
         " model reads ([truncated: N characters, the first M shown]), and logged",
         Rule(ge=1),
+    )
+    kwargs: dict[str, Any] = doc(
+        {},
+        "a SkyRL-gym environment's settings (environment.name = 'skyrl:...'): its `env_config` table, and"
+        " every other key added to each row's `extras` (beside reward_spec.ground_truth, the row's answer)",
     )
     role: Literal["user", "tool"] = doc(
         "user",

@@ -87,7 +87,7 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | None:
     e = cfg.environment
     if not e.name:
         return None
-    factory = load_environment(e.name)
+    factory = load_environment(e.name, kwargs=e.kwargs)
     positions = model_positions(cfg)
     if e.max_tokens >= positions:
         raise ConfigError(
