@@ -22,11 +22,13 @@ from cadence.tasks.answers import is_correct
 from cadence.tasks.verify import math_verify_correct
 
 _INTEGER = re.compile(r"-?\d+")
+_FRACTION = re.compile(r"(-?\d+)/(\d+)")
+_DECIMAL = re.compile(r"-?\d+\.\d+")
 
 
-def forms(answer: str) -> list[tuple[str, str, bool]]:
+def forms(answer: str) -> list[tuple[str, str, bool | None]]:
     """(the form's name, a response in it, whether it is right) for a reference `answer`."""
-    out = [
+    out: list[tuple[str, str, bool | None]] = [
         ("plain", answer, True),
         ("sentence", f"The answer is {answer}.", True),
         ("boxed", f"So the result is \\boxed{{{answer}}}.", True),
@@ -45,6 +47,16 @@ def forms(answer: str) -> list[tuple[str, str, bool]]:
         ]
         if abs(value) >= 1000:
             out.append(("grouped", f"{value:,}", True))
+    if fraction := _FRACTION.fullmatch(answer):
+        top, bottom = int(fraction.group(1)), int(fraction.group(2))
+        out += [
+            ("latex_fraction", f"\\boxed{{\\frac{{{top}}}{{{bottom}}}}}", True),
+            ("unsimplified", f"{2 * top}/{2 * bottom}", None),  # its value, not in lowest terms
+            ("decimal_of", f"{top / bottom:.4f}", None),  # rounded
+            ("wrong", f"{top + 1}/{bottom}", False),
+        ]
+    if _DECIMAL.fullmatch(answer):
+        out += [("trailing_zero", f"{answer}0", True), ("wrong", f"{float(answer) + 1}", False)]
     out.append(("none", "I do not know.", False))
     return out
 

@@ -130,7 +130,9 @@ def shared_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
     return first[:n]
 
 
-def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id: int) -> GroupSamples:
+def episode_group(
+    results: Sequence[EpisodeResult], fallback: list[int], eos_id: int, env_wall_s: float = 0.0
+) -> GroupSamples:
     """A group's episodes as one prompt and a completion each. The prompt is what the episodes' first
     messages share (`fallback`, the task's prompt, when no episode got one: every environment failed
     to start); what an episode's own first message has beyond it begins its completion, with mask 0.
@@ -156,6 +158,7 @@ def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id:
         tool_errors=[r.tool_errors for r in results],
         env_timeouts=[r.timeouts for r in results],
         env_s=[r.env_seconds for r in results],
+        env_wall_s=env_wall_s,
         env_tokens=[mask.count(0) for mask in masks],
         endings=[r.ended for r in results],
         transcripts=[[turn.text for turn in r.turns] for r in results],
@@ -171,10 +174,12 @@ async def play(
     runner: EpisodeRunner, groups: Sequence[tuple[Prompt, list[int], list[int]]], eos_id: int
 ) -> list[GroupSamples]:
     """The episodes of every (prompt, sample seeds, fallback prompt ids) group, run together, one
-    episode a seed; each group's as `episode_group` makes them."""
+    episode a seed; each group's as `episode_group` makes them, with its share (by episodes) of the
+    batch's wall seconds in environment calls."""
     results = await runner.run([(prompt, seed) for prompt, seeds, _ in groups for seed in seeds])
     out, start = [], 0
     for _, seeds, fallback in groups:
-        out.append(episode_group(results[start : start + len(seeds)], fallback, eos_id))
+        share = runner.env_wall_s * len(seeds) / max(1, len(results))
+        out.append(episode_group(results[start : start + len(seeds)], fallback, eos_id, share))
         start += len(seeds)
     return out

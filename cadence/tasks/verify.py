@@ -41,7 +41,7 @@ def math_verify_correct(response: str, answer: str) -> bool:
     main = threading.current_thread() is threading.main_thread()
     limits: dict[str, Any] = {} if main else {"parsing_timeout": None}
     try:
-        gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$", **limits)
+        gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", **limits)
         given = parse(response, **limits)
         return bool(verify(gold, given, **({} if main else {"timeout_seconds": None})))
     except Exception:  # a checker that fails on a malformed answer: not correct

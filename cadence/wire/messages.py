@@ -178,6 +178,8 @@ class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     turn_rewards: list[list[float | None]] = field(default_factory=list)  # each episode's answered turns'
     # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
     # on; empty when no turn of the group got one
+    env_wall_s: float = 0.0  # the group's share (by its episodes) of the wall seconds in which any
+    # environment call of its worker's batch ran: the episodes' env_s overlap, these do not
 
 
 class EvalResult(Message, tag="eval_result", omit_defaults=True):

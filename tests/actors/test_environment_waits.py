@@ -105,7 +105,9 @@ async def test_each_stretch_between_the_models_turns_is_one_environment_span() -
         plain.scores,
     )
     assert timed.episodes is not None and plain.episodes is not None
-    assert replace(timed.episodes, env_s=[]) == replace(plain.episodes, env_s=[])  # env_s: times
+    assert replace(timed.episodes, env_s=[], env_wall_s=0.0) == replace(
+        plain.episodes, env_s=[], env_wall_s=0.0
+    )  # times
     assert timed.episodes.turns == [1, 2] and timed.episodes.tool_calls == [0, 1]
     assert [s.reward for s in timed.scores] == [1.0, 1.0]
 

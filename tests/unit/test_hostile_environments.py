@@ -207,3 +207,28 @@ async def test_a_blocking_step_is_bounded_by_the_step_timeout() -> None:
         RELEASE.set()
     assert [t.text for t in result.turns[1:]] == ["a", "[tool timed out after 0.2 s]", "b"]
     assert (result.timeouts, result.ended) == (1, "done")
+
+
+class Clock:
+    """A clock that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_episodes_waiting_at_once_count_once_in_the_wall_time_and_each_in_their_own() -> None:
+    clock = Clock()
+    together = threading.Barrier(4, action=lambda: setattr(clock, "now", clock.now + 10.0), timeout=20)
+
+    class Waits(Says):
+        async def step(self, response: str) -> Reply:
+            await asyncio.to_thread(together.wait)  # all four steps run at once, for 10 s of the clock
+            return Reply("", done=True)
+
+    runner = EpisodeRunner(Waits, Scripted({s: ["a"] for s in range(4)}), CODEC, Bounds(), clock=clock)
+    results = await runner.run([(PROMPT, s) for s in range(4)])
+    assert [r.env_seconds for r in results] == [10.0] * 4  # each episode waited 10 s
+    assert runner.env_wall_s == 10.0  # the worker waited 10 s

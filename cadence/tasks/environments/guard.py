@@ -18,8 +18,8 @@ there, which stops code that awaits, not code that blocks (it runs on in the epi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -117,6 +117,32 @@ def no_room(episode: Episode, ending: str, max_tokens: int, max_context: int) ->
         max_tokens=max_tokens,
         max_context=max_context,
     )
+
+
+class WallTime:
+    """The seconds of wall clock in which at least one environment call of a batch runs (the union of
+    the calls' spans: eight episodes waiting 15 s at once are 15 s here, 120 s of the episodes'
+    `env_seconds`), each call also counted in `also` (a worker's spans)."""
+
+    def __init__(self, clock: Callable[[], float], also: Waits | None = None) -> None:
+        self.clock = clock
+        self.also = also
+        self.seconds = 0.0
+        self.running = 0
+        self.since = 0.0
+
+    @contextmanager
+    def inside(self) -> Iterator[None]:
+        if self.running == 0:
+            self.since = self.clock()
+        self.running += 1
+        try:
+            with self.also.inside() if self.also is not None else nullcontext():
+                yield
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self.seconds += self.clock() - self.since
 
 
 def truncated(episode: Episode, chars: list[int], limit: int) -> None:

@@ -68,10 +68,12 @@ class EpisodeRunner:
         self.codec = codec
         self.bounds = bounds
         self.clock = clock
-        self.waits = waits  # where every call of start, step, score and close is timed
+        self.waits = guard.WallTime(clock, waits)  # every call of start, step, score and close timed
 
     async def run(self, episodes: Sequence[tuple[Prompt, int]]) -> list[EpisodeResult]:
-        """Run one episode for each (prompt, sample seed) to its end; their results in order."""
+        """Run one episode for each (prompt, sample seed) to its end; their results in order
+        (`env_wall_s` then holds the wall seconds in which any of their environment calls ran)."""
+        self.waits = guard.WallTime(self.clock, self.waits.also)
         opened = await asyncio.gather(*(self._open(prompt, seed) for prompt, seed in episodes))
         try:
             while live := [episode for episode in opened if episode.live]:
@@ -111,6 +113,10 @@ class EpisodeRunner:
                 guard.failed(episode, "start", "the first message is no tokens at all")
         episode.end("error")
         return episode
+
+    @property
+    def env_wall_s(self) -> float:
+        return self.waits.seconds
 
     def _room(self, episode: Episode) -> int:
         """How many tokens the episode's next model turn may sample."""
