@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ class HFTokenizer:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
         )
+        env.globals["raise_exception"] = _raise  # what transformers gives templates (Qwen's, Llama's)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.template = env.from_string(template) if isinstance(template, str) else None
         self.template_text = template if isinstance(template, str) else ""
         self._plain: Tokenizer | None = None
@@ -114,3 +117,7 @@ class HFTokenizer:
         """The files to save beside a checkpoint so that it loads with this tokenizer."""
         names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
         return {n: (self.directory / n).read_text() for n in names if (self.directory / n).exists()}
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
