@@ -232,3 +232,22 @@ async def test_episodes_waiting_at_once_count_once_in_the_wall_time_and_each_in_
     results = await runner.run([(PROMPT, s) for s in range(4)])
     assert [r.env_seconds for r in results] == [10.0] * 4  # each episode waited 10 s
     assert runner.env_wall_s == 10.0  # the worker waited 10 s
+
+
+async def test_a_factory_that_blocks_is_cut_at_the_step_timeout_and_named_once() -> None:
+    RELEASE.clear()
+
+    def slow_factory(prompt: Prompt, seed: int) -> Environment:
+        RELEASE.wait(30)  # a sandbox that takes its time to start, on the episode's own thread
+        return Says(prompt, seed)
+
+    runner = EpisodeRunner(slow_factory, Scripted({1: ["a"]}), CODEC, Bounds(step_timeout_s=0.2))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            (result,) = await asyncio.wait_for(runner.run([(PROMPT, 1)]), 20)
+    finally:
+        RELEASE.set()
+    assert result.ended == "error" and result.timeouts == 1
+    assert [(line["event"], line["stage"]) for line in logs if line["event"].startswith("environment_")] == [
+        ("environment_timed_out", "create")
+    ]

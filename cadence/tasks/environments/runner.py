@@ -89,7 +89,7 @@ class EpisodeRunner:
         made = await guard.call(episode, "create", _maker(self.factory, prompt, seed), bound, self.clock)
         env = made.value
         if not isinstance(env, Environment):
-            if not made.failed:
+            if not made.failed and not made.timed_out:  # those are logged already
                 guard.failed(
                     episode, "create", f"the factory made a {type(env).__name__}, not an Environment"
                 )
