@@ -154,7 +154,7 @@ def truncated(episode: Episode, chars: list[int], limit: int) -> None:
 
 def over_budget(episode: Episode, tokens: int, room: int) -> None:
     """Log a message that was not appended: it would leave no room for the model's next token."""
-    log.warning(
+    log.info(
         "environment_message_over_budget",
         **_which(episode),
         turn=episode.model_turns,
