@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit smollm2-calculator smollm2-agent clean wheels
+.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit smollm2-calculator smollm2-agent smollm2-tools clean wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,11 @@ smollm2-calculator: smollm2 data/two_digit_mul.jsonl
 smollm2-agent: smollm2 data/two_digit_mul.jsonl
 	$(BIN)/cadence run configs/smollm2-agent.toml --out runs/smollm2-agent --overwrite
 	$(BIN)/cadence plot runs/smollm2-agent -o runs/smollm2-agent/curves.png
+
+# the calculator as a JSON tool in SmolLM2's own tool-call format, beside the <calc> run above
+smollm2-tools: smollm2 data/two_digit_mul.jsonl
+	$(BIN)/cadence run configs/smollm2-tools.toml --out runs/smollm2-tools --overwrite
+	$(BIN)/cadence plot runs/smollm2-tools runs/smollm2-calculator -o runs/smollm2-tools/compare.png
 
 smollm2-one-digit: smollm2 data/one_digit.jsonl
 	$(BIN)/cadence run configs/smollm2-one-digit.toml --out runs/smollm2-one-digit --overwrite

@@ -51,7 +51,8 @@ def period_figures(row: dict[str, Any], env_wait_s: float = 0.0) -> dict[str, fl
         "load_s": row["weight_load_s"],
         "gen_s": row["gen_s"],
         "micro_batches": row["micro_batches"],
-        "tokens_trained": row["tokens_trained"],
+        "tokens_trained": row["tokens_trained"],  # that reached a loss term
+        "tokens_kept": row.get("tokens_kept", 0),  # of the groups trained, computed or not
         "tokens_computed": row.get("tokens_computed", 0),
     }
     if "turns_mean" in row:

@@ -17,7 +17,7 @@ first period of each (start-up, first loads) is left out of every mean.
 Invariant: every variant runs the same config and `--set` overrides; a variant sets the whole of
 `sampling.oversample`, `sampling.filters` and `sampling.order`, nothing else. Every figure is read
 from the rows the trainer itself wrote. The kept groups' figures come from what was trained
-(`tokens_trained`, `reward_kept_mean`; a run without sampling trains every group that arrived). The
+(`tokens_kept`, `reward_kept_mean`; a run without sampling trains every group that arrived). The
 arrival bias compares two variants that differ only in `sampling.order`: their prompt stream and
 sample seeds are the same, and period 0 generates with the same weights, so period 0's kept groups
 differ only by which were kept.
@@ -118,7 +118,7 @@ def period_figures(row: dict[str, Any], group_size: int) -> dict[str, float]:
         "groups_stopped": row.get("groups_stopped", 0),
         "reward_mean": row["reward_mean"],
         "reward_kept_mean": kept_reward,
-        "response_len_kept": row["tokens_trained"] / kept_samples if kept_samples else 0.0,
+        "response_len_kept": row["tokens_kept"] / kept_samples if kept_samples else 0.0,
         "response_len_mean": row["response_len_mean"],
         "tokens_generated": row["tokens_generated"],
         "kept_samples": kept_samples,
@@ -145,7 +145,7 @@ def kept(rows: Sequence[dict[str, Any]], group_size: int) -> dict[str, float]:
     """The kept groups of `rows` pooled: their samples' mean response length and reward."""
     figures = [period_figures(row, group_size) for row in rows]
     samples = sum(f["kept_samples"] for f in figures)
-    tokens = sum(row["tokens_trained"] for row in rows)
+    tokens = sum(row["tokens_kept"] for row in rows)
     reward = sum(f["reward_trained"] for f in figures)
     return {
         "response_len": round(tokens / samples, 3) if samples else 0.0,

@@ -32,6 +32,9 @@ def eval_handler(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     from cadence.launch.evaluate import evaluate_checkpoint
+    from cadence.log import configure_logging
+
+    configure_logging("eval", None, "warning")  # events to stderr: stdout holds the figures alone
 
     version = cfg.periods if args.version is None else args.version
     try:

@@ -226,6 +226,24 @@ def episodes_take_no_reward_weights(cfg: RunConfig) -> None:
         )
 
 
+def math_verify_is_installed(cfg: RunConfig) -> None:
+    """`task.checker = "math_verify"` and the `math_verify` reward need the math-verify package."""
+    import importlib.util
+
+    asked = [
+        key
+        for key, on in (
+            ("task.checker", cfg.task.checker == "math_verify"),
+            ("rewards.weights", "math_verify" in cfg.rewards.weights),
+        )
+        if on
+    ]
+    if asked and importlib.util.find_spec("math_verify") is None:
+        raise ConfigError(
+            f"{asked[0]} asks for math-verify, which is not installed: pip install 'cadence[math]'"
+        )
+
+
 def sampling_filters_are_known(cfg: RunConfig) -> None:
     """Every `sampling.filters` entry is a built-in filter or a `package.module:function`, named once;
     `sampling.reward_range` is [low, high], finite, low <= high."""
@@ -262,6 +280,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     episodes_need_a_turn_engine,
     episodes_fit_the_positions,
     episodes_take_no_reward_weights,
+    math_verify_is_installed,
     sampling_filters_are_known,
 )
 

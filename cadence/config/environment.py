@@ -8,7 +8,7 @@ name or an agent (never both), every bound here becomes one field of the episode
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cadence.config.fields import Rule, doc
 
@@ -24,8 +24,9 @@ class EnvironmentConfig:
     name: str = doc(
         "",
         "empty: single-turn (one completion a sample); a built-in environment (calculator,"
-        " guess_number), or a factory `package.module:factory` of your own; a name that does not load"
-        " stops the run at its start",
+        " guess_number, tool_calculator, units), a factory `package.module:factory` of your own, or a"
+        " SkyRL-gym environment (`skyrl:<registry id>` or `skyrl:package.module:Class`); a name that"
+        " does not load stops the run at its start",
     )
     max_turns: int = doc(8, "model turns an episode may take", Rule(ge=1))
     max_tokens: int = doc(
@@ -64,6 +65,17 @@ class EnvironmentConfig:
         "cadence", "agent episodes: the model name the endpoint serves (`model=` of a call)"
     )
     max_choices: int = doc(4, "agent episodes: the most choices (`n`) one call may ask for", Rule(ge=1))
+    max_message_chars: int = doc(
+        4000,
+        "an environment message (each tool result) longer than this is cut to it, with a marker the"
+        " model reads ([truncated: N characters, the first M shown]), and logged",
+        Rule(ge=1),
+    )
+    kwargs: dict[str, Any] = doc(
+        {},
+        "a SkyRL-gym environment's settings (environment.name = 'skyrl:...'): its `env_config` table, and"
+        " every other key added to each row's `extras` (beside reward_spec.ground_truth, the row's answer)",
+    )
     role: Literal["user", "tool"] = doc(
         "user",
         "the chat role the environment's messages are rendered in (tool: where the model's chat"

@@ -40,6 +40,11 @@ class TaskConfig:
     rule: Literal["sum", "copy", "max"] = doc(
         "max", "digits task: what the answer is (sum mod 10, last digit, largest)"
     )
+    checker: Literal["cadence", "math_verify"] = doc(
+        "cadence",
+        "file task: who judges an answer correct: cadence's own math checker, or math-verify (an optional"
+        " extra: pip install 'cadence[math]'; docs/tasks.md compares them)",
+    )
     format_weight: float = doc(
         0.25, "share of the reward for a well-formed answer (one digit, then end)", SHARE
     )

@@ -107,7 +107,13 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentE
             f" {positions} positions: lower it"
         )
     bounds = Bounds(
-        e.max_turns, e.max_tokens, e.max_turn_tokens, e.step_timeout_s, e.episode_timeout_s, e.on_error
+        e.max_turns,
+        e.max_tokens,
+        e.max_turn_tokens,
+        e.step_timeout_s,
+        e.episode_timeout_s,
+        e.on_error,
+        e.max_message_chars,
     )
     if e.agent:
         try:
@@ -119,7 +125,7 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentE
 
         agent = load_agent(e.agent)
         return AgentEpisodes(e.agent, agent, tokenizer, bounds, e.served_model, e.max_choices, e.role)
-    factory = load_environment(e.name)
+    factory = load_environment(e.name, kwargs=e.kwargs)
     try:
         codec = ChatTurns(tokenizer, e.role)
     except ValueError as err:

@@ -149,7 +149,7 @@ def launch(
     if cfg.environment.name:  # a name that does not load stops the run here (ConfigError naming it)
         from cadence.tasks.environments.loading import load_environment
 
-        load_environment(cfg.environment.name)
+        load_environment(cfg.environment.name, kwargs=cfg.environment.kwargs)
     if cfg.environment.agent:
         from cadence.launch.build import load_agent
 

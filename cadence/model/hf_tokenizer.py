@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,11 @@ class HFTokenizer:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
         )
+        env.globals["raise_exception"] = _raise  # what transformers gives templates (Qwen's, Llama's)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.template = env.from_string(template) if isinstance(template, str) else None
+        self.template_text = template if isinstance(template, str) else ""
+        self._plain: Tokenizer | None = None
         self.eos_id = self._special("eos_token")
         self.bos_id = self._special("bos_token", default=self.eos_id)
         self.pad_id = self._special("pad_token", default=self.eos_id)
@@ -74,6 +79,19 @@ class HFTokenizer:
     def encode(self, text: str, bos: bool = False) -> list[int]:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         return [self.bos_id, *ids] if bos else ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text`'s ids with every special token's text in it encoded as plain text (`<|im_end|>` as
+        the characters `<`, `|`, ..., never the end of a turn): how text from outside is encoded."""
+        if self._plain is None:
+            self._plain = Tokenizer.from_str(self.tokenizer.to_str())
+            self._plain.encode_special_tokens = True
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def holds_special(self, text: str) -> bool:
+        """Whether `text` holds the text of one of the tokenizer's special tokens."""
+        added = self.tokenizer.get_added_tokens_decoder().values()
+        return any(token.special and token.content in text for token in added)
 
     def encode_prompt(self, text: str) -> list[int]:
         """One user message in the chat template, ready for the assistant's answer."""
@@ -99,3 +117,7 @@ class HFTokenizer:
         """The files to save beside a checkpoint so that it loads with this tokenizer."""
         names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
         return {n: (self.directory / n).read_text() for n in names if (self.directory / n).exists()}
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)

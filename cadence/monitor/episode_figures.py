@@ -20,7 +20,8 @@ def episode_metrics(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
     """The `PeriodMetrics` fields of the episodes among `groups`' figures (None: a single-turn group;
     each figure one a sample, checked by
     `wire/meaning.py`): model turns an episode (mean), tool calls and errors, environment timeouts,
-    seconds in environment calls and environment tokens (the masks' zeros), summed over the groups,
+    seconds in environment calls (each episode's, `env_s`; the workers' wall seconds in which any ran,
+    `env_wall_s`) and environment tokens (the masks' zeros), summed over the groups,
     and episodes by ending; the mean of the turns' own rewards when any turn got one (`Reply.reward`);
     {} when no group holds an episode."""
     played = [g for g in groups if g is not None and g.turns]
@@ -39,6 +40,7 @@ def episode_metrics(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
             "tool_errors": sum(sum(g.tool_errors) for g in played),
             "env_timeouts": sum(sum(g.env_timeouts) for g in played),
             "env_s": sum(sum(g.env_s) for g in played),
+            "env_wall_s": sum(g.env_wall_s for g in played),
             "env_tokens": sum(sum(g.env_tokens) for g in played),
             "endings": dict(sorted(endings.items())),
         }

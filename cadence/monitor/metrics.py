@@ -33,7 +33,7 @@ def serial_finish(start: float, arrivals: list[float], costs: list[float]) -> fl
 @dataclass
 class PeriodStats:
     """What the trainer saw of one period. Every group that arrives counts in the policy's figures
-    (rewards, lengths, times); only the kept ones in what was trained (`groups`, `tokens_trained`, the
+    (rewards, lengths, times); only the kept ones in what was trained (`groups`, `tokens_kept`, the
     samples' checksum, the tail). `oversampled`: the run has `[sampling]` on, and its rows say what was
     filtered and stopped."""
 
@@ -152,7 +152,8 @@ class PeriodStats:
             response_len_mean=sum(self.lengths) / n if n else 0.0,
             response_len_max=max(self.lengths, default=0),
             tokens_generated=tokens,
-            tokens_trained=self.kept_tokens,
+            tokens_trained=int(sum(info.get("loss_tokens", 0) for info in self.steps)),
+            tokens_kept=self.kept_tokens,
             tokens_computed=int(sum(info.get("computed_tokens", 0) for info in self.steps)),
             period_s=period_s,
             gen_s=last_arrival - self.start,

@@ -30,6 +30,7 @@ _EPISODES = (
     "tool_errors",
     "env_timeouts",
     "env_s",
+    "env_wall_s",
     "env_tokens",
     "turn_reward_mean",
     "sequences_mean",
@@ -67,7 +68,9 @@ class PeriodMetrics:
     response_len_mean: float = 0.0  # mean completion length in tokens
     response_len_max: int = 0  # longest completion in tokens
     tokens_generated: int = 0  # completion tokens of the period
-    tokens_trained: int = 0  # response tokens in the period's loss (every accepted group's)
+    tokens_trained: int = 0  # sampled tokens that reached a loss term (a sample of advantage 0 does
+    # not, unless a KL term holds it; an environment's never do)
+    tokens_kept: int = 0  # sampled tokens of the groups kept for training, computed or not
     tokens_computed: int = (
         0  # packed tokens the forwards and backwards took (distinct samples of advantage ≠ 0)
     )
@@ -111,7 +114,9 @@ class PeriodMetrics:
     tool_calls: int | None = None  # tool calls of the period's episodes
     tool_errors: int | None = None  # of which the tool answered with an error
     env_timeouts: int | None = None  # environment calls cut at environment.step_timeout_s
-    env_s: float | None = None  # seconds in the environment's calls, summed over the episodes
+    env_s: float | None = None  # seconds in the environment's calls, each episode's, summed over them
+    env_wall_s: float | None = None  # wall seconds in which any environment call ran, summed over the
+    # workers' batches (episodes that wait at once count once here, each in env_s)
     env_tokens: int | None = None  # the environment's tokens in the completions (context, never trained)
     turn_reward_mean: float | None = None  # the turns' own rewards (`Reply.reward`), mean over those given
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)

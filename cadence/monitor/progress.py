@@ -63,7 +63,7 @@ def episode_part(row: PeriodMetrics) -> str:
         return ""
     return (
         f"  turns {row.turns_mean:.2f}  tools {row.tool_calls or 0} ({row.tool_errors or 0} err)"
-        f"  env {row.env_s or 0.0:.2f}s {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
+        f"  env {row.env_wall_s or 0.0:.2f}s wall {row.env_s or 0.0:.2f}s episodes {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
     )
 
 

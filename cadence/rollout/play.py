@@ -33,8 +33,8 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.monitor.span import Overlapping
 from cadence.rollout.results import GroupSamples
-from cadence.tasks.base import Prompt, Score
-from cadence.tasks.environments.base import Environment, EnvironmentFactory, Opening, Reply, Transcript
+from cadence.tasks.base import Prompt
+from cadence.tasks.environments.base import EnvironmentFactory
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
@@ -105,8 +105,7 @@ class Episodes:
 
     def runner(self, generate: Generate, waits: Overlapping | None = None) -> EpisodeRunner:
         """The runner of these episodes on `generate`; with `waits`, every environment call timed in it."""
-        factory = self.factory if waits is None else timed(self.factory, waits)
-        return EpisodeRunner(factory, generate, self.codec, self.bounds)
+        return EpisodeRunner(self.factory, generate, self.codec, self.bounds, waits=waits)
 
     async def run(
         self,
@@ -124,42 +123,6 @@ class Episodes:
         finally:
             if waits is not None:
                 waits.close()
-
-
-class TimedEnvironment(Environment):
-    """`env` with each of its calls counted in `waits` (the worker's spans of environment time)."""
-
-    def __init__(self, env: Environment, waits: Overlapping) -> None:
-        self.env = env
-        self.waits = waits
-        self.name = env.name
-
-    async def start(self) -> Opening:
-        with self.waits.inside():
-            return await self.env.start()
-
-    async def step(self, response: str) -> Reply:
-        with self.waits.inside():
-            return await self.env.step(response)
-
-    async def score(self, transcript: Transcript) -> Score:
-        with self.waits.inside():
-            return await self.env.score(transcript)
-
-    async def close(self) -> None:
-        with self.waits.inside():
-            await self.env.close()
-
-
-def timed(factory: EnvironmentFactory, waits: Overlapping) -> EnvironmentFactory:
-    """`factory`, its environments' calls timed in `waits`; what is no `Environment` is left for the
-    runner to refuse."""
-
-    def make(prompt: Prompt, seed: int) -> Environment:
-        env = factory(prompt, seed)
-        return TimedEnvironment(env, waits) if isinstance(env, Environment) else env
-
-    return make
 
 
 def episode_runner(
@@ -184,7 +147,9 @@ def shared_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
     return first[:n]
 
 
-def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id: int) -> GroupSamples:
+def episode_group(
+    results: Sequence[EpisodeResult], fallback: list[int], eos_id: int, env_wall_s: float = 0.0
+) -> GroupSamples:
     """A group's episodes as one prompt and a completion each. The prompt is what the episodes' first
     messages share (`fallback`, the task's prompt, when no episode got one: every environment failed
     to start); what an episode's own first message has beyond it begins its completion, with mask 0.
@@ -210,6 +175,7 @@ def episode_group(results: Sequence[EpisodeResult], fallback: list[int], eos_id:
         tool_errors=[r.tool_errors for r in results],
         env_timeouts=[r.timeouts for r in results],
         env_s=[r.env_seconds for r in results],
+        env_wall_s=env_wall_s,
         env_tokens=[mask.count(0) for mask in masks],
         endings=[r.ended for r in results],
         transcripts=[[turn.text for turn in r.turns] for r in results],
@@ -225,10 +191,12 @@ async def play(
     runner: EpisodeRunner, groups: Sequence[tuple[Prompt, list[int], list[int]]], eos_id: int
 ) -> list[GroupSamples]:
     """The episodes of every (prompt, sample seeds, fallback prompt ids) group, run together, one
-    episode a seed; each group's as `episode_group` makes them."""
+    episode a seed; each group's as `episode_group` makes them, with its share (by episodes) of the
+    batch's wall seconds in environment calls."""
     results = await runner.run([(prompt, seed) for prompt, seeds, _ in groups for seed in seeds])
     out, start = [], 0
     for _, seeds, fallback in groups:
-        out.append(episode_group(results[start : start + len(seeds)], fallback, eos_id))
+        share = runner.env_wall_s * len(seeds) / max(1, len(results))
+        out.append(episode_group(results[start : start + len(seeds)], fallback, eos_id, share))
         start += len(seeds)
     return out

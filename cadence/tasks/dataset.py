@@ -4,7 +4,8 @@ Prompt k of the run (k = period * count + index) is record perm_e[k mod n] where
 is a permutation of the n records seeded by (run seed, e): consecutive periods take consecutive
 slices, every record is seen once an epoch, and any actor can regenerate any period.
 Invariant: reward = format_weight * (finished and an answer was stated)
-+ (1 - format_weight) * correct, in 0..1; correctness is `cadence.tasks.answers.is_correct`.
++ (1 - format_weight) * correct, in 0..1; correctness is `cadence.tasks.answers.is_correct`, or
+math-verify's with `task.checker = "math_verify"` (`cadence.tasks.verify`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import TaskConfig
-from cadence.tasks.answers import extract_answer, is_correct
+from cadence.tasks.answers import extract_answer
 from cadence.tasks.base import Prompt, Score
+from cadence.tasks.verify import check_answer
 
 # what a char tokenizer must hold beyond the data, so "\boxed{...}" or "answer is" can be written
 MATH_CHARACTERS = string.digits + string.ascii_letters + "+-*/=^()[]{}<>.,:;!?%$\\_|'\" \n"
@@ -102,7 +104,7 @@ class FileTask:
         return record_prompts(self.records, self.held_out, self.seed, period, count)
 
     def score(self, prompt: str, response: str, answer: str, finished: bool) -> Score:
-        correct = is_correct(response, answer)
+        correct = check_answer(response, answer, self.cfg.checker)
         reward = stated_reward(self.cfg.format_weight, finished, response, correct)
         return Score(reward=reward, correct=float(correct))
 

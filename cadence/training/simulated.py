@@ -23,6 +23,7 @@ from cadence.config import SimulatedConfig
 from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.training.learner import TrainGroup
+from cadence.training.train_group import sampled_tokens
 from cadence.wire.digest import checksum
 
 _POLL_S = 0.005  # how often a simulated decode looks for a stop
@@ -92,16 +93,19 @@ class SimulatedLearner:
     def __init__(self, cfg: SimulatedConfig) -> None:
         self.cfg = cfg
         self.steps = 0
+        self.loss_tokens = 0.0  # of the step under way: the stand-in trains every sampled token
 
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
         tokens = sum(len(g.prompt) + len(c) for g in groups for c in g.completions)
         time.sleep(self.cfg.train_s_per_token * tokens)
+        self.loss_tokens += sum(sampled_tokens(groups))
         return {"tokens": float(tokens)}
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         time.sleep(self.cfg.step_s)
         self.steps += 1
-        return {}
+        info, self.loss_tokens = {"loss_tokens": self.loss_tokens}, 0.0
+        return info
 
     def weights(
         self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None

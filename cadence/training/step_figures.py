@@ -23,13 +23,16 @@ def summarise(sums: Mapping[str, float], normaliser: float) -> dict[str, float]:
     never an environment's): `clip_fraction` (tokens whose clip is active) and, with a reference, `kl`
     (k3); `entropy` (of the tempered policy) over the sampled tokens computed (a sample with advantage
     0 is not, ops/distinct.py); `computed_tokens`: the packed tokens the step's forwards and backwards
-    took, environment tokens included; `mismatch_*` (ops/mismatch.py) and, with a rollout correction,
+    took, environment tokens included; `loss_tokens`: the sampled tokens that reached a loss term (a
+    skipped sample's do not); `mismatch_*` (ops/mismatch.py) and, with a rollout correction,
     `correction_weight` (its mean weight) and `correction_zeroed` (the share of tokens it masked) over
     the computed tokens."""
     apart = PER_TOKEN + SUM_KEYS + EXTREMES + CORRECTION
     info = {k: round(v / normaliser, 6) for k, v in sums.items() if k not in apart}
     if "computed_tokens" in sums:
         info["computed_tokens"] = sums["computed_tokens"]
+    if "entropy_tokens" in sums:  # the sampled tokens of the computed samples, each by its count
+        info["loss_tokens"] = sums["entropy_tokens"]
     tokens = sums.get("tokens", 0.0)
     computed = sums.get("entropy_tokens", 0.0)
     if computed > 0:

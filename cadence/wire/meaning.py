@@ -230,7 +230,7 @@ def _figures_problem(figures: EpisodeFigures) -> str | None:
     """The values of episode figures already one a sample: times finite and not negative, tool errors
     at most the tool calls, endings of `ENDINGS`, each episode's turn rewards at most its model turns
     long, every one finite or None (counts are never negative: their type says so)."""
-    if not all(math.isfinite(s) and s >= 0 for s in figures.env_s):
+    if not all(math.isfinite(s) and s >= 0 for s in [*figures.env_s, figures.env_wall_s]):
         return "an environment time that is not finite and non-negative"
     if not all(math.isfinite(s) and s >= 0 for s in figures.call_s):
         return "a call time that is not finite and non-negative"

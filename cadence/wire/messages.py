@@ -182,6 +182,8 @@ class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     # than one: the agent rewrote its history; the one with the most sampled tokens is the completion)
     call_tokens: list[Count] = field(default_factory=list)  # agent episodes: tokens its calls sampled
     call_s: list[float] = field(default_factory=list)  # agent episodes: seconds inside its calls
+    env_wall_s: float = 0.0  # the group's share (by its episodes) of the wall seconds in which any
+    # environment call of its worker's batch ran: the episodes' env_s overlap, these do not
 
 
 class EvalResult(Message, tag="eval_result", omit_defaults=True):

@@ -98,7 +98,8 @@ def _expected_ids(
     checking each turn was asked with exactly the ids before it); `reply_ids(message, finished)` the
     environment's ids as the test expects them."""
     ids, mask = list(result.prompt_tokens), [0] * len(result.prompt_tokens)
-    messages = [t.text for t in result.turns[2::2]]
+    # the messages the model read (a message past the budget is in the transcript with no tokens)
+    messages = [t.text for t in result.turns[2::2] if t.tokens]
     for turn in range(result.model_turns):
         prompt, completion = engine.sampled[turn_seed(result.seed, turn)]
         assert prompt == ids, f"turn {turn} was not asked with the ids held before it"

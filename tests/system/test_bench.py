@@ -101,8 +101,9 @@ def test_bench_e2e_runs_both_modes_of_a_real_config_and_reports_each_part() -> N
     args = ["--json", "--config", "configs/quickstart.toml", "--periods", "3", *small]
     proc = cadence("bench", "e2e", *args, timeout=280)
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("sync_period_s", "periodic_period_s", "speedup", "train_s", "gen_s", "tokens_trained"):
+    for key in ("sync_period_s", "periodic_period_s", "speedup", "train_s", "gen_s", "tokens_kept"):
         assert figures[key] > 0, key
+    assert 0 <= figures["tokens_trained"] <= figures["tokens_kept"]  # a group of equal rewards trains none
     for key in ("trainer_idle_s", "step_s", "publish_s", "load_s"):
         assert figures[key] >= 0, key
         assert figures["sync"][key] >= 0, key
@@ -111,6 +112,7 @@ def test_bench_e2e_runs_both_modes_of_a_real_config_and_reports_each_part() -> N
     )
     assert figures["periods_measured"] == 1
     assert figures["tokens_trained"] == figures["sync"]["tokens_trained"]  # same prompts, same lengths
+    assert figures["tokens_kept"] == figures["sync"]["tokens_kept"]
     assert 0 <= figures["reward_mean_last"] <= 1
     assert (
         len(figures["load_avg"]) == 2

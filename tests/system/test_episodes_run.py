@@ -24,8 +24,10 @@ EPISODES = [
 ]
 
 
-@pytest.mark.parametrize("environment", ["guess_number", "calculator"])
+@pytest.mark.parametrize("environment", ["guess_number", "calculator", "tool_calculator"])
 def test_sync_and_periodic_episodes_agree(tmp_path: Path, environment: str) -> None:
+    # the JSON calculator's opening declares its tool's schema too: 975 characters
+    positions = ["--set", "model.max_position=1152"] if environment == "tool_calculator" else []
     rows, weights = {}, {}
     for mode in ("sync", "periodic"):
         out = tmp_path / mode
@@ -45,6 +47,7 @@ def test_sync_and_periodic_episodes_agree(tmp_path: Path, environment: str) -> N
             "--set",
             f"environment.name={environment!r}",
             *EPISODES,
+            *positions,
             *SMALL,
         )
         rows[mode] = read_jsonl(out / "metrics.jsonl")

@@ -20,6 +20,7 @@ SINGLE_TURN = {
     "gen_s",
     "micro_batches",
     "tokens_trained",
+    "tokens_kept",
     "tokens_computed",
 }
 
@@ -37,6 +38,7 @@ def _row(period: int, gen_s: float, train_s: float, **extra: Any) -> dict[str, A
         "gen_s": gen_s,
         "micro_batches": 2,
         "tokens_trained": 100,
+        "tokens_kept": 110,
         "tokens_computed": 120,
         **extra,
     }

@@ -37,7 +37,7 @@ def _row(period: int, period_s: float, groups: int = 2, **extra: Any) -> dict[st
         "groups": groups,
         "reward_mean": 0.5,
         "response_len_mean": 12.0,
-        "tokens_trained": 10 * groups * G,  # kept samples of 10 tokens
+        "tokens_kept": 10 * groups * G,  # kept samples of 10 tokens
         "tokens_generated": 100,
         **extra,
     }
@@ -46,7 +46,7 @@ def _row(period: int, period_s: float, groups: int = 2, **extra: Any) -> dict[st
 def _sampled(period: int, period_s: float, reward_kept: float, tokens_each: int) -> dict[str, Any]:
     """An over-sampled row: 2 kept groups of 4 samples, `tokens_each` tokens a kept sample."""
     row = _row(period, period_s, prompts_issued=3, groups_filtered=1, groups_stopped=0)
-    return row | {"reward_kept_mean": reward_kept, "tokens_trained": tokens_each * 2 * G}
+    return row | {"reward_kept_mean": reward_kept, "tokens_kept": tokens_each * 2 * G}
 
 
 def test_the_variants_set_the_whole_sampling_section_and_nothing_else() -> None:
@@ -116,7 +116,7 @@ def test_measure_leaves_out_each_runs_warm_up_and_pools_the_rounds() -> None:
 
 
 def test_kept_pools_the_samples_not_the_periods() -> None:
-    rows = [_sampled(0, 4.0, 1.0, 10), _sampled(1, 4.0, 0.0, 20) | {"groups": 1, "tokens_trained": 20 * G}]
+    rows = [_sampled(0, 4.0, 1.0, 10), _sampled(1, 4.0, 0.0, 20) | {"groups": 1, "tokens_kept": 20 * G}]
     assert kept(rows, G) == {"response_len": pytest.approx(40 / 3, abs=1e-3), "reward": 0.6667}
     assert kept([], G) == {"response_len": 0.0, "reward": 0.0}
 

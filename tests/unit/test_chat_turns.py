@@ -107,3 +107,20 @@ def test_without_a_template_a_message_is_its_own_ids() -> None:
     assert turns.encode_reply("lower.", finished=False) == tokenizer.encode("lower.")
     assert turns.encode_prompt("1+2=?") == tokenizer.encode_prompt("1+2=?")
     assert turns.decode_response([*tokenizer.encode("3"), tokenizer.eos_id]) == "3"
+
+
+def test_a_template_may_raise_and_tell_the_date_as_transformers_lets_it(tmp_path: Path) -> None:
+    if not (SMOLLM2 / "tokenizer.json").exists():
+        pytest.skip(f"SmolLM2's tokenizer is not at {SMOLLM2}")
+    import jinja2
+
+    from tests.tool_rig import with_template
+
+    template = (
+        "{{ strftime_now('%Y') }}{% for m in messages %}{% if m.role == 'robot' %}"
+        "{{ raise_exception('no robots here') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    tokenizer = with_template(tmp_path, template)
+    assert render(tokenizer, [{"role": "user", "content": "hi"}], False)[4:] == "hi"
+    with pytest.raises(jinja2.exceptions.TemplateError, match="no robots here"):
+        render(tokenizer, [{"role": "robot", "content": "hi"}], False)

@@ -155,7 +155,9 @@ def test_folded_samples_train_as_every_sample_does(objective: str, packing: str)
     )
     # and the step lands on the same weights
     normaliser = want["tokens"]
-    folded.step(normaliser)
+    info = folded.step(normaliser)
+    # the tokens that reached a loss term: not the skipped samples' (`tokens_trained` in the row)
+    assert info["loss_tokens"] == got["entropy_tokens"] < want["tokens"]
     full.step(normaliser)
     for a, b in zip(folded.model.parameters(), full.model.parameters(), strict=True):
         assert (a - b).abs().max() <= 1e-6
@@ -198,6 +200,7 @@ def test_a_step_whose_every_group_is_uniform_moves_the_weights_as_a_computed_zer
     info = folded.step(10.0)
     full.step(10.0)
     assert "entropy" not in info  # no token computed to take it over
+    assert info["loss_tokens"] == 0.0  # and none trained
     moved = max(
         float((p.detach() - b).abs().max()) for p, b in zip(folded.model.parameters(), before, strict=True)
     )

@@ -169,7 +169,7 @@ def test_a_bad_name_is_refused_naming_the_key(name: str, why: str) -> None:
         (7, "start gave a int"),
         ([("user", "Hi")], "not all ChatMessage"),
         ([ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello")], "ends on a assistant message"),
-        ([ChatMessage("robot", "Hi")], "role is not system, user or assistant"),  # type: ignore[arg-type]
+        ([ChatMessage("robot", "Hi")], "role is not system, user, assistant or tool"),  # type: ignore[arg-type]
         ([ChatMessage("user", 3)], "not all ChatMessage of str content"),  # type: ignore[arg-type]
     ],
 )

@@ -34,6 +34,7 @@ def played(prompt_id: int, **changes: Any) -> GroupResult:
         tool_errors=[1, 0],
         env_timeouts=[1, 0],
         env_s=[0.25, 0.5],
+        env_wall_s=0.5,  # the two episodes' calls overlapped
         env_tokens=[2, 0],
         endings=["done", "max_turns"],
     )
@@ -68,6 +69,7 @@ def test_the_episode_figures_of_a_period() -> None:
         "tool_errors": 2,
         "env_timeouts": 2,
         "env_s": 1.5,
+        "env_wall_s": 1.0,
         "env_tokens": 4,
         "endings": {"done": 2, "error": 1, "max_turns": 1},
     }
@@ -103,7 +105,7 @@ def test_the_row_of_an_episode_run_and_its_round_trip() -> None:
 def test_the_progress_line_shows_episodes_only_for_an_episode_run() -> None:
     metrics = _row(played(0), played(1))
     line = period_line(metrics, 10)
-    assert "turns 1.50  tools 4 (2 err)  env 1.50s 4 tok  timeouts 2" in line
+    assert "turns 1.50  tools 4 (2 err)  env 1.00s wall 1.50s episodes 4 tok  timeouts 2" in line
     assert "turns 1.50" in status_line(1, 10, 0, 4, metrics, 1.0)
     single = PeriodMetrics.from_row({"period": 0})
     assert "turns" not in period_line(single, 10) and "turns" not in status_line(1, 10, 0, 4, single, 1.0)

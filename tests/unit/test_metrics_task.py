@@ -106,7 +106,7 @@ def test_period_finish_keys_and_values() -> None:
     assert row["micro_batch_train_s"] == [1.5, 1.0] and row["micro_batches"] == 2
     assert row["step_s"] == pytest.approx(0.5)
     assert row["forward_backward_s"] == pytest.approx(1.5 + 1.0)  # train_s without the step
-    assert row["tokens_trained"] == 9
+    assert row["tokens_kept"] == 9 and row["tokens_trained"] == 0  # no step trained a token
 
 
 def test_the_computed_tokens_are_summed_and_no_entropy_is_made_up_when_none_was_computed() -> None:
@@ -117,12 +117,13 @@ def test_the_computed_tokens_are_summed_and_no_entropy_is_made_up_when_none_was_
     stats = _stats()
     stats.stepped({"computed_tokens": 0.0, "clip_fraction": 0.0, "lr": 1e-5})
     row = stats.finish(end=108.0, publish_s=1.0).to_row()
-    assert row["entropy"] is None and row["tokens_computed"] == 0 and row["tokens_trained"] == 9
+    assert row["entropy"] is None and row["tokens_computed"] == 0 and row["tokens_kept"] == 9
     assert "entropy" not in scalars(row) and PeriodMetrics.from_row(row).entropy is None
     computed = _stats()
-    computed.stepped({"computed_tokens": 30.0, "entropy": 1.0})
-    computed.stepped({"computed_tokens": 12.0, "entropy": 2.0})
+    computed.stepped({"computed_tokens": 30.0, "entropy": 1.0, "loss_tokens": 5.0})
+    computed.stepped({"computed_tokens": 12.0, "entropy": 2.0, "loss_tokens": 2.0})
     row = computed.finish(end=108.0, publish_s=1.0).to_row()
+    assert row["tokens_trained"] == 7 and row["tokens_kept"] == 9  # what reached the loss, of the kept
     assert row["entropy"] == pytest.approx(1.5) and row["tokens_computed"] == 42
 
 
@@ -304,7 +305,7 @@ def test_an_over_sampled_period_trains_only_its_kept_groups_and_counts_the_rest(
     row = stats.finish(end=108.0, publish_s=1.0).to_row()
     assert (row["groups"], row["groups_arrived"], row["groups_filtered"]) == (1, 3, 1)
     assert row["filtered_zero_variance"] == 1 and row["tokens_filtered"] == 6 + 2
-    assert row["tokens_trained"] == 3 and row["tokens_generated"] == 3 + 6 + 2
+    assert row["tokens_kept"] == 3 and row["tokens_generated"] == 3 + 6 + 2
     assert row["samples"] == 6 and row["reward_mean"] == pytest.approx(2.0 / 6)  # every arrived sample
     assert row["reward_kept_mean"] == pytest.approx(0.5)
     assert row["tail_s"] == pytest.approx(108.0 - 1.0 - 102.0)  # from the last kept group

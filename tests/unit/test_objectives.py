@@ -233,6 +233,7 @@ def test_a_step_reports_means_over_the_trained_tokens_and_sums_over_the_normalis
         "clip_fraction": 0.125,
         "kl": 0.05,
         "computed_tokens": 77.0,
+        "loss_tokens": 30.0,  # the sampled tokens of the computed samples
     }
     assert "kl" not in summarise({k: v for k, v in sums.items() if k != "kl_sum"}, 8.0)  # no reference
     assert summarise({}, 1.0) == {}  # a rank without a share

@@ -31,6 +31,7 @@ def test_the_row_has_every_field_under_its_old_key() -> None:
         "tool_errors",
         "env_timeouts",
         "env_s",
+        "env_wall_s",
         "env_tokens",
         "turn_reward_mean",
         "endings",

@@ -25,9 +25,9 @@ call after another (`start`, then `step` per model turn, then `score`, then `clo
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cadence.tasks.base import Prompt, Score
 
@@ -41,9 +41,10 @@ Ending = Literal["done", "max_turns", "token_budget", "episode_timeout", "contex
 @dataclass(frozen=True)
 class ChatMessage:
     """One message of the conversation `start` may give: a system prompt, a worked example's turns
-    (the assistant's are the environment's words, never trained on), and last the user's message."""
+    (the assistant's and the tools' are the environment's words, never trained on), and last the
+    user's message."""
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
 
 
@@ -59,8 +60,8 @@ def opening_problem(opening: object) -> str | None:
         return f"start gave a {type(opening).__name__}, not a str or a non-empty sequence of ChatMessage"
     if not all(isinstance(m, ChatMessage) and isinstance(m.content, str) for m in opening):
         return "start gave a sequence that is not all ChatMessage of str content"
-    if any(m.role not in ("system", "user", "assistant") for m in opening):
-        return "start gave a ChatMessage whose role is not system, user or assistant"
+    if any(m.role not in ("system", "user", "assistant", "tool") for m in opening):
+        return "start gave a ChatMessage whose role is not system, user, assistant or tool"
     if opening[-1].role != "user":
         return f"start's conversation ends on a {opening[-1].role} message, not the user's"
     return None
@@ -75,13 +76,58 @@ def opening_text(opening: Opening) -> str:
 
 @dataclass(frozen=True)
 class Reply:
-    """An environment's answer to one model turn."""
+    """An environment's answer to one model turn. Made with a field of the wrong type, it raises
+    `TypeError` naming the field (the runner logs it as the environment's failure)."""
 
-    message: str  # what the model reads next (tool result, feedback, user reply); unused when done
+    message: str = ""  # what the model reads next (feedback, a user's reply); unused when done
     done: bool = False  # the episode is over: no further model turn
     reward: float | None = None  # this turn's own reward, recorded beside the episode's score
     tool_calls: int = 0  # tool calls the turn made
     tool_errors: int = 0  # of which the tool answered with an error
+    tool_results: tuple[str, ...] = ()  # one message a call, in the chat template's tool role; when
+    # given, they are what the model reads (`message` is then left empty)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tool_results, list):
+            object.__setattr__(self, "tool_results", tuple(self.tool_results))
+        if problem := reply_problem(self):
+            raise TypeError(problem)
+
+    @property
+    def text(self) -> str:
+        """The reply as the transcript shows it."""
+        return "\n\n".join(self.tool_results) if self.tool_results else self.message
+
+
+def reply_problem(reply: Reply) -> str | None:
+    """Why a `Reply`'s fields are not of their types (naming the field); None when they are."""
+    checks: list[tuple[str, bool, str]] = [
+        ("message", isinstance(reply.message, str), "a str"),
+        ("done", isinstance(reply.done, bool), "a bool"),
+        ("reward", reply.reward is None or _real(reply.reward), "a number or None"),
+        ("tool_calls", _count(reply.tool_calls), "an int >= 0"),
+        ("tool_errors", _count(reply.tool_errors), "an int >= 0"),
+        (
+            "tool_results",
+            isinstance(reply.tool_results, tuple) and all(isinstance(r, str) for r in reply.tool_results),
+            "a tuple of str",
+        ),
+    ]
+    for name, fits, wanted in checks:
+        if not fits:
+            value = getattr(reply, name)
+            return f"Reply.{name} must be {wanted}, got {type(value).__name__} {str(value)[:40]!r}"
+    if reply.tool_results and reply.message:
+        return "Reply.message must be empty when Reply.tool_results are given"
+    return None
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -113,11 +159,28 @@ class Transcript:
         return responses[-1] if responses else None
 
 
+@dataclass(frozen=True)
+class Setting:
+    """What the runner tells an environment before `start`: how the model writes a tool call (its
+    chat template's family: "hermes" or "llama3", `cadence.tasks.tools.calls`) and how long one step
+    may take."""
+
+    tool_format: str = "hermes"
+    step_timeout_s: float = 10.0
+
+
 class Environment(abc.ABC):
     """One episode's environment. Subclass it and give `start`, `step` and `score`; `close` frees
-    what the episode held (a sandbox, a connection). `name` names it in logs."""
+    what the episode held (a sandbox, a connection). `name` names it in logs; `setting` is set by the
+    runner before `start`."""
 
     name: str = "environment"
+    setting: Setting = Setting()
+
+    def tools(self) -> Sequence[Mapping[str, Any]]:
+        """The tools the model may call, as OpenAI-format JSON schemas: the chat template renders them
+        into the opening (its own `tools` support, else a Hermes-style system block). None by default."""
+        return ()
 
     @abc.abstractmethod
     async def start(self) -> Opening:

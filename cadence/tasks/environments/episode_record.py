@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Ending, Environment, Reply, Transcript, Turn
+from cadence.tasks.environments.episode_loop import EpisodeLoop
 from cadence.tasks.environments.generation import Generated
 
 
@@ -46,6 +47,7 @@ class Episode:
     seed: int
     deadline: float  # the clock's time past which the episode ends
     env: Environment | None = None  # None: its factory failed
+    loop: EpisodeLoop | None = None  # where its environment's calls run (None: the caller's loop)
     prompt_tokens: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -96,6 +98,10 @@ class Episode:
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.turns.append(Turn("environment", message, len(ids)))
+
+    def note(self, text: str) -> None:
+        """Say in the transcript what the model did not read (a message past the token budget)."""
+        self.turns.append(Turn("environment", text, 0))
 
     def end(self, reason: Ending) -> None:
         if self.ended is None:

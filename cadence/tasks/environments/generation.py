@@ -11,9 +11,9 @@ gave them. `turn_seed(seed, 0) == seed`, so an episode's first turn is the singl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from cadence.tasks.environments.base import Opening
 
@@ -43,15 +43,25 @@ class Generate(Protocol):
 
 
 class TurnCodec(Protocol):
-    def encode_prompt(self, opening: Opening) -> list[int]:
+    @property
+    def tool_format(self) -> str:
+        """How the template's model family writes a tool call: "hermes" or "llama3"."""
+        ...
+
+    def encode_prompt(self, opening: Opening, tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
         """The first user message (or the conversation ending with it) in the chat template, ready for
-        the model's first turn."""
+        the model's first turn, with `tools` (OpenAI-format schemas) declared as the template does."""
+        ...
+
+    def encode_results(self, results: Sequence[str], finished: bool) -> list[int]:
+        """As `encode_reply`, around `results`: one message in the template's tool role each."""
         ...
 
     def encode_reply(self, message: str, finished: bool) -> list[int]:
         """The ids between the model's turn and its next one around `message`: the template's end of
         the model's turn (less its eos when `finished`: the model sampled it), the message's header,
-        the message, its end, the next model turn's header."""
+        the message, its end, the next model turn's header. Text in `message` is never control: a special
+        token's text in it is encoded as plain text."""
         ...
 
     def decode_response(self, ids: Sequence[int]) -> str:

@@ -1,7 +1,7 @@
 """Calls into an environment, each under a timeout, a failure contained to its episode.
 
 ```
- start() / step(text) / score(t) / close()
+ create / start() / step(text) / score(t) / close()   on the episode's own loop (`episode_loop.py`)
    │ wait_for(step_timeout_s, or the time left to the episode if less: start and step only)
    ├─ value      ─► Called(value)
    ├─ timed out  ─► environment_timed_out(environment, prompt_id, stage, timeout_s); Called(timed_out,
@@ -10,16 +10,18 @@
 ```
 
 Invariant: every call's time is added to the episode's `env_seconds` and every cut call to its
-`timeouts`; nothing an environment raises (an `Exception`) leaves `call`. A timeout cancels the
-call's coroutine: it stops code that awaits, never CPU-bound code running on the event loop.
+`timeouts`; nothing an environment raises (an `Exception`) leaves `call`. The wait is bounded on the
+caller's loop whatever the environment does on its own; a timeout then cancels the call's coroutine
+there, which stops code that awaits, not code that blocks (it runs on in the episode's thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
@@ -28,6 +30,12 @@ from cadence.tasks.environments.episode_record import Episode
 log = structlog.get_logger()
 
 T = TypeVar("T")
+
+
+class Waits(Protocol):
+    """Where the time of every environment call is counted (a worker's `monitor.span.Overlapping`)."""
+
+    def inside(self) -> AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True)
@@ -45,16 +53,20 @@ async def call(
     timeout_s: float,
     clock: Callable[[], float],
     within_episode: bool = True,
+    waits: Waits | None = None,
 ) -> Called[T]:
-    """`await make()` within `timeout_s` (and, `within_episode`, the episode's time left)."""
+    """`await make()` on the episode's loop within `timeout_s` (and, `within_episode`, the episode's
+    time left), timed in `waits`."""
     limit = min(timeout_s, episode.deadline - clock()) if within_episode else timeout_s
     if limit <= 0:
         episode.timeouts += 1
         _timed_out(episode, stage, 0.0)
         return Called(timed_out=True, past_deadline=True)
     started = clock()
+    loop = episode.loop
     try:
-        value = await asyncio.wait_for(make(), limit)
+        with waits.inside() if waits is not None else nullcontext():
+            value = await asyncio.wait_for(loop.run(make) if loop is not None else make(), limit)
     except TimeoutError:
         episode.timeouts += 1
         _timed_out(episode, stage, limit)
@@ -104,6 +116,50 @@ def no_room(episode: Episode, ending: str, max_tokens: int, max_context: int) ->
         opening_tokens=len(episode.prompt_tokens),
         max_tokens=max_tokens,
         max_context=max_context,
+    )
+
+
+class WallTime:
+    """The seconds of wall clock in which at least one environment call of a batch runs (the union of
+    the calls' spans: eight episodes waiting 15 s at once are 15 s here, 120 s of the episodes'
+    `env_seconds`), each call also counted in `also` (a worker's spans)."""
+
+    def __init__(self, clock: Callable[[], float], also: Waits | None = None) -> None:
+        self.clock = clock
+        self.also = also
+        self.seconds = 0.0
+        self.running = 0
+        self.since = 0.0
+
+    @contextmanager
+    def inside(self) -> Iterator[None]:
+        if self.running == 0:
+            self.since = self.clock()
+        self.running += 1
+        try:
+            with self.also.inside() if self.also is not None else nullcontext():
+                yield
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self.seconds += self.clock() - self.since
+
+
+def truncated(episode: Episode, chars: list[int], limit: int) -> None:
+    """Log a reply whose texts were cut at `max_message_chars` (the model reads the marker)."""
+    log.info(
+        "environment_message_truncated", **_which(episode), turn=episode.model_turns, chars=chars, kept=limit
+    )
+
+
+def over_budget(episode: Episode, tokens: int, room: int) -> None:
+    """Log a message that was not appended: it would leave no room for the model's next token."""
+    log.info(
+        "environment_message_over_budget",
+        **_which(episode),
+        turn=episode.model_turns,
+        tokens=tokens,
+        room=room,
     )
 
 

@@ -2,13 +2,17 @@
 call, token in and token out.
 
 ```
- for each (prompt, seed): env = factory(prompt, seed); ids = encode_prompt(await env.start())
+ for each (prompt, seed), on an event loop of its own (`episode_loop.py`):
+   env = factory(prompt, seed); env.setting = (the template's tool format, step_timeout_s)
+   ids = encode_prompt(await env.start(), env.tools())
  while any episode is live:
    past its time, its token budget or the engine's context ─► ended (episode_timeout, token_budget, context)
    generate(every live context, turn seeds, room) ─► each: + model ids (mask 1, their log-probs)
    each, at once: reply = await env.step(text)    (timed out: "[tool timed out after 2.0 s]")
      done ─► ended "done"; the model's max_turns ─► "max_turns"; raised ─► "error"
-     else + encode_reply(reply.message) (mask 0), if budget and context keep room for a model token
+     else each text cut at max_message_chars (a marker the model reads; logged), then
+          + encode_reply(message) or encode_results(tool results) (mask 0), if budget and context
+          keep room for a model token (else logged, and said in the transcript)
  each: score = await env.score(transcript) (an "error" episode: Bounds.on_error); await env.close()
 ```
 
@@ -24,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import cast
+
+import structlog
 
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments import guard
@@ -36,12 +41,16 @@ from cadence.tasks.environments.base import (
     EnvironmentFactory,
     Opening,
     Reply,
+    Setting,
     opening_problem,
     opening_text,
 )
-from cadence.tasks.environments.bounds import Bounds
+from cadence.tasks.environments.bounds import Bounds, truncate
+from cadence.tasks.environments.episode_loop import EpisodeLoop
 from cadence.tasks.environments.episode_record import Episode, EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec, turn_seed
+
+log = structlog.get_logger()
 
 
 class EpisodeRunner:
@@ -52,15 +61,19 @@ class EpisodeRunner:
         codec: TurnCodec,
         bounds: Bounds,
         clock: Callable[[], float] = time.monotonic,
+        waits: guard.Waits | None = None,
     ) -> None:
         self.factory = factory
         self.generate = generate
         self.codec = codec
         self.bounds = bounds
         self.clock = clock
+        self.waits = guard.WallTime(clock, waits)  # every call of start, step, score and close timed
 
     async def run(self, episodes: Sequence[tuple[Prompt, int]]) -> list[EpisodeResult]:
-        """Run one episode for each (prompt, sample seed) to its end; their results in order."""
+        """Run one episode for each (prompt, sample seed) to its end; their results in order
+        (`env_wall_s` then holds the wall seconds in which any of their environment calls ran)."""
+        self.waits = guard.WallTime(self.clock, self.waits.also)
         opened = await asyncio.gather(*(self._open(prompt, seed) for prompt, seed in episodes))
         try:
             while live := [episode for episode in opened if episode.live]:
@@ -71,29 +84,39 @@ class EpisodeRunner:
         return list(await asyncio.gather(*(self._close(episode) for episode in opened)))
 
     async def _open(self, prompt: Prompt, seed: int) -> Episode:
-        episode = Episode(prompt, seed, deadline=self.clock() + self.bounds.episode_timeout_s)
-        try:
-            env = self.factory(prompt, seed)
-        except Exception as exc:
-            guard.failed(episode, "create", f"{type(exc).__name__}: {exc}", exc_info=True)
-            episode.end("error")
-            return episode
+        episode = Episode(prompt, seed, self.clock() + self.bounds.episode_timeout_s, loop=EpisodeLoop())
+        bound = self.bounds.step_timeout_s
+        made = await guard.call(episode, "create", _maker(self.factory, prompt, seed), bound, self.clock)
+        env = made.value
         if not isinstance(env, Environment):
-            guard.failed(episode, "create", f"the factory made a {type(env).__name__}, not an Environment")
+            if not made.failed and not made.timed_out:  # those are logged already
+                guard.failed(
+                    episode, "create", f"the factory made a {type(env).__name__}, not an Environment"
+                )
             episode.end("error")
             return episode
         episode.env = env
-        called = await guard.call(episode, "start", env.start, self.bounds.step_timeout_s, self.clock)
-        if not called.failed and not called.timed_out:
-            if problem := opening_problem(called.value):
+        env.setting = Setting(self.codec.tool_format, bound)
+
+        async def start() -> tuple[Opening, list[dict[str, object]]]:
+            return await env.start(), [dict(schema) for schema in env.tools()]
+
+        called = await guard.call(episode, "start", start, bound, self.clock, waits=self.waits)
+        if called.value is not None:
+            opening, tools = called.value
+            if problem := opening_problem(opening):
                 guard.failed(episode, "start", problem)
-            elif (ids := self._encode(episode, opening := cast(Opening, called.value), None)) is not None:
+            elif (ids := self._encode_opening(episode, opening, tools)) is not None:
                 if ids:
                     episode.begin(opening_text(opening), ids)
                     return episode
                 guard.failed(episode, "start", "the first message is no tokens at all")
         episode.end("error")
         return episode
+
+    @property
+    def env_wall_s(self) -> float:
+        return self.waits.seconds
 
     def _room(self, episode: Episode) -> int:
         """How many tokens the episode's next model turn may sample."""
@@ -148,19 +171,33 @@ class EpisodeRunner:
             episode.end("done")
         elif episode.model_turns >= self.bounds.max_turns:
             episode.end("max_turns")
-        elif (ids := self._encode(episode, reply.message, turn.finished)) is None:
-            episode.end("error")
-        elif full := self._full(episode, len(ids)):
-            episode.end(full)  # no room left for the model to answer the message
         else:
-            episode.add_message(reply.message, ids)
+            reply = self._cut(episode, reply)
+            if (ids := self._encode(episode, reply, turn.finished)) is None:
+                episode.end("error")
+            elif full := self._full(episode, len(ids)):
+                guard.over_budget(episode, len(ids), self.bounds.max_tokens - len(episode.tokens))
+                episode.note(f"[not shown to the model: a message of {len(ids)} tokens, past the {full}]")
+                episode.end(full)  # no room left for the model to answer the message
+            else:
+                episode.add_message(reply.text, ids)
+
+    def _cut(self, episode: Episode, reply: Reply) -> Reply:
+        """The reply with each text longer than `max_message_chars` cut, a marker saying so (logged)."""
+        limit = self.bounds.max_message_chars
+        texts = reply.tool_results or (reply.message,)
+        if all(len(text) <= limit for text in texts):
+            return reply
+        guard.truncated(episode, [len(text) for text in texts], limit)
+        cut = tuple(truncate(text, limit) for text in texts)
+        return replace(reply, tool_results=cut) if reply.tool_results else replace(reply, message=cut[0])
 
     async def _step(self, episode: Episode, text: str) -> Reply | None:
         """The environment's reply, a timeout's message in its place; None when the episode ended."""
         env = episode.env
         assert env is not None  # a live episode has its environment
         called = await guard.call(
-            episode, "step", lambda: env.step(text), self.bounds.step_timeout_s, self.clock
+            episode, "step", lambda: env.step(text), self.bounds.step_timeout_s, self.clock, waits=self.waits
         )
         if called.timed_out and called.past_deadline:
             episode.end("episode_timeout")
@@ -178,14 +215,23 @@ class EpisodeRunner:
             episode.end("error")
         return None
 
-    def _encode(self, episode: Episode, message: Opening, finished: bool | None) -> list[int] | None:
-        """A message's ids (`finished` None: the first message); None, logged, when the tokenizer
-        cannot take it (a character outside a character tokenizer's alphabet)."""
+    def _encode_opening(
+        self, episode: Episode, opening: Opening, tools: list[dict[str, object]]
+    ) -> list[int] | None:
+        """The opening's ids with the tools declared; None, logged, when the tokenizer cannot take it."""
+        return self._safely(episode, lambda: self.codec.encode_prompt(opening, tools))
+
+    def _encode(self, episode: Episode, reply: Reply, finished: bool) -> list[int] | None:
+        """A reply's ids: its tool results as the template's tool messages, else its message."""
+        if reply.tool_results:
+            return self._safely(episode, lambda: self.codec.encode_results(reply.tool_results, finished))
+        return self._safely(episode, lambda: self.codec.encode_reply(reply.message, finished))
+
+    def _safely(self, episode: Episode, encode: Callable[[], list[int]]) -> list[int] | None:
+        """`encode()`; None, logged, when the tokenizer cannot take the text (a character outside a
+        character tokenizer's alphabet, a special token's text where a template rewrites contents)."""
         try:
-            if finished is None:
-                return self.codec.encode_prompt(message)
-            assert isinstance(message, str)  # a reply is one message
-            return self.codec.encode_reply(message, finished)
+            return encode()
         except Exception as exc:
             guard.failed(episode, "encode", f"{type(exc).__name__}: {exc}", exc_info=True)
             return None
@@ -197,7 +243,13 @@ class EpisodeRunner:
         if env is not None and episode.ended != "error":
             transcript = episode.transcript()
             called = await guard.call(
-                episode, "score", lambda: env.score(transcript), self.bounds.step_timeout_s, self.clock, False
+                episode,
+                "score",
+                lambda: env.score(transcript),
+                self.bounds.step_timeout_s,
+                self.clock,
+                False,
+                self.waits,
             )
             if isinstance(called.value, Score) and _finite(called.value):
                 score = called.value
@@ -208,13 +260,23 @@ class EpisodeRunner:
 
     async def _release(self, episode: Episode) -> None:
         if episode.env is not None:
+            close = episode.env.close
             await guard.call(
-                episode, "close", episode.env.close, self.bounds.step_timeout_s, self.clock, False
+                episode, "close", close, self.bounds.step_timeout_s, self.clock, False, self.waits
             )
+        if episode.loop is not None:
+            episode.loop.close()
 
     def _on_error(self) -> Score:
         value = self.bounds.on_error
         return Score(reward=value, correct=0.0, parts={"environment": value})
+
+
+def _maker(factory: EnvironmentFactory, prompt: Prompt, seed: int) -> Callable[[], Awaitable[object]]:
+    async def make() -> object:
+        return factory(prompt, seed)
+
+    return make
 
 
 def _finite(score: Score) -> bool:
