@@ -162,14 +162,14 @@ class Dispatcher:
         """Handle one message: log traffic to the hub, anything else through `handle`."""
         if isinstance(msg, LogBatch | Subscribe) and self.hub is not None:
             if isinstance(msg, LogBatch):
-                await self._log_batch(peer, sender, msg)
+                await self._log_batch(self.hub, peer, sender, msg)
             else:
                 await self.hub.subscribe(peer, sender, msg)
             return
         self.handle(peer, sender, msg)
         await self._flush()
 
-    async def _log_batch(self, peer: bytes, sender: str, msg: LogBatch) -> None:
+    async def _log_batch(self, hub: LogHub, peer: bytes, sender: str, msg: LogBatch) -> None:
         """A registered peer's own log lines to the hub; anyone else's refused."""
         known = self.peers.get(peer)
         role = known.role if known is not None else "stranger"
@@ -180,8 +180,7 @@ class Dispatcher:
             self.server.refuse(sender, role, msg, problem)
             return
         self.liveness.seen(sender)
-        assert self.hub is not None
-        await self.hub.batch(msg)
+        await hub.batch(msg)
 
     async def _watch(self) -> None:
         while True:

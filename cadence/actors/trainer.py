@@ -183,9 +183,10 @@ class Trainer:
                 stale_dropped=metrics.stale_dropped,
                 duplicates_dropped=metrics.duplicates_dropped,
             )
-            self.mismatch.check(period, metrics.to_row())
-            halt = await self._checkpoint(period + 1, metrics.to_row())
-            await self.session.send(VersionReady(period + 1, digest, nbytes, metrics.to_row()))
+            row = metrics.to_row()
+            self.mismatch.check(period, row)
+            halt = await self._checkpoint(period + 1, row)
+            await self.session.send(VersionReady(period + 1, digest, nbytes, row))
             if halt and period + 1 < self.settings.periods:  # the run ends here: its summary, this version
                 log.info("trainer_halted", version=period + 1, reason="asked to stop after this checkpoint")
                 await self.stopped.wait()

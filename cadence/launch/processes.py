@@ -23,6 +23,7 @@ import uvloop
 
 from cadence.config import ConfigError, RunConfig
 from cadence.launch.secret import make_run_secret, read_run_secret
+from cadence.monitor.run_dir import write_whole
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
 from cadence.transport.zmq_socket import ZmqNetwork
@@ -68,14 +69,6 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
     return exit_status(lambda: uvloop.run(main()))  # type: ignore[arg-type]
 
 
-def write_address(path: Path, address: str) -> None:
-    """Write an actor's address for others to find, whole or not at all (a reader polling for the file
-    never sees it empty)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(address + "\n")
-    os.replace(tmp, path)
-
-
 def _bind_address(cfg: RunConfig, port: int) -> str:
     return f"tcp://{cfg.transport.host}:{port or '*'}"
 
@@ -115,7 +108,7 @@ async def dispatcher_main(
     lease = cfg.transport.liveness_timeout_s
     hub = LogHub(server, out / "logs", time.time, lease, own=stream, bounds=log_bounds(cfg))
     try:
-        write_address(out / "dispatcher.addr", server.address)
+        write_whole(out / "dispatcher.addr", server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
         task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))  # training never draws those
         evals = eval_prompts(cfg.task, cfg.eval, task) if cfg.eval.every > 0 else []
@@ -258,7 +251,7 @@ async def publisher_main(cfg: RunConfig, connect: str, out: Path, stream: LogStr
             )
         secret = read_run_secret(out)
         publisher = _publisher(cfg, net, connect, with_broadcast=False, secret=secret, stream=stream)
-        write_address(out / "publisher.addr", publisher.server.address)
+        write_whole(out / "publisher.addr", publisher.server.address + "\n")
         await publisher.run()
     finally:
         net.close()

@@ -21,12 +21,18 @@ if TYPE_CHECKING:
     from cadence.monitor.writers import MetricWriter
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a temporary file beside it, then a rename): a reader
+    polling for the file never sees it empty or half written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write `data` as JSON atomically (temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -60,9 +66,7 @@ def truncate_metrics(path: Path, version: int) -> int:
     rows = read_jsonl(path)
     keep = [r for r in rows if r.get("period", -1) < version]
     if len(keep) < len(rows):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
-        os.replace(tmp, path)
+        write_whole(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     return len(rows) - len(keep)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.launch.slurm.allocation import SlurmError
+from cadence.monitor.run_dir import write_whole
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -55,9 +56,7 @@ def record_job(out: Path, job_id: str, role: str) -> None:
     path = jobs_path(out)
     jobs = read_jobs(out) if path.exists() else []
     jobs.append({"id": job_id, "role": role})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
-    tmp.replace(path)
+    write_whole(path, json.dumps({"jobs": jobs}, indent=1) + "\n")
 
 
 def partition_nodes(partition: str, run: Runner = run_command) -> tuple[str, int]:

@@ -26,7 +26,7 @@ from cadence.launch.slurm.children import Signals, cadence_command, deaf_to_usr1
 from cadence.launch.slurm.interfaces import choose_address
 from cadence.launch.slurm.jobs import run_command
 from cadence.launch.torchrun import free_port
-from cadence.monitor.run_dir import read_new_lines
+from cadence.monitor.run_dir import read_new_lines, write_whole
 from cadence.training.resume import (
     ResumeError,
     ask_for_checkpoint,
@@ -164,9 +164,7 @@ class ControlTask:
         plan = {"dispatcher": addr.read_text().strip(), "resume": resume, "endpoint": ""}
         if self.cfg.trainer.ranks > 1:  # what the job's other nodes start their ranks with
             plan["endpoint"] = f"{self.address}:{free_port(self.address)}"
-            tmp = self.rendezvous.with_suffix(".tmp")
-            tmp.write_text(json.dumps(plan) + "\n")
-            tmp.replace(self.rendezvous)
+            write_whole(self.rendezvous, json.dumps(plan) + "\n")
         trainer = self._start(self._trainer_command(str(plan["dispatcher"]), resume, str(plan["endpoint"])))
         return self._watch(dispatcher, trainer)
 
