@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cadence.bench.memory import PeakMemory
 from cadence.bench.report import report
+from cadence.bench.where import where_run
 from cadence.config import ConfigError, RunConfig, load_config
 from cadence.launch.launcher import launch
 from cadence.launch.threads import rollout_threads, trainer_threads
@@ -54,6 +56,9 @@ def period_figures(row: dict[str, Any], env_wait_s: float = 0.0) -> dict[str, fl
         "tokens_trained": row["tokens_trained"],  # that reached a loss term
         "tokens_kept": row.get("tokens_kept", 0),  # of the groups trained, computed or not
         "tokens_computed": row.get("tokens_computed", 0),
+        "tokens_generated": row["tokens_generated"],
+        "generated_per_s": row["tokens_generated"] / row["period_s"],
+        "trained_per_s": row["tokens_trained"] / row["period_s"],
     }
     if "turns_mean" in row:
         figures |= {
@@ -109,7 +114,8 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
     with tempfile.TemporaryDirectory(prefix="cadence-bench-e2e-") as tmp:
         for mode in ("sync", "periodic"):
             run_cfg = bench_config(config, [*overrides, f"mode='{mode}'"], periods)
-            launch(run_cfg, Path(tmp) / mode, progress=False)
+            with PeakMemory(Path(tmp) / mode) as memory:
+                launch(run_cfg, Path(tmp) / mode, progress=False)
             rows = read_jsonl(Path(tmp) / mode / "metrics.jsonl")
             waits = seconds_by_period(read_spans(Path(tmp) / mode), "environment")
             measured: dict[str, Any] = measure(rows, waits)
@@ -118,6 +124,7 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
             figures[mode], last = measured, rows[-1]
             figures[mode]["trainer_threads"] = trainer_threads(run_cfg)
             figures[mode]["rollout_threads"] = rollout_threads(run_cfg)
+            figures[mode]["peak_memory_mib"] = memory.peaks()
             shown = (f"{k} {v:g}" if isinstance(v, int | float) else f"{k} {v}" for k, v in measured.items())
             print(f"{mode:>8}: " + "  ".join(shown), flush=True)
     sync, periodic = figures["sync"], figures["periodic"]
@@ -128,9 +135,8 @@ def bench_e2e(config: Path | None, overrides: Sequence[str], periods: int, as_js
         **{k: v for k, v in periodic.items() if k != "period_s"},
         "sync": {k: v for k, v in sync.items() if k != "period_s"},
         "reward_mean_last": round(last["reward_mean"], 4),
-        "rollout_dtype": bench_config(config, overrides, periods).rollout.dtype,
+        **where_run(bench_config(config, overrides, periods)),
         "periods_measured": periods - WARMUP,
-        "cores": os.cpu_count(),
         "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
     return report(result, as_json)

@@ -75,7 +75,9 @@ def measure(
     cfg: RunConfig, tokenizer: TextTokenizer, groups: list[TrainGroup], precision: str
 ) -> dict[str, float]:
     """The learner's (`precision`) figures of the gap on `groups`, as its trainer would report them."""
-    learner = make_torch_learner(_with(cfg, "trainer", precision=precision), tokenizer, torch.device("cpu"))
+    learner = make_torch_learner(
+        _with(cfg, "trainer", precision=precision), tokenizer, torch.device(cfg.trainer.device)
+    )
     sums: dict[str, float] = {}
     bound = cfg.trainer.mismatch.bound
     with torch.no_grad():

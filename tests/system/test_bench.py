@@ -118,6 +118,15 @@ def test_bench_e2e_runs_both_modes_of_a_real_config_and_reports_each_part() -> N
         len(figures["load_avg"]) == 2
         and figures["sync"]["trainer_threads"] >= figures["trainer_threads"] >= 1
     )
+    # every actor of the run measured from outside, and only those (quickstart: two workers)
+    peaks = figures["peak_memory_mib"]
+    assert set(peaks) == {"dispatcher", "trainer", "rollout-0", "rollout-1"}
+    assert all(peak["rss_mib"] > 10 for peak in peaks.values()), peaks
+    assert (figures["trainer_device"], figures["rollout_device"], figures["trainer_precision"]) == (
+        "cpu",
+        "cpu",
+        "fp32",
+    )
 
 
 def test_bench_tail_runs_each_variant_and_measures_the_arrival_bias(tmp_path: Path) -> None:

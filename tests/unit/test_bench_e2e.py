@@ -22,6 +22,9 @@ SINGLE_TURN = {
     "tokens_trained",
     "tokens_kept",
     "tokens_computed",
+    "tokens_generated",
+    "generated_per_s",
+    "trained_per_s",
 }
 
 
@@ -40,6 +43,7 @@ def _row(period: int, gen_s: float, train_s: float, **extra: Any) -> dict[str, A
         "tokens_trained": 100,
         "tokens_kept": 110,
         "tokens_computed": 120,
+        "tokens_generated": 150,
         **extra,
     }
 
@@ -52,6 +56,7 @@ def test_a_single_turn_row_gives_exactly_the_single_turn_figures() -> None:
     figures = period_figures(_row(3, 4.0, 2.0), env_wait_s=9.0)  # no episodes: a wait is not shown
     assert set(figures) == SINGLE_TURN
     assert (figures["gen_s"], figures["train_s"], figures["trainer_idle_s"]) == (4.0, 2.0, 0.5)
+    assert (figures["generated_per_s"], figures["trained_per_s"]) == (150 / 5.0, 100 / 5.0)
 
 
 def test_an_episode_row_puts_the_environment_beside_generation_and_training() -> None:

