@@ -18,6 +18,7 @@ once every agent has ended.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,9 +32,10 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
 from cadence.rollout.agent.batcher import Batcher
 from cadence.rollout.agent.calls import EpisodeCalls, Serving
+from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.agent.server import Endpoint
 from cadence.rollout.agent.trace import Renderer, Trace
-from cadence.rollout.play import episode_group
+from cadence.rollout.play import EngineGenerate, episode_group
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Author, Ending, Turn
@@ -71,6 +73,7 @@ class AgentEpisodes:
     tool_role: str = "user"
     gather_s: float = 0.003
     clock: Callable[[], float] = time.monotonic
+    sampling: Sampling = Sampling()  # the run's temperature and top_p, and what a call asking others gets
 
     async def run(
         self,
@@ -97,6 +100,7 @@ class AgentEpisodes:
             self.model,
             clock,
             spans,
+            self._sampling(generate),
         )
         endpoint = Endpoint(self.model)
         serve = asyncio.ensure_future(batcher.run())
@@ -127,6 +131,12 @@ class AgentEpisodes:
             out.append(_group(results[start : start + len(seeds)], fallback, eos_id))
             start += len(seeds)
         return out
+
+    def _sampling(self, generate: Generate) -> Sampling:
+        """What `generate` samples at: an eval batch's temperature where it has one, else the run's."""
+        if isinstance(generate, EngineGenerate) and generate.temperature is not None:
+            return dataclasses.replace(self.sampling, temperature=generate.temperature)
+        return self.sampling
 
     async def _episode(
         self, clients: _Clients, serving: Serving, prompt: Prompt, seed: int
