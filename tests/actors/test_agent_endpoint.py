@@ -49,7 +49,7 @@ async def play(
     seeds: list[int] = SEEDS,
     bounds: Bounds | None = None,
     gather_s: float = 0.003,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling | None = None,
 ) -> GroupSamples:
     episodes = AgentEpisodes(
         "tests:agent",
@@ -57,7 +57,7 @@ async def play(
         tokenizer,
         bounds or Bounds(max_turn_tokens=128),
         gather_s=gather_s,
-        sampling=sampling,
+        sampling=sampling or Sampling(),
     )
     prompt = Prompt(3, "What is 2+2?", "4")
     (group,) = await episodes.run(
