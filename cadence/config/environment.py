@@ -72,6 +72,12 @@ class EnvironmentConfig:
         " at the run's, its response's `cadence.overridden` naming what was asked otherwise; `refuse`"
         " answers 400 naming the run's value. A call asking the same, or nothing, is served either way",
     )
+    agent_listen: Literal["loopback", "unix"] = doc(
+        "loopback",
+        "agent episodes: where the worker serves its endpoint: `loopback` (127.0.0.1, a port the system"
+        " picks) or `unix` (a Unix socket in a folder only the worker's user may enter, removed with the"
+        " batch; the agent's client reaches it, its path is the task's `socket`)",
+    )
     max_message_chars: int = doc(
         4000,
         "an environment message (each tool result) longer than this is cut to it, with a marker the"

@@ -128,7 +128,15 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentE
         agent = load_agent(e.agent)
         sampling = Sampling(cfg.rollout.temperature, cfg.rollout.top_p, e.agent_sampling)
         return AgentEpisodes(
-            e.agent, agent, tokenizer, bounds, e.served_model, e.max_choices, e.role, sampling=sampling
+            e.agent,
+            agent,
+            tokenizer,
+            bounds,
+            e.served_model,
+            e.max_choices,
+            e.role,
+            sampling=sampling,
+            listen=e.agent_listen,
         )
     factory = load_environment(e.name, kwargs=e.kwargs)
     try:

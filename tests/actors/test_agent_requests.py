@@ -2,11 +2,12 @@
 the tiny model: a temperature or top_p other than the batch's served at the batch's (and said) or
 refused, an eval batch at the eval temperature, `tool_choice` "none" offers no tools and reads no call,
 one that cannot be enforced is refused, a Llama 3 template's calls come back in OpenAI's form, and
-`logprobs` in OpenAI's form are the engine's."""
+`logprobs` in OpenAI's form are the engine's, and the endpoint serves on a Unix socket."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import openai
 import pytest
 
 from cadence.model.hf_tokenizer import HFTokenizer
-from cadence.rollout.agent.episodes import AgentTask
+from cadence.rollout.agent.episodes import AgentEpisodes, AgentTask
 from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.play import EngineGenerate
+from cadence.tasks.base import Prompt
+from cadence.tasks.environments.bounds import Bounds
 from tests.actors.test_agent_endpoint import CALL, TOOLS, Scripted, ask, play
 from tests.agent_rig import CHATML, byte_checkpoint, recording_engine
 
@@ -212,3 +215,35 @@ async def test_logprobs_in_openai_form_are_the_engines(checkpoint: Path) -> None
     assert plain.choices[0].logprobs is None
     (err,) = refused
     assert err.param == "top_logprobs" and err.code == "unsupported_value"
+
+
+async def test_the_endpoint_on_a_unix_socket_serves_the_agents_client_and_its_own(checkpoint: Path) -> None:
+    import httpx2
+
+    tokenizer = HFTokenizer(checkpoint)
+    seen: list[tuple[str, int, str]] = []
+
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        reply = await client.chat.completions.create(model=task.model, messages=ask(task))
+        transport = httpx2.AsyncHTTPTransport(uds=task.socket)  # a client of its own, as documented
+        async with openai.AsyncOpenAI(
+            base_url=str(client.base_url),
+            api_key=client.api_key,
+            http_client=httpx2.AsyncClient(transport=transport),
+        ) as own:
+            again = await own.chat.completions.create(model=task.model, messages=ask(task))
+        folder = os.stat(os.path.dirname(task.socket)).st_mode & 0o777
+        seen.append(
+            (task.socket, folder, f"{reply.choices[0].message.content} {again.choices[0].message.content}")
+        )
+        return 1.0
+
+    episodes = AgentEpisodes("tests:agent", agent, tokenizer, Bounds(), listen="unix")
+    prompt = Prompt(3, "What is 2+2?", "4")
+    (group,) = await episodes.run(
+        Scripted(tokenizer, "ok"), [(prompt, [1], tokenizer.encode_prompt(prompt.text))], tokenizer.eos_id
+    )
+    ((socket, mode, said),) = seen
+    assert socket.endswith("endpoint.sock") and mode == 0o700 and said == "ok ok"
+    assert not os.path.exists(os.path.dirname(socket))  # removed with the batch
+    assert group.episodes is not None and group.episodes.turns == [2]

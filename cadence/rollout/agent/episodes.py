@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import structlog
@@ -55,6 +55,7 @@ class AgentTask:
     prompt_id: int
     seed: int
     model: str
+    socket: str = ""  # the endpoint's Unix socket (environment.agent_listen = "unix"), else ""
 
 
 Agent = Callable[[Any, AgentTask], Awaitable[object]]
@@ -74,6 +75,7 @@ class AgentEpisodes:
     gather_s: float = 0.003
     clock: Callable[[], float] = time.monotonic
     sampling: Sampling = Sampling()  # the run's temperature and top_p, and what a call asking others gets
+    listen: Literal["loopback", "unix"] = "loopback"  # where the endpoint is served
 
     async def run(
         self,
@@ -102,7 +104,7 @@ class AgentEpisodes:
             spans,
             self._sampling(generate),
         )
-        endpoint = Endpoint(self.model)
+        endpoint = Endpoint(self.model, unix=self.listen == "unix")
         serve = asyncio.ensure_future(batcher.run())
         clients = None
         try:
@@ -152,7 +154,9 @@ class AgentEpisodes:
         )
         key = clients.endpoint.open(calls)
         client = clients.base.with_options(api_key=key)  # the batch's connections, the episode's key
-        task = AgentTask(prompt.text, prompt.answer, prompt.prompt_id, seed, self.model)
+        task = AgentTask(
+            prompt.text, prompt.answer, prompt.prompt_id, seed, self.model, clients.endpoint.socket
+        )
         which = {"agent": self.name, "prompt_id": prompt.prompt_id, "seed": seed}
         try:
             ending, value, timeouts = await _watched(
@@ -170,13 +174,21 @@ class AgentEpisodes:
 
 class _Clients:
     """The batch's endpoint, and one OpenAI client of it whose connections every episode's client
-    shares (a client of its own each would make an SSL context each: 20 ms)."""
+    shares (a client of its own each would make an SSL context each: 20 ms), through the endpoint's
+    Unix socket where it has one."""
 
     def __init__(self, endpoint: Endpoint, base_url: str, timeout_s: float) -> None:
+        import httpx2
         import openai
 
         self.endpoint = endpoint
-        self.base = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=timeout_s)
+        http = None
+        if endpoint.socket:
+            transport = httpx2.AsyncHTTPTransport(uds=endpoint.socket)
+            http = openai.DefaultAsyncHttpxClient(transport=transport, timeout=timeout_s)
+        self.base = openai.AsyncOpenAI(
+            base_url=base_url, api_key="-", max_retries=0, timeout=timeout_s, http_client=http
+        )
 
 
 async def _watched(
