@@ -65,6 +65,19 @@ class EnvironmentConfig:
         "cadence", "agent episodes: the model name the endpoint serves (`model=` of a call)"
     )
     max_choices: int = doc(4, "agent episodes: the most choices (`n`) one call may ask for", Rule(ge=1))
+    agent_sampling: Literal["run", "refuse"] = doc(
+        "run",
+        "agent episodes: a call asking another temperature or top_p than the run samples at"
+        " (rollout.temperature and rollout.top_p; an eval batch's: the eval temperature): `run` serves it"
+        " at the run's, its response's `cadence.overridden` naming what was asked otherwise; `refuse`"
+        " answers 400 naming the run's value. A call asking the same, or nothing, is served either way",
+    )
+    agent_listen: Literal["loopback", "unix"] = doc(
+        "loopback",
+        "agent episodes: where the worker serves its endpoint: `loopback` (127.0.0.1, a port the system"
+        " picks) or `unix` (a Unix socket in a folder only the worker's user may enter, removed with the"
+        " batch; the agent's client reaches it, its path is the task's `socket`)",
+    )
     max_message_chars: int = doc(
         4000,
         "an environment message (each tool result) longer than this is cut to it, with a marker the"

@@ -123,8 +123,21 @@ def make_episodes(cfg: RunConfig, tokenizer: TextTokenizer) -> Episodes | AgentE
                 f"environment.agent = {e.agent!r} needs the agents extra ({err}): pip install 'cadence[agents]'"
             ) from None
 
+        from cadence.rollout.agent.sampling import Sampling
+
         agent = load_agent(e.agent)
-        return AgentEpisodes(e.agent, agent, tokenizer, bounds, e.served_model, e.max_choices, e.role)
+        sampling = Sampling(cfg.rollout.temperature, cfg.rollout.top_p, e.agent_sampling)
+        return AgentEpisodes(
+            e.agent,
+            agent,
+            tokenizer,
+            bounds,
+            e.served_model,
+            e.max_choices,
+            e.role,
+            sampling=sampling,
+            listen=e.agent_listen,
+        )
     factory = load_environment(e.name, kwargs=e.kwargs)
     try:
         codec = ChatTurns(tokenizer, e.role)

@@ -55,7 +55,7 @@ def renders_tools(template_text: str) -> bool:
 def tools_block(schemas: Sequence[Mapping[str, Any]], family: str = "hermes") -> str:
     """The system block that declares `schemas` and how `family` writes a call."""
     block = LLAMA3_BLOCK if family == "llama3" else HERMES_BLOCK
-    return block.format(schemas="\n".join(json.dumps(schema) for schema in schemas))
+    return block.format(schemas="\n".join(json.dumps(schema, ensure_ascii=False) for schema in schemas))
 
 
 def with_tools(

@@ -86,6 +86,9 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
             ({**good, "messages": ask(task, "x" * 600)}, key),  # past the model's 512 positions
             ({**good, "messages": [{"role": "wizard", "content": "hi"}]}, key),
             ({**good, "stream": True}, key),
+            ({**good, "temperature": 5}, key),  # past OpenAI's range
+            ({**good, "tool_choice": 3}, key),
+            ({**good, "top_logprobs": 2}, key),
             ({"messages": ask(task)}, key),
             (good, {"Authorization": "Bearer not-a-key"}),
             (good, key),
@@ -102,15 +105,16 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
 
     group = await play(agent, Scripted(tokenizer, "ok", max_context=512), tokenizer, seeds=[1])
     statuses = [status for status, _ in answers]
-    assert statuses == [400, 404, 400, 400, 400, 400, 400, 401, 200]
+    assert statuses == [400, 404, 400, 400, 400, 400, 400, 400, 400, 400, 401, 200]
     for _, body in answers[:-1]:
         assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
     codes = [body["error"]["code"] for _, body in answers[:-1]]
     assert (
         codes[1] == "model_not_found"
         and codes[3] == "context_length_exceeded"
-        and codes[7] == "invalid_api_key"
+        and codes[10] == "invalid_api_key"
     )
+    assert [answers[i][1]["error"]["param"] for i in (5, 8)] == ["stream", "top_logprobs"]
     assert (
         answers[2][1]["error"]["param"] == "n" and answers[-1][1]["choices"][0]["message"]["content"] == "ok"
     )

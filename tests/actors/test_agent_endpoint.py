@@ -18,6 +18,7 @@ from cadence.model.checkpoint import load_checkpoint
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.rollout.agent.calls import choice_seed
 from cadence.rollout.agent.episodes import AgentEpisodes, AgentTask
+from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.play import EngineGenerate
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt
@@ -48,9 +49,15 @@ async def play(
     seeds: list[int] = SEEDS,
     bounds: Bounds | None = None,
     gather_s: float = 0.003,
+    sampling: Sampling | None = None,
 ) -> GroupSamples:
     episodes = AgentEpisodes(
-        "tests:agent", agent, tokenizer, bounds or Bounds(max_turn_tokens=128), gather_s=gather_s
+        "tests:agent",
+        agent,
+        tokenizer,
+        bounds or Bounds(max_turn_tokens=128),
+        gather_s=gather_s,
+        sampling=sampling or Sampling(),
     )
     prompt = Prompt(3, "What is 2+2?", "4")
     (group,) = await episodes.run(
@@ -74,19 +81,25 @@ async def test_a_call_is_answered_with_the_engines_ids_and_log_probs(
     async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
         models = await client.models.list()
         assert [m.id for m in models.data] == [task.model]
-        reply = await client.chat.completions.create(  # a temperature of its own is not honoured
+        reply = await client.chat.completions.create(  # a temperature of its own: served at the run's
             model=task.model, messages=ask(task), max_tokens=8, temperature=1.9
         )
         answers[task.seed] = reply.model_dump()
         return 1.0
 
-    group = await play(agent, EngineGenerate(engine), tokenizer)
+    group = await play(agent, EngineGenerate(engine), tokenizer, sampling=Sampling(temperature))
     prompt = tokenizer.encode_prompt("What is 2+2?")
     model, _ = load_checkpoint(checkpoint)
     for i, seed in enumerate(SEEDS):
         body, sampled = answers[seed], engine.asked[seed]
         (choice,) = body["choices"]
         assert body["object"] == "chat.completion" and body["model"] == "cadence" and body["id"]
+        assert body["cadence"] == {
+            "version": 0,
+            "temperature": temperature,
+            "top_p": 1.0,
+            "overridden": ["temperature"],
+        }
         assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
         assert body["prompt_token_ids"] == prompt == sampled.prompt and sampled.max_new_tokens == 8
         assert (

@@ -142,13 +142,24 @@ def test_the_character_tokenizer_takes_the_environments_text_after_the_tasks() -
 
 def test_an_agent_is_loaded_with_the_bounds_and_refused_beside_a_name(tmp_path: Path) -> None:
     from cadence.rollout.agent.episodes import AgentEpisodes
+    from cadence.rollout.agent.sampling import Sampling
     from tests.system.tiny_agent import agent
 
     cfg = load_config(
-        None, [*EPISODES, "environment.agent='tests.system.tiny_agent:agent'", "environment.max_choices=2"]
+        None,
+        [
+            *EPISODES,
+            "environment.agent='tests.system.tiny_agent:agent'",
+            "environment.max_choices=2",
+            "rollout.temperature=0.7",
+            "rollout.top_p=0.9",
+            "environment.agent_sampling='refuse'",
+            "environment.agent_listen='unix'",
+        ],
     )
     episodes = make_episodes(cfg, make_tokenizer(cfg))
     assert isinstance(episodes, AgentEpisodes) and episodes.agent is agent and episodes.max_choices == 2
+    assert episodes.sampling == Sampling(0.7, 0.9, "refuse") and episodes.listen == "unix"
     assert episodes.bounds.max_tokens == 256 and episodes.model == "cadence"
     assert trainer_settings(cfg, 100).steps.max_sampled_tokens == 256
     both = config_error(*EPISODES, "environment.name='calculator'", "environment.agent='a.b:c'")

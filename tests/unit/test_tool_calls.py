@@ -76,3 +76,14 @@ def test_a_written_call_reads_back_in_its_own_family() -> None:
         written = write_call("convert", {"value": 2, "unit": "km"}, family)  # type: ignore[arg-type]
         assert parse(written, family).calls == [ToolCall("convert", {"value": 2, "unit": "km"})]  # type: ignore[arg-type]
     assert parse(write_call("f", {}, "hermes"), "llama3").calls == []  # each its own
+
+
+def test_the_content_is_the_text_outside_the_calls_read() -> None:
+    good = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert parse(f"Adding. {good} done", "hermes").content == "Adding.  done"
+    assert parse(f"x {good}<tool_call>[1]</tool_call>", "hermes").content == "x <tool_call>[1]</tool_call>"
+    assert parse("The answer is 4.", "llama3").content == "The answer is 4."
+    one = '{"name": "add", "parameters": {"a": 1}}'
+    assert parse(f"<|python_tag|>{one}; {one}", "llama3").content == ""
+    assert parse(f'{one}\n{{"name": 3}}', "llama3").content == '{"name": 3}'  # a bad call stays
+    assert parse('{"name": 3}', "llama3").content == '{"name": 3}'

@@ -3,5 +3,6 @@ the rollout worker's own OpenAI-compatible endpoint, its calls answered by the w
 the batch's version and traced into token sequences. `episodes.py` runs a batch's agents
 (`AgentEpisodes`, `AgentTask`), `server.py` is the endpoint, `calls.py` one episode's calls within its
 bounds, `batcher.py` the calls gathered into engine calls, `trace.py` the calls as sequences, `chat.py`
-the OpenAI wire, `hermes.py` tool calls in the Hermes form. See docs/environments.md.
+the OpenAI wire, `toolcalls.py` tool calls in the model family's form, `sampling.py` what a call is
+sampled at, `logprobs.py` log-probs in OpenAI's form. See docs/environments.md.
 """

@@ -3,10 +3,13 @@ its sequences (`trace.py`), sampled through the batcher with the episode's seeds
 
 ```
  complete(request, messages)
-   n within max_choices; calls < max_turns; the prompt (placed) within the model's positions;
+   temperature and top_p: the batch's (`sampling.py`); n within max_choices; calls < max_turns;
+   the prompt (placed; the tools offered unless tool_choice is "none") within the model's positions;
    a token limit of min(max_tokens asked, max_turn_tokens, the positions left, the episode's tokens left)
-   ─► seeds: choice_seed(seed, call, choice) ─► batcher ─► each choice cut at its first stop
-   ─► recorded in the trace ─► the response (ids, log-probs, version)
+   ─► seeds: choice_seed(seed, call, choice) ─► batcher ─► each choice cut at its first stop, its
+   tool calls read in the template's family (none under tool_choice "none"), its log-probs in
+   OpenAI's form when asked ─► recorded in the trace ─► the response (ids, log-probs, version,
+   what it was sampled at)
 ```
 
 Each call is logged as a span (`call`, from its arrival to its answer) on the worker's clock.
@@ -28,19 +31,23 @@ from typing import Any
 import structlog
 
 from cadence.model.tokenizer import TextTokenizer
+from cadence.rollout.agent import logprobs
 from cadence.rollout.agent.batcher import Batcher
 from cadence.rollout.agent.chat import ApiError, ChatRequest, Choice, Said, answer, new_call_id, response
+from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.agent.trace import Trace
 from cadence.tasks.environments.base import Ending
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.generation import Generated, turn_seed
+from cadence.tasks.tools.calls import Family
 
 log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
 class Serving:
-    """What every episode's calls share: the engine's batcher and positions, the bounds, the version."""
+    """What every episode's calls share: the engine's batcher and positions, the bounds, the version,
+    what the batch samples at."""
 
     batcher: Batcher
     tokenizer: TextTokenizer
@@ -51,6 +58,7 @@ class Serving:
     model: str
     clock: Callable[[], float] = time.monotonic
     spans: dict[str, Any] | None = None  # each call logged as a span "call" with these fields (the worker's)
+    sampling: Sampling = Sampling()
 
 
 @dataclass
@@ -92,13 +100,14 @@ class EpisodeCalls:
 
     async def _complete(self, request: ChatRequest, said: Sequence[Said]) -> dict[str, Any]:
         s, bounds = self.serving, self.serving.bounds
+        overridden = s.sampling.overridden(request)
         if request.n > s.max_choices:
             raise ApiError(400, f"n = {request.n}: at most {s.max_choices} choices a call", param="n")
         if self.calls >= bounds.max_turns:
             self._refuse(
                 "max_turns", f"the episode has made its {bounds.max_turns} calls (environment.max_turns)"
             )
-        placed = self.trace.place(said, request.tools)
+        placed = self.trace.place(said, request.offered_tools)
         if len(placed.ids) >= s.max_context:
             if placed.parent is None:
                 raise ApiError(
@@ -121,34 +130,40 @@ class EpisodeCalls:
         call, self.calls = self.calls, self.calls + 1
         seeds = [choice_seed(self.seed, call, j) for j in range(request.n)]
         made = await s.batcher.sample([(placed.ids, seed, room) for seed in seeds])
-        choices = [self._choice(g, request.stops) for g in made]
+        family = self.trace.renderer.family if request.reads_calls else None
+        choices = [self._choice(g, request.stops, family, bool(request.logprobs)) for g in made]
         for choice, generated in zip(choices, made, strict=True):
-            said_back = answer(choice)
+            said_back = choice.said
             self.tool_calls += len(said_back.calls)
             self.tokens += len(choice.tokens)
             finished = (
                 choice.finish_reason == "stop" and generated.finished and choice.tokens == generated.tokens
             )
             self.trace.record(placed, said_back, choice.tokens, choice.logprobs, finished)
-        return response(s.model, placed.ids, choices, s.version, new_call_id())
+        extension = {"version": s.version, **s.sampling.extension(overridden)}
+        return response(s.model, placed.ids, choices, new_call_id(), extension)
 
     def _refuse(self, bound: Ending, why: str) -> None:
         self.bound = self.bound or bound
         raise ApiError(400, f"{why}: no more calls are answered in this episode", code=bound)
 
-    def _choice(self, generated: Generated, stops: list[str]) -> Choice:
-        tokens, logprobs = generated.tokens, generated.logprobs
+    def _choice(self, generated: Generated, stops: list[str], family: Family | None, openai: bool) -> Choice:
+        """A sample as a choice: cut at its first stop string, its calls read in `family`'s form, its
+        log-probs in OpenAI's form when `openai`."""
+        tokens, lps = generated.tokens, generated.logprobs
         tokenizer = self.serving.tokenizer
         text = tokenizer.decode_response(tokens)
+        reason = "stop" if generated.finished else "length"
         cut = _first_stop(text, stops)
-        if cut is None:
-            return Choice(text, tokens, logprobs, "stop" if generated.finished else "length")
-        keep = next(
-            k
-            for k in range(len(tokens) + 1)
-            if _first_stop(tokenizer.decode_response(tokens[:k]), stops) is not None
-        )
-        return Choice(text[:cut], tokens[:keep], logprobs[:keep], "stop")
+        if cut is not None:
+            keep = next(
+                k
+                for k in range(len(tokens) + 1)
+                if _first_stop(tokenizer.decode_response(tokens[:k]), stops) is not None
+            )
+            text, tokens, lps, reason = text[:cut], tokens[:keep], lps[:keep], "stop"
+        shown = logprobs.content(tokenizer, tokens, lps) if openai else None
+        return Choice(text, tokens, lps, reason, answer(text, family), shown)
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:

@@ -1,10 +1,18 @@
 """The OpenAI chat-completions wire as the agent endpoint speaks it: a request decoded and checked
-(`decode_request`), its messages as plain `Said` values and as the chat template's messages, errors in
-OpenAI's body (`ApiError`), and a response with its extension (`response`).
+(`decode_request`), its messages as plain `Said` values and as the chat template's messages (calls,
+results and tools in the model family's form, `toolcalls.py`), errors in OpenAI's body (`ApiError`),
+and a response with its extension (`response`).
+
+```
+ tool_choice  "auto" (or unset): tools offered, calls read │ "none": tools not offered, no call read
+              "required", {"type": "function", ...}: 400 (not enforceable without constrained decoding)
+ logprobs     true: each choice's `logprobs.content` │ top_logprobs > 0: 400 (the engine gives none)
+ stream       true: 400
+```
 
 Invariant: a request that is not what this endpoint serves raises `ApiError` with the status, type,
 code and parameter OpenAI would give, never anything else; fields the endpoint does not use are read
-past (OpenAI clients send many), `stream` is refused.
+past (OpenAI clients send many).
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from cadence.rollout.agent import hermes
-from cadence.rollout.agent.hermes import ToolCall
+from cadence.rollout.agent import toolcalls
+from cadence.rollout.agent.toolcalls import ToolCall
+from cadence.tasks.tools.calls import Family
 
 
 class ApiError(Exception):
@@ -72,7 +81,11 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     model: str
     messages: list[_Message]
     tools: list[dict[str, Any]] | None = None
-    temperature: float | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     n: Annotated[int, Meta(ge=1)] = 1
@@ -82,6 +95,16 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def reads_calls(self) -> bool:
+        """The model is offered the tools and its calls are read: `tool_choice` is not "none"."""
+        return self.tool_choice != "none"
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the model is offered: none under `tool_choice` "none"."""
+        return self.tools if self.reads_calls else None
 
     @property
     def stops(self) -> list[str]:
@@ -114,7 +137,30 @@ def decode_request(body: bytes) -> tuple[ChatRequest, list[Said]]:
         raise ApiError(400, "streaming is not served: leave stream unset", param="stream")
     if not request.messages:
         raise ApiError(400, "messages is empty", param="messages")
+    _check_tool_choice(request.tool_choice)
+    if request.top_logprobs:
+        raise ApiError(
+            400,
+            f"top_logprobs = {request.top_logprobs}: the engine gives the sampled token's log-prob"
+            " alone; leave top_logprobs unset or 0 (logprobs: true gives the sampled ones)",
+            param="top_logprobs",
+            code="unsupported_value",
+        )
     return request, [_said(m, i) for i, m in enumerate(request.messages)]
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> None:
+    if choice is None or choice in ("auto", "none"):
+        return
+    if choice == "required" or isinstance(choice, dict):
+        raise ApiError(
+            400,
+            f"tool_choice = {choice!r} cannot be enforced (the model is sampled freely, without"
+            " constrained decoding): use 'auto' or 'none'",
+            param="tool_choice",
+            code="unsupported_value",
+        )
+    raise ApiError(400, f"tool_choice = {choice!r} is not one of 'auto', 'none'", param="tool_choice")
 
 
 def _said(message: _Message, index: int) -> Said:
@@ -147,21 +193,24 @@ def _json(text: str) -> str:
 
 
 def template_messages(
-    said: Sequence[Said], tools: Sequence[Mapping[str, Any]] | None, tool_role: str
+    said: Sequence[Said],
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_role: str,
+    family: Family = "hermes",
 ) -> list[dict[str, str]]:
-    """`said` as the chat template's role and content messages: calls and results in the Hermes form
-    (`hermes.py`), tool results in the role `tool_role`, the tools described in the system prompt."""
+    """`said` as the chat template's role and content messages: calls and results in `family`'s form
+    (`toolcalls.py`), tool results in the role `tool_role`, the tools described in the system prompt."""
     out = []
     for message in said:
         if message.role == "tool":
-            out.append({"role": tool_role, "content": hermes.result_text(message.content)})
+            out.append({"role": tool_role, "content": toolcalls.result_text(message.content, family)})
         elif message.calls:
-            calls = hermes.call_text(message.calls)
+            calls = toolcalls.calls_text(message.calls, family)
             out.append({"role": message.role, "content": f"{message.content}\n{calls}".lstrip("\n")})
         else:
             out.append({"role": message.role, "content": message.content})
     if tools:
-        described = hermes.tools_text(tools)
+        described = toolcalls.tools_text(tools, family)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{described}"}
         else:
@@ -171,46 +220,53 @@ def template_messages(
 
 @dataclass(frozen=True)
 class Choice:
-    """One sampled answer: its text (cut at a stop string), ids and log-probs, and why it ended."""
+    """One sampled answer: its text (cut at a stop string), ids and log-probs, why it ended, the
+    assistant message it is (`answer`), and its log-probs in OpenAI's form when asked."""
 
     text: str
     tokens: list[int]
     logprobs: list[float]
-    finish_reason: str  # stop, length (tool_calls once parsed)
+    finish_reason: str  # stop, length ("tool_calls" in the response when it holds calls)
+    said: Said
+    openai_logprobs: list[dict[str, Any]] | None = None
 
 
-def answer(choice: Choice) -> Said:
-    """The assistant message a choice is, its tool calls parsed out of its text."""
-    parsed = hermes.parse(choice.text)
-    return Said("assistant", parsed.content or "", tuple(parsed.calls))
+def answer(text: str, family: Family | None) -> Said:
+    """The assistant message a completion's `text` is: its tool calls read in `family`'s form (None:
+    `tool_choice` "none", nothing is read)."""
+    if family is None:
+        return Said("assistant", text)
+    read = toolcalls.read(text, family)
+    return Said("assistant", read.content or "", tuple(read.calls))
 
 
 def response(
-    model: str, prompt: Sequence[int], choices: Sequence[Choice], version: int, call: str
+    model: str, prompt: Sequence[int], choices: Sequence[Choice], call: str, extension: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The completion's body: OpenAI's fields, and `prompt_token_ids`, each choice's `token_ids` and
-    `token_logprobs`, and `cadence` (the weights' version)."""
+    `token_logprobs`, and `cadence` (`extension`: the weights' version, what it was sampled at)."""
     rendered = []
     for i, choice in enumerate(choices):
-        parsed = hermes.parse(choice.text)
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        said = choice.said
+        message: dict[str, Any] = {"role": "assistant", "content": said.content or None}
         reason = choice.finish_reason
-        if parsed.calls:
+        if said.calls:
             message["tool_calls"] = [
                 {
                     "id": f"call_{call}_{i}_{j}",
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 }
-                for j, c in enumerate(parsed.calls)
+                for j, c in enumerate(said.calls)
             ]
             reason = "tool_calls"
+        logprobs = choice.openai_logprobs
         rendered.append(
             {
                 "index": i,
                 "message": message,
                 "finish_reason": reason,
-                "logprobs": None,
+                "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                 "token_ids": choice.tokens,
                 "token_logprobs": choice.logprobs,
             }
@@ -228,7 +284,7 @@ def response(
             "total_tokens": len(prompt) + completion,
         },
         "prompt_token_ids": list(prompt),
-        "cadence": {"version": version},
+        "cadence": dict(extension),
     }
 
 

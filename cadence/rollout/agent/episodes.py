@@ -18,11 +18,12 @@ once every agent has ended.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import structlog
@@ -31,9 +32,10 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
 from cadence.rollout.agent.batcher import Batcher
 from cadence.rollout.agent.calls import EpisodeCalls, Serving
+from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.agent.server import Endpoint
 from cadence.rollout.agent.trace import Renderer, Trace
-from cadence.rollout.play import episode_group
+from cadence.rollout.play import EngineGenerate, episode_group
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Author, Ending, Turn
@@ -53,6 +55,7 @@ class AgentTask:
     prompt_id: int
     seed: int
     model: str
+    socket: str = ""  # the endpoint's Unix socket (environment.agent_listen = "unix"), else ""
 
 
 Agent = Callable[[Any, AgentTask], Awaitable[object]]
@@ -71,6 +74,8 @@ class AgentEpisodes:
     tool_role: str = "user"
     gather_s: float = 0.003
     clock: Callable[[], float] = time.monotonic
+    sampling: Sampling = Sampling()  # the run's temperature and top_p, and what a call asking others gets
+    listen: Literal["loopback", "unix"] = "loopback"  # where the endpoint is served
 
     async def run(
         self,
@@ -97,8 +102,9 @@ class AgentEpisodes:
             self.model,
             clock,
             spans,
+            self._sampling(generate),
         )
-        endpoint = Endpoint(self.model)
+        endpoint = Endpoint(self.model, unix=self.listen == "unix")
         serve = asyncio.ensure_future(batcher.run())
         clients = None
         try:
@@ -128,6 +134,12 @@ class AgentEpisodes:
             start += len(seeds)
         return out
 
+    def _sampling(self, generate: Generate) -> Sampling:
+        """What `generate` samples at: an eval batch's temperature where it has one, else the run's."""
+        if isinstance(generate, EngineGenerate) and generate.temperature is not None:
+            return dataclasses.replace(self.sampling, temperature=generate.temperature)
+        return self.sampling
+
     async def _episode(
         self, clients: _Clients, serving: Serving, prompt: Prompt, seed: int
     ) -> tuple[EpisodeResult, EpisodeCalls]:
@@ -142,7 +154,9 @@ class AgentEpisodes:
         )
         key = clients.endpoint.open(calls)
         client = clients.base.with_options(api_key=key)  # the batch's connections, the episode's key
-        task = AgentTask(prompt.text, prompt.answer, prompt.prompt_id, seed, self.model)
+        task = AgentTask(
+            prompt.text, prompt.answer, prompt.prompt_id, seed, self.model, clients.endpoint.socket
+        )
         which = {"agent": self.name, "prompt_id": prompt.prompt_id, "seed": seed}
         try:
             ending, value, timeouts = await _watched(
@@ -160,13 +174,21 @@ class AgentEpisodes:
 
 class _Clients:
     """The batch's endpoint, and one OpenAI client of it whose connections every episode's client
-    shares (a client of its own each would make an SSL context each: 20 ms)."""
+    shares (a client of its own each would make an SSL context each: 20 ms), through the endpoint's
+    Unix socket where it has one."""
 
     def __init__(self, endpoint: Endpoint, base_url: str, timeout_s: float) -> None:
+        import httpx2
         import openai
 
         self.endpoint = endpoint
-        self.base = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=timeout_s)
+        http = None
+        if endpoint.socket:
+            transport = httpx2.AsyncHTTPTransport(uds=endpoint.socket)
+            http = openai.DefaultAsyncHttpxClient(transport=transport, timeout=timeout_s)
+        self.base = openai.AsyncOpenAI(
+            base_url=base_url, api_key="-", max_retries=0, timeout=timeout_s, http_client=http
+        )
 
 
 async def _watched(

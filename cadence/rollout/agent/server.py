@@ -1,6 +1,7 @@
-"""The worker's OpenAI-compatible endpoint for one batch of agent episodes, on loopback, with aiohttp:
-`POST /v1/chat/completions` and `GET /v1/models`. Each episode calls with a key of its own (the
-client's `api_key`), valid from the episode's start until its end.
+"""The worker's OpenAI-compatible endpoint for one batch of agent episodes, with aiohttp, on loopback
+(a port the system picks) or on a Unix socket (`unix`: in a folder of its own, mode 0700, removed at
+`close`): `POST /v1/chat/completions` and `GET /v1/models`. Each episode calls with a key of its own
+(the client's `api_key`), valid from the episode's start until its end.
 
 ```
  Authorization: Bearer <key> ─► the episode being played under that key? else 401
@@ -15,7 +16,10 @@ answered by any other version. Every failure is an OpenAI error body; none reach
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import tempfile
 from typing import Any
 
 import structlog
@@ -26,14 +30,19 @@ from cadence.rollout.agent.chat import ApiError, decode_request, models
 
 log = structlog.get_logger()
 MAX_BODY = 16 << 20
+SOCKET_NAME = "endpoint.sock"
+MAX_SOCKET_PATH = 100  # a Unix socket's path is at most 107 bytes on Linux
 
 
 class Endpoint:
-    """Serves the calls of the episodes opened on it, as `model`, on `host` (port chosen by the system)."""
+    """Serves the calls of the episodes opened on it, as `model`, on `host` (port chosen by the system),
+    or with `unix` on a Unix socket (`socket`, its path, once started)."""
 
-    def __init__(self, model: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, model: str, host: str = "127.0.0.1", unix: bool = False) -> None:
         self.model = model
         self.host = host
+        self.unix = unix
+        self.socket = ""
         self.episodes: dict[str, EpisodeCalls] = {}
         self.ended: set[str] = set()
         self.app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY)
@@ -49,6 +58,11 @@ class Endpoint:
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
         await self.runner.setup()
+        if self.unix:
+            self.socket = os.path.join(_folder(), SOCKET_NAME)
+            await web.UnixSite(self.runner, self.socket).start()
+            self.base_url = "http://localhost/v1"
+            return self.base_url
         site = web.TCPSite(self.runner, self.host, 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -60,6 +74,8 @@ class Endpoint:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        if self.socket:
+            shutil.rmtree(os.path.dirname(self.socket), ignore_errors=True)
 
     def open(self, calls: EpisodeCalls) -> str:
         """A new key, serving `calls` until `end`."""
@@ -112,3 +128,11 @@ class Endpoint:
             )
             failed = ApiError(500, f"the call failed: {type(exc).__name__}: {exc}", kind="server_error")
             return web.json_response(failed.body(), status=500)
+
+
+def _folder() -> str:
+    """A new folder only this user may enter (mode 0700), short enough for a socket's path."""
+    base = tempfile.gettempdir()
+    if len(base) + 40 > MAX_SOCKET_PATH:
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="cadence-agent-", dir=base)

@@ -30,24 +30,28 @@ from typing import Any
 
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.tokenizer import TextTokenizer
+from cadence.model.tool_prompt import family_of
 from cadence.model.turns import render
 from cadence.rollout.agent.chat import ApiError, Said, canonical, template_messages
+from cadence.tasks.tools.calls import Family
 
 SENTINEL = "\x00answer\x00"
 
 
 class Renderer:
     """A conversation as the chat template's text (without a template: one `role: content` paragraph
-    a message, then `assistant: `) and the first prompt's ids."""
+    a message, then `assistant: `) and the first prompt's ids; tool calls in the template's `family`."""
 
     def __init__(self, tokenizer: TextTokenizer, tool_role: str = "user") -> None:
         self.tokenizer = tokenizer
         self.tool_role = tool_role
         self.templated = isinstance(tokenizer, HFTokenizer) and tokenizer.template is not None
         self.eos_text = tokenizer.decode([tokenizer.eos_id], skip_special=False)
+        text = tokenizer.template_text if isinstance(tokenizer, HFTokenizer) and self.templated else ""
+        self.family: Family = "llama3" if family_of(text) == "llama3" else "hermes"
 
     def text(self, said: Sequence[Said], tools: Sequence[Mapping[str, Any]] | None, open_turn: bool) -> str:
-        messages = template_messages(said, tools, self.tool_role)
+        messages = template_messages(said, tools, self.tool_role, self.family)
         if self.templated:
             assert isinstance(self.tokenizer, HFTokenizer)
             return render(self.tokenizer, messages, open_turn)

@@ -9,7 +9,9 @@
 ```
 
 A turn with no call in it is an answer (`Parsed.calls` empty). Both families take `arguments` or
-`parameters`, and arguments written as a JSON string holding an object.
+`parameters`, and arguments written as a JSON string holding an object. `Parsed.content` is the
+turn's text outside the calls that were read (a malformed call stays in it as written): what an
+OpenAI-form answer shows as the message's content beside its `tool_calls`.
 
 Invariant: `parse` never raises; every call the model began is in `Parsed.calls` in the order written,
 read (`ToolCall`) or not (`BadCall`, saying why in words the model can act on), so a malformed call
@@ -45,6 +47,7 @@ class BadCall:
 @dataclass(frozen=True)
 class Parsed:
     calls: list[ToolCall | BadCall]
+    content: str = ""  # the text outside the calls read (`ToolCall`s), as written
 
     @property
     def bad(self) -> int:
@@ -56,11 +59,13 @@ def parse(text: str, family: Family) -> Parsed:
     return _parse_llama3(text) if family == "llama3" else _parse_hermes(text)
 
 
-def write_call(name: str, arguments: dict[str, Any], family: Family) -> str:
-    """A call as `family` writes it (for a worked example in the model's own format)."""
+def write_call(name: str, arguments: object, family: Family) -> str:
+    """A call as `family` writes it (a worked example in the model's own format, a call of the
+    conversation written again); `arguments` a JSON object's value (any JSON value is written)."""
     if family == "llama3":
-        return json.dumps({"name": name, "parameters": arguments})
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
 
 
 def how_to_call(family: Family) -> str:
@@ -69,11 +74,18 @@ def how_to_call(family: Family) -> str:
 
 
 def _parse_hermes(text: str) -> Parsed:
-    calls: list[ToolCall | BadCall] = [_read(body.strip(), "hermes") for body in _HERMES.findall(text)]
-    rest = _HERMES.sub("", text)
-    if "<tool_call>" in rest:
+    calls: list[ToolCall | BadCall] = []
+    kept, last = [], 0
+    for block in _HERMES.finditer(text):
+        call = _read(block.group(1).strip(), "hermes")
+        calls.append(call)
+        if isinstance(call, ToolCall):
+            kept.append(text[last : block.start()])
+            last = block.end()
+    kept.append(text[last:])
+    if "<tool_call>" in _HERMES.sub("", text):
         calls.append(BadCall(f"a <tool_call> without its </tool_call>: {how_to_call('hermes')}"))
-    return Parsed(calls)
+    return Parsed(calls, "".join(kept))
 
 
 def _parse_llama3(text: str) -> Parsed:
@@ -81,24 +93,27 @@ def _parse_llama3(text: str) -> Parsed:
     if body.startswith(_PYTHON_TAG):
         body = body[len(_PYTHON_TAG) :].strip()
     elif not body.startswith(("{", "[")):
-        return Parsed([])  # an answer
+        return Parsed([], text)  # an answer
     if len(body) > MAX_CALL_CHARS:
-        return Parsed([BadCall(f"the call is {len(body)} characters, more than {MAX_CALL_CHARS}")])
+        return Parsed([BadCall(f"the call is {len(body)} characters, more than {MAX_CALL_CHARS}")], text)
     calls: list[ToolCall | BadCall] = []
     decoder = json.JSONDecoder()
-    at = 0
+    at, read = 0, 0  # body[:read]: the calls read
     while at < len(body):
         try:
             value, end = decoder.raw_decode(body, at)
         except json.JSONDecodeError as exc:
             calls.append(BadCall(f"the call is not valid JSON ({exc.msg} at character {exc.pos})"))
             break
-        for item in value if isinstance(value, list) else [value]:
-            calls.append(_call(item, "llama3"))
+        items = [_call(item, "llama3") for item in (value if isinstance(value, list) else [value])]
+        calls += items
+        if all(isinstance(item, ToolCall) for item in items) and read == at:
+            read = end
         at = end
         while at < len(body) and body[at] in " \t\r\n;,":
             at += 1
-    return Parsed(calls)
+        read = at if read == end else read
+    return Parsed(calls, body[read:] if read else text)
 
 
 def _read(body: str, family: Family) -> ToolCall | BadCall:
