@@ -52,7 +52,9 @@ async def play(generate: Any, tokenizer: HFTokenizer, seeds: list[int], bounds: 
     return group
 
 
-@pytest.mark.parametrize(("answer", "reward", "correct"), [("391", 1.25, 1.0), ("390", 0.25, 0.0)])
+@pytest.mark.parametrize(
+    ("answer", "reward", "correct"), [("391", 1.75, 1.0), ("390", 0.75, 0.0), ("39x", 0.25 + 1 / 3, 0.0)]
+)
 async def test_the_rubric_scores_the_tool_loop_the_endpoint_answered(
     tmp_path: Path, answer: str, reward: float, correct: float
 ) -> None:
@@ -68,8 +70,9 @@ async def test_the_rubric_scores_the_tool_loop_the_endpoint_answered(
         "<|im_start|>assistant\n"
     )
     (score,) = group.scores
-    assert score.reward == reward and score.correct == correct
-    assert score.parts == {"correct": correct, "used_tool": 0.25}
+    digits = sum(c.isdigit() for c in answer) / len(answer)
+    assert score.reward == pytest.approx(reward) and score.correct == correct
+    assert score.parts == {"correct": correct, "used_tool": 0.25, "numeric": 0.5 * digits}
     assert group.episodes is not None and group.episodes.endings == ["done"]
     assert (
         group.episodes.turns == [2] and group.episodes.tool_calls == [1] and group.episodes.sequences == [1]
@@ -85,8 +88,10 @@ async def test_the_tiny_models_answers_are_the_samples_and_the_rubric_reads_them
     for i, seed in enumerate(seeds):  # no call in the random model's answers: one call an episode
         sampled = engine.asked[seed].completion
         assert group.completions[i] == sampled.tokens and group.masks[i] == [1] * len(sampled.tokens)
-        right = float((tokenizer.decode_response(sampled.tokens) or "").strip() == PROMPT.answer)
-        assert group.scores[i].parts == {"correct": right, "used_tool": 0.0}
+        reply = (tokenizer.decode_response(sampled.tokens) or "").strip()
+        digits = sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
+        parts = {"correct": float(reply == PROMPT.answer), "used_tool": 0.0, "numeric": 0.5 * digits}
+        assert group.scores[i].parts == pytest.approx(parts)
     assert group.episodes is not None and group.episodes.turns == [1, 1, 1]
     assert group.episodes.endings == ["done"] * 3
 

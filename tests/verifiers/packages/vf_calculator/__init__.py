@@ -1,6 +1,6 @@
 """A verifiers 0.4.0 environment as an installed package would ship one (`taskset.id = "vf_calculator"`):
-a taskset of arithmetic questions, a task whose rubric is two weighted `@vf.reward`s (the answer right,
-the tool used), and a harness that plays a tool loop in-process (ask with a `calculate` tool, run each
+a taskset of arithmetic questions, a task whose rubric is three weighted `@vf.reward`s (the answer right,
+the tool used, how much of the answer is digits), and a harness that plays a tool loop in-process (ask with a `calculate` tool, run each
 call, ask again until the model answers without one) through the interception endpoint it is given.
 """
 
@@ -63,6 +63,15 @@ class CalculatorTask(vf.Task[CalculatorData, vf.State, vf.TaskConfig]):
     @vf.reward(weight=0.25)
     async def used_tool(self, trace: vf.Trace) -> float:
         return float(any(m.role == "tool" for m in trace.messages))
+
+    @vf.reward(weight=0.5)
+    async def numeric(self, trace: vf.Trace) -> float:
+        return digit_share(trace.last_reply)
+
+
+def digit_share(text: str) -> float:
+    """How much of `text` is digits (0 when empty)."""
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
 
 
 class CalculatorTaskset(vf.Taskset[CalculatorTask, vf.TasksetConfig]):
