@@ -15,13 +15,16 @@ import msgspec
 
 from cadence.tasks.base import Score
 from cadence.wire.messages import Assignment, EpisodeFigures, EvalResult, GroupResult
+from cadence.wire.rows import per_sample
 
 
 @dataclass(frozen=True)
 class GroupSamples:
     """A group's samples: the prompt's ids, each sample's ids after it with their log-probs, its text
     and score, whether it was cut at its token limit; for episodes also which tokens the environment wrote (`masks`: 1 sampled, 0 the
-    environment's; empty: every token sampled) and the episodes' figures, as the wire carries them."""
+    environment's; empty: every token sampled) and the episodes' figures, as the wire carries them.
+    Completions, log-probs, masks and `truncated` are one a row, the rest one a sample: an agent's
+    episode of several sequences is several rows (`episode_of`, `cadence.wire.rows`)."""
 
     prompt: list[int]
     completions: list[list[int]]
@@ -31,6 +34,8 @@ class GroupSamples:
     masks: list[list[int]] = field(default_factory=list)
     episodes: EpisodeFigures | None = None
     truncated: list[bool] = field(default_factory=list)  # cut at the token limit (single-turn)
+    episode_of: list[int] = field(default_factory=list)  # each completion's sample where an episode
+    # is several (an agent's sequences), in order; empty: completion i is sample i
 
 
 def group_result(
@@ -69,6 +74,7 @@ def group_result(
         masks=samples.masks,
         episodes=episodes,
         truncated=samples.truncated if any(samples.truncated) else [],
+        episode_of=samples.episode_of,
     )
 
 
@@ -81,7 +87,7 @@ def eval_result(job: Assignment, samples: GroupSamples, gen_s: float) -> EvalRes
         [s.reward for s in samples.scores],
         [s.correct for s in samples.scores],
         samples.texts,
-        [len(c) for c in samples.completions],
+        per_sample([len(c) for c in samples.completions], samples.episode_of, len(samples.scores)),
         gen_s,
         episodes=samples.episodes,
     )
