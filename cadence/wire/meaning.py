@@ -134,7 +134,7 @@ def group_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
 
 def _rows_problem(msg: GroupResult, most: int) -> str | None:
     if not msg.rewards:
-        return "no samples"
+        return "no samples" if msg.completions else "no completions"
     if msg.episode_of and msg.episodes is None:
         return "rows of one sample (episode_of) in a group without episodes"
     return rows_problem(msg.episode_of, len(msg.completions), len(msg.rewards), most)
@@ -203,7 +203,7 @@ def episode_problem(msg: GroupResult) -> str | None:
     each episode's environment tokens its rows' masks' zeros."""
     n, samples = len(msg.completions), len(msg.rewards)
     if msg.masks and len(msg.masks) != n:
-        return f"{n} completions but {len(msg.masks)} masks"
+        return f"{n} completions but {{'masks': {len(msg.masks)}}}"
     counts = _figure_counts(msg.episodes)
     wrong = {name: count for name, count in counts.items() if count and count != samples}
     if wrong:
