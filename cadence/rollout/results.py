@@ -1,7 +1,9 @@
 """A group as made and scored (`GroupSamples`), and the messages that carry it: a training group's
 `GroupResult` to the trainer, an eval prompt's `EvalResult` to the dispatcher.
 
-Invariant: every per-sample list of a message lines up with its completions; a single-turn group (or
+Invariant: every per-row list of a message (completions, log-probs, masks, truncated) lines up with its
+completions, every per-sample list with its samples (`episode_of` maps rows onto samples where an
+agent's episode is several rows; empty, a row is a sample); a single-turn group (or
 eval answer) leaves its masks empty and its episode figures out (on the wire: left out), an episode
 group fills each one a sample; texts (responses, transcripts, prompt, answer) travel only for a group
 kept as a sample, and always in an eval answer.

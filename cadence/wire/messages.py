@@ -179,7 +179,7 @@ class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
     # on; empty when no turn of the group got one
     sequences: list[Count] = field(default_factory=list)  # agent episodes: each episode's sequences (more
-    # than one: the agent rewrote its history; the one with the most sampled tokens is the completion)
+    # than one: the agent rewrote its history or branched; each a row of the group, `episode_of`)
     call_tokens: list[Count] = field(default_factory=list)  # agent episodes: tokens its calls sampled
     call_s: list[float] = field(default_factory=list)  # agent episodes: seconds inside its calls
     env_wall_s: float = 0.0  # the group's share (by its episodes) of the wall seconds in which any
