@@ -118,15 +118,20 @@ TEXT_CHARS_A_TOKEN = 64  # a token's text is rarely longer; a text beyond 64 cha
 def group_bounds(cfg: RunConfig, vocab_size: int) -> GroupBounds:
     """What a group of this run may hold: `vocab_size` token ids (the model's), `rollout.group_size`
     samples, completions within the worker's token limit (an episode's: `environment.max_tokens`) and,
-    with the prompt, within the model's positions; texts within 64 characters a token of that limit."""
+    with the prompt, within the model's positions; texts within 64 characters a token of that limit.
+    An agent's episode may be several rows, one a sequence: at most one an answer its calls could have
+    had (`environment.max_turns` x `environment.max_choices`), each within the model's positions only
+    (a rewritten sequence's own beginning is part of its row)."""
     limit = token_limit(cfg)
     positions = model_positions(cfg)
+    e = cfg.environment
     return GroupBounds(
         vocab_size=vocab_size,
         samples=cfg.rollout.group_size,
-        completion_tokens=limit,
+        completion_tokens=0 if e.agent else limit,
         positions=positions,
         text_chars=TEXT_CHARS_A_TOKEN * max(limit, positions),
+        rows=e.max_turns * e.max_choices if e.agent else 1,
     )
 
 

@@ -48,8 +48,9 @@ def episode_metrics(groups: Sequence[EpisodeFigures | None]) -> dict[str, Any]:
 
 
 def _calls(played: Sequence[EpisodeFigures]) -> dict[str, Any]:
-    """Agent episodes' figures (`environment.agent`): sequences an episode (mean), episodes that rewrote
-    their history (more than one sequence), tokens a call and seconds a call (means); {} for others."""
+    """Agent episodes' figures (`environment.agent`): sequences an episode (mean, most), episodes of
+    more than one sequence (a rewritten history, or an `n > 1` call's other choices: every sequence is
+    trained) and their share of the episodes, tokens a call and seconds a call (means); {} for others."""
     agents = [g for g in played if g.sequences]
     calls = sum(sum(g.turns) for g in agents)
     if not agents:
@@ -57,7 +58,9 @@ def _calls(played: Sequence[EpisodeFigures]) -> dict[str, Any]:
     episodes = sum(len(g.sequences) for g in agents)
     return {
         "sequences_mean": sum(sum(g.sequences) for g in agents) / episodes,
+        "sequences_max": max(n for g in agents for n in g.sequences),
         "rewrites": sum(n > 1 for g in agents for n in g.sequences),
+        "rewrite_share": sum(n > 1 for g in agents for n in g.sequences) / episodes,
         "call_tokens_mean": sum(sum(g.call_tokens) for g in agents) / calls if calls else 0.0,
         "call_s_mean": sum(sum(g.call_s) for g in agents) / calls if calls else 0.0,
     }

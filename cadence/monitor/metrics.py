@@ -15,6 +15,7 @@ from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.mismatch import period_mismatch
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.wire.messages import EpisodeFigures, GroupResult
+from cadence.wire.rows import per_sample
 
 
 def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -72,7 +73,8 @@ class PeriodStats:
         self.busy[sender] = self.busy.get(sender, 0.0) + group.gen_s + group.load_s
         for name, values in group.reward_parts.items():
             self.parts.setdefault(name, []).extend(values)
-        self.lengths.extend(len(c) for c in group.completions)
+        own = [len(c) for c in group.completions]
+        self.lengths.extend(per_sample(own, group.episode_of, len(group.rewards)))  # an episode's rows
         self.workers.add(sender)
         self.rewards.extend(group.rewards)
         self.correct.extend(group.correct)

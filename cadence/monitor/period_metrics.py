@@ -34,7 +34,9 @@ _EPISODES = (
     "env_tokens",
     "turn_reward_mean",
     "sequences_mean",
+    "sequences_max",
     "rewrites",
+    "rewrite_share",
     "call_tokens_mean",
     "call_s_mean",
 )
@@ -121,7 +123,9 @@ class PeriodMetrics:
     turn_reward_mean: float | None = None  # the turns' own rewards (`Reply.reward`), mean over those given
     endings: dict[str, int] = field(default_factory=dict)  # episodes by why they ended (ended_<ending>)
     sequences_mean: float | None = None  # agent episodes: token sequences an episode, mean
+    sequences_max: int | None = None  # agent episodes: the most token sequences an episode had
     rewrites: int | None = None  # agent episodes of more than one sequence (a rewritten history, or n > 1)
+    rewrite_share: float | None = None  # agent episodes: the share of them of more than one sequence
     call_tokens_mean: float | None = None  # agent episodes: tokens a call sampled, mean
     call_s_mean: float | None = None  # agent episodes: seconds a call took at the endpoint, mean
     workers: int | None = None  # rollout workers registered when recorded (the dispatcher's)

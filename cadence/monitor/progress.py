@@ -58,12 +58,19 @@ def sampling_part(row: PeriodMetrics) -> str:
 
 def episode_part(row: PeriodMetrics) -> str:
     """A multi-turn run's episode figures (turns an episode, tool calls and errors, environment
-    timeouts, seconds and tokens), "" for a single-turn run's row."""
+    timeouts, seconds and tokens; an agent's: sequences an episode, mean and most, and the share of
+    episodes of several), "" for a single-turn run's row."""
     if row.turns_mean is None:
         return ""
+    agents = (
+        f"  sequences {row.sequences_mean:.2f} (max {row.sequences_max or 0}, {row.rewrite_share or 0.0:.0%} rewritten)"
+        if row.sequences_mean is not None
+        else ""
+    )
     return (
         f"  turns {row.turns_mean:.2f}  tools {row.tool_calls or 0} ({row.tool_errors or 0} err)"
         f"  env {row.env_wall_s or 0.0:.2f}s wall {row.env_s or 0.0:.2f}s episodes {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
+        + agents
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.wire.messages import GroupResult
+from cadence.wire.rows import per_sample
 
 
 def is_sampled(seed: int, prompt_id: int, fraction: float) -> bool:
@@ -60,10 +61,11 @@ def sample_record(msg: GroupResult, filtered: str | None = None) -> dict[str, An
     length, reward, correctness and reward parts; an episode's also with its turns, figures and ending.
     `filtered`: why the group was not trained (a filter's name, or "stopped"), recorded with it."""
     responses = []
+    lengths = per_sample([len(c) for c in msg.completions], msg.episode_of, len(msg.rewards))
     for i, (text, tokens, reward, correct) in enumerate(
-        zip(msg.responses, msg.completions, msg.rewards, msg.correct, strict=True)
+        zip(msg.responses, lengths, msg.rewards, msg.correct, strict=True)
     ):
-        response = {"text": text, "tokens": len(tokens), "reward": reward, "correct": correct}
+        response = {"text": text, "tokens": tokens, "reward": reward, "correct": correct}
         response |= {name: values[i] for name, values in msg.reward_parts.items()}
         response |= _episode_record(msg, i)
         responses.append(response)

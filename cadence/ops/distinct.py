@@ -2,7 +2,8 @@
 with its count.
 
 Every objective's loss is a sum over samples of a term that depends only on the sample's tokens, its
-mask, its advantage and its old log-probs (ops/losses.py). So
+mask, its advantage and its old log-probs (ops/losses.py), and, for a row of a sample split in several,
+its sample's sampled tokens. So
 
 - a sample whose advantage is exactly 0 adds exactly 0 to the loss and to its gradient, unless a KL
   term to a reference is added (`drop_zero` False then): a group whose rewards are all equal, the
@@ -32,11 +33,13 @@ def distinct_samples(
     drop_zero: bool,
     masks: Masks = None,
     engine_logprobs: Sequence[Sequence[float]] | None = None,
+    sample_tokens: Sequence[int] | None = None,
 ) -> list[tuple[int, int]]:
     """(index, count) of each distinct sample of one group, in the order of first appearance: the index
     of its first occurrence and how many samples it stands for. `masks`: each completion's sampled
     tokens (None: all); `engine_logprobs`: the sampler's log-probs where the loss reads them beside the
-    old ones (a rollout correction's weights, ops/correction.py), compared as the old ones are."""
+    old ones (a rollout correction's weights, ops/correction.py), compared as the old ones are; `sample_tokens`: each row's sample's sampled tokens where a sample
+    spans several rows (ops/losses.py), a row's term depending on them."""
     if len(advantages) != len(completions):
         raise ValueError(f"{len(advantages)} advantages for {len(completions)} completions")
     if old_logprobs is not None and len(old_logprobs) != len(completions):
@@ -54,6 +57,7 @@ def distinct_samples(
             advantage,
             _read(old_logprobs[i], mask) if old_logprobs is not None else None,
             _read(engine_logprobs[i], mask) if engine_logprobs is not None else None,
+            sample_tokens[i] if sample_tokens is not None else None,
         )
         index = first.setdefault(key, i)
         counts[index] = counts.get(index, 0) + 1

@@ -11,6 +11,13 @@ result beyond floating-point summation order. The formulas are in docs/objective
 an environment's tokens (ops/sampled.py). Every term, statistic and sample length (grpo's mean, gspo's
 sequence ratio) counts those alone, and an old log-prob off the mask is never read (whatever it holds).
 
+`sample_tokens` [N], where given, are the sampled tokens of the sample each row belongs to: a sample may
+be split in several rows (an agent's episode of several token sequences, each a row), and its rows
+together are one sample. Token-summed objectives (dapo, dr_grpo) sum the same terms however a sample is
+split; grpo's token-mean divides each row's sum by its sample's tokens, so the rows' means add up to
+the sample's; gspo keeps each row's own sequence ratio (each row was sampled as a sequence of its own)
+and weighs its term (KL included) by its share of its sample's tokens. None: each row is a sample.
+
 `correction` (ops/correction.py), where given, is a detached weight on each token's surrogate term
 ([N, T], or [N, 1] one a sample): dapo, grpo and dr_grpo multiply each token's surrogate by it; gspo
 multiplies a sample's surrogate by its [N, 1] weight and, with [N, T], each token's share of the
@@ -110,10 +117,11 @@ def grpo_loss_sum(
     *,
     sample_mean: bool = False,
     correction: Tensor | None = None,
+    sample_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The token-level terms where `mask` is set, summed (dapo, dr_grpo) or, with `sample_mean`,
-    averaged over each sample's tokens and the means summed over samples (grpo); and summed statistics
-    for logging.
+    averaged over each sample's tokens (`sample_tokens` [N] where a sample spans several rows, else
+    the row's own) and the means summed over samples (grpo); and summed statistics for logging.
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample) or [N, T].
     """
@@ -122,7 +130,8 @@ def grpo_loss_sum(
     )
     if not sample_mean:
         return _masked(per_token, mask).sum(), stats
-    lengths = mask.sum(dim=-1).clamp_min(1).to(per_token.dtype)
+    counted = mask.sum(dim=-1) if sample_tokens is None else sample_tokens.to(mask.device)
+    lengths = counted.clamp_min(1).to(per_token.dtype)
     return (_masked(per_token, mask).sum(dim=-1) / lengths).sum(), stats
 
 
@@ -137,9 +146,12 @@ def gspo_loss_sum(
     kl_beta: float = 0.0,
     weights: Tensor | None = None,
     correction: Tensor | None = None,
+    sample_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """gspo: the sum over samples of -min(s A, clip(s, 1 - clip_low, 1 + clip_high) A) with the
-    sequence ratio s = exp(token-mean of logp - old_logp); the KL term as a token-mean per sample.
+    sequence ratio s = exp(token-mean of logp - old_logp); the KL term as a token-mean per sample. A
+    row of a sample split in several (`sample_tokens` [N]) has its own ratio, its term times its
+    share of the sample's tokens.
 
     advantages: [N], one per sample."""
     if advantages.dim() != 1:
@@ -161,6 +173,8 @@ def gspo_loss_sum(
         kl = _masked(k3_kl(logp, ref_logp), mask)
         per_sample = per_sample + kl_beta * kl.sum(dim=-1) / lengths
         stats["kl_sum"] = float((kl.detach().sum(dim=-1) * w).sum())
+    if sample_tokens is not None:  # a row's share of its sample's tokens
+        per_sample = per_sample * lengths / sample_tokens.to(lengths).clamp_min(1)
     has_tokens = mask.any(dim=-1)
     return torch.where(has_tokens, per_sample * w, torch.zeros_like(per_sample)).sum(), stats
 
@@ -186,20 +200,24 @@ def objective_loss_sum(
     kl_beta: float = 0.0,
     weights: Tensor | None = None,
     correction: Tensor | None = None,
+    sample_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The summed loss of `objective` (one of `OBJECTIVES`) and its summed statistics, each sample
-    weighted by `weights` [N] where given, each token's surrogate by `correction` (ops/correction.py)."""
+    weighted by `weights` [N] where given, each token's surrogate by `correction` (ops/correction.py),
+    each row of a sample split in several counted as its part of it (`sample_tokens` [N])."""
     args = (logp, old_logp, advantages, mask, clip_low, clip_high, ref_logp, kl_beta, weights)
     if objective in ("dapo", "dr_grpo", "grpo"):
-        return grpo_loss_sum(*args, sample_mean=objective == "grpo", correction=correction)
+        mean = objective == "grpo"
+        return grpo_loss_sum(*args, sample_mean=mean, correction=correction, sample_tokens=sample_tokens)
     if objective == "gspo":
-        return gspo_loss_sum(*args, correction=correction)
+        return gspo_loss_sum(*args, correction=correction, sample_tokens=sample_tokens)
     raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
 
 
 def step_normaliser(objective: str, normaliser: str, lengths: Sequence[int], max_new_tokens: int) -> float:
     """What one optimizer step divides its summed gradient by, from the lengths of its completions
-    (their sampled tokens: ops/sampled.py `sampled_lengths`): dapo the response tokens (or, `normaliser
+    (their sampled tokens: ops/sampled.py `sampled_lengths`; a sample split in several rows is one
+    length, its rows' sum): dapo the response tokens (or, `normaliser
     = "samples"`, the samples), grpo and gspo the samples, dr_grpo the constant max_new_tokens x
     samples; at least 1."""
     if objective == "dapo":

@@ -147,6 +147,25 @@ def shared_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
     return first[:n]
 
 
+def row_after(
+    prompt: Sequence[int],
+    head: Sequence[int],
+    tokens: Sequence[int],
+    mask: Sequence[int],
+    logprobs: Sequence[float],
+    eos_id: int,
+) -> tuple[list[int], list[int], list[float]]:
+    """A sequence (its first prompt `head`, then `tokens` with their `mask` and `logprobs`) as a
+    completion after the group's `prompt` (which `head` begins with): what `head` has beyond it with
+    mask 0, then its tokens; no token at all: one environment token, eos."""
+    own = list(head[len(prompt) :])
+    ids, marks = own + list(tokens), [0] * len(own) + list(mask)
+    lps = [0.0] * len(own) + list(logprobs)
+    if not ids:
+        return [eos_id], [0], [0.0]
+    return ids, marks, lps
+
+
 def episode_group(
     results: Sequence[EpisodeResult], fallback: list[int], eos_id: int, env_wall_s: float = 0.0
 ) -> GroupSamples:
@@ -161,11 +180,7 @@ def episode_group(
         raise ValueError("the episodes of a group share no first token: their first messages differ")
     completions, masks, logprobs = [], [], []
     for r in results:
-        own = r.prompt_tokens[len(prompt) :]
-        tokens, mask = own + r.tokens, [0] * len(own) + r.mask
-        lps = [0.0] * len(own) + r.logprobs
-        if not tokens:
-            tokens, mask, lps = [eos_id], [0], [0.0]
+        tokens, mask, lps = row_after(prompt, r.prompt_tokens, r.tokens, r.mask, r.logprobs, eos_id)
         completions.append(tokens)
         masks.append(mask)
         logprobs.append(lps)

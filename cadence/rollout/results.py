@@ -1,7 +1,9 @@
 """A group as made and scored (`GroupSamples`), and the messages that carry it: a training group's
 `GroupResult` to the trainer, an eval prompt's `EvalResult` to the dispatcher.
 
-Invariant: every per-sample list of a message lines up with its completions; a single-turn group (or
+Invariant: every per-row list of a message (completions, log-probs, masks, truncated) lines up with its
+completions, every per-sample list with its samples (`episode_of` maps rows onto samples where an
+agent's episode is several rows; empty, a row is a sample); a single-turn group (or
 eval answer) leaves its masks empty and its episode figures out (on the wire: left out), an episode
 group fills each one a sample; texts (responses, transcripts, prompt, answer) travel only for a group
 kept as a sample, and always in an eval answer.
@@ -15,13 +17,16 @@ import msgspec
 
 from cadence.tasks.base import Score
 from cadence.wire.messages import Assignment, EpisodeFigures, EvalResult, GroupResult
+from cadence.wire.rows import per_sample
 
 
 @dataclass(frozen=True)
 class GroupSamples:
     """A group's samples: the prompt's ids, each sample's ids after it with their log-probs, its text
     and score, whether it was cut at its token limit; for episodes also which tokens the environment wrote (`masks`: 1 sampled, 0 the
-    environment's; empty: every token sampled) and the episodes' figures, as the wire carries them."""
+    environment's; empty: every token sampled) and the episodes' figures, as the wire carries them.
+    Completions, log-probs, masks and `truncated` are one a row, the rest one a sample: an agent's
+    episode of several sequences is several rows (`episode_of`, `cadence.wire.rows`)."""
 
     prompt: list[int]
     completions: list[list[int]]
@@ -31,6 +36,8 @@ class GroupSamples:
     masks: list[list[int]] = field(default_factory=list)
     episodes: EpisodeFigures | None = None
     truncated: list[bool] = field(default_factory=list)  # cut at the token limit (single-turn)
+    episode_of: list[int] = field(default_factory=list)  # each completion's sample where an episode
+    # is several (an agent's sequences), in order; empty: completion i is sample i
 
 
 def group_result(
@@ -69,6 +76,7 @@ def group_result(
         masks=samples.masks,
         episodes=episodes,
         truncated=samples.truncated if any(samples.truncated) else [],
+        episode_of=samples.episode_of,
     )
 
 
@@ -81,7 +89,7 @@ def eval_result(job: Assignment, samples: GroupSamples, gen_s: float) -> EvalRes
         [s.reward for s in samples.scores],
         [s.correct for s in samples.scores],
         samples.texts,
-        [len(c) for c in samples.completions],
+        per_sample([len(c) for c in samples.completions], samples.episode_of, len(samples.scores)),
         gen_s,
         episodes=samples.episodes,
     )

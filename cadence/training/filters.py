@@ -24,6 +24,7 @@ import structlog
 
 from cadence.config.targets import load_callable
 from cadence.wire.messages import GroupResult
+from cadence.wire.rows import per_sample
 
 log = structlog.get_logger()
 
@@ -45,16 +46,18 @@ class GroupOutcome:
 
     @classmethod
     def of(cls, group: GroupResult) -> GroupOutcome:
-        n = len(group.completions)
+        n = len(group.rewards)
         masks = group.masks or [[1] * len(c) for c in group.completions]
-        truncated = tuple(group.truncated) if group.truncated else (False,) * n
+        cut = per_sample([int(t) for t in group.truncated], group.episode_of, n) if group.truncated else []
+        truncated = tuple(c > 0 for c in cut) if cut else (False,) * n
+        lengths = per_sample([sum(mask) for mask in masks], group.episode_of, n)  # an episode's rows'
         endings = tuple(group.episodes.endings) if group.episodes is not None else ()
         return cls(
             period=group.period,
             prompt_id=group.prompt_id,
             rewards=tuple(group.rewards),
             correct=tuple(group.correct),
-            lengths=tuple(sum(mask) for mask in masks),
+            lengths=tuple(lengths),
             truncated=truncated,
             endings=endings,
         )

@@ -140,6 +140,16 @@ def masked_logprobs(
     return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
 
 
+def _sample_tokens(groups: Sequence[TrainGroup], device: torch.device) -> Tensor | None:
+    """[S]: each completion's sample's sampled tokens (its own where it is a sample), or None when no
+    group has a sample of several completions."""
+    given = [g.sample_token_list() for g in groups]
+    if all(tokens is None for tokens in given):
+        return None
+    rows = [n for g, tokens in zip(groups, given, strict=True) for n in tokens or g.sampled_lengths()]
+    return torch.tensor(rows, dtype=torch.float32, device=device)
+
+
 class TorchLearner:
     sharded = False  # True: every rank takes part in each forward, backward and state read (sharding.py)
 
@@ -229,7 +239,10 @@ class TorchLearner:
             advantages = g.advantage_list(scale)
             drop_zero = self.reference is None
             engine = g.engine_logprobs if self.correction.on else None  # the loss reads them
-            picks = distinct_samples(g.completions, advantages, g.old_logprobs, drop_zero, g.masks, engine)
+            tokens = g.sample_token_list()
+            picks = distinct_samples(
+                g.completions, advantages, g.old_logprobs, drop_zero, g.masks, engine, tokens
+            )
             if picks:
                 kept.append(g.pick([i for i, _ in picks], advantages))
                 weights += [count for _, count in picks]
@@ -245,6 +258,7 @@ class TorchLearner:
         engine, measured = logprob_rows(groups, logp, TrainGroup.engine_list)
         measured = mask & measured
         correction = self.correction.weights(logp, engine, measured, carried) if self.correction.on else None
+        sample_tokens = _sample_tokens(groups, self.device)
         loss, stats = objective_loss_sum(
             self.objective,
             logp,
@@ -257,6 +271,7 @@ class TorchLearner:
             self.kl_beta,
             weights,
             correction,
+            sample_tokens,
         )
         loss.backward()
         if self.mismatch_bound is not None:

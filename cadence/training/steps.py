@@ -5,7 +5,8 @@ with the normaliser and learning rate the objective and the schedule fix.
  train(groups: GroupResult ...) ─► each as the learner takes it (TrainGroup.of: its prompt, completions,
                                    rewards, masks; the sampler's log-probs when a period takes several
                                    steps) ─► learner.train_groups (summed loss) ; their sampled lengths kept
- step(period, j) ─► normaliser: step_normaliser(objective, normaliser, every kept length, max sampled)
+ step(period, j) ─► normaliser: step_normaliser(objective, normaliser, every kept length (one an
+                   episode, its rows' together), max sampled)
                 ─► lr: the schedule's at the run's step period x steps_per_period + j (ops/schedule.py)
                 ─► learner.step(normaliser, lr) ─► the lengths forgotten
 ```

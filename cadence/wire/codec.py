@@ -31,7 +31,7 @@ from typing import Any, ClassVar, TypeAlias, dataclass_transform
 
 import msgspec
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 Payload: TypeAlias = bytes | memoryview

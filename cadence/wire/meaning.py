@@ -24,6 +24,7 @@ from cadence.wire.messages import (
     WeightUpload,
     WorkRequest,
 )
+from cadence.wire.rows import per_sample, rows_problem
 
 MAX_CREDITS = 1 << 16
 """The most prompt groups one `WorkRequest` may grant: far above any worker's `rollout.inflight`."""
@@ -105,29 +106,46 @@ class GroupBounds:
     `vocab_size` (the model's); `samples` completions (`rollout.group_size`); each completion at most
     `completion_tokens` long (the token limit its worker was given: `rollout.max_new_tokens`, or an
     episode's `environment.max_tokens`); its prompt and any completion together within `positions`
-    (the model's); each text (a response, a transcript's messages together) at most `text_chars`."""
+    (the model's); each text (a response, a transcript's messages together) at most `text_chars`; at
+    most `rows` rows a sample (an agent's episode of several sequences; 1: every row its own sample)."""
 
     vocab_size: int
     samples: int = 0
     completion_tokens: int = 0
     positions: int = 0
     text_chars: int = 0
+    rows: int = 1
 
 
 def group_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
-    """A group: as many completions, log-prob rows, rewards and correctness values as samples (at
-    least one), a log-prob a token, every token in the vocabulary, every number finite; its size held
-    to the run's (`bounds_problem`); and its episodes' masks and figures, when it has them
-    (`episode_problem`). Checked before any tensor is made of it."""
-    return bounds_problem(msg, bounds) or _samples_problem(msg, bounds.vocab_size) or episode_problem(msg)
+    """A group: at least one sample, its rows mapped onto its samples (`episode_of`: in order, each
+    sample with a row, at most `bounds.rows` a sample, only for episodes), as many completions and
+    log-prob rows as rows, as many rewards and correctness values as samples, a log-prob a token,
+    every token in the vocabulary, every number finite; its size held to the run's (`bounds_problem`);
+    and its episodes' masks and figures, when it has them (`episode_problem`). Checked before any
+    tensor is made of it."""
+    return (
+        _rows_problem(msg, bounds.rows)
+        or bounds_problem(msg, bounds)
+        or _samples_problem(msg, bounds.vocab_size)
+        or episode_problem(msg)
+    )
+
+
+def _rows_problem(msg: GroupResult, most: int) -> str | None:
+    if not msg.rewards:
+        return "no samples" if msg.completions else "no completions"
+    if msg.episode_of and msg.episodes is None:
+        return "rows of one sample (episode_of) in a group without episodes"
+    return rows_problem(msg.episode_of, len(msg.completions), len(msg.rewards), most)
 
 
 def bounds_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
     """The group's size against the run's: its samples, each completion's tokens, the prompt and a
     completion together, its texts."""
-    n, b = len(msg.completions), bounds
+    n, b = len(msg.rewards), bounds
     if b.samples and n != b.samples:
-        return f"{n} completions, the run's groups have {b.samples} (rollout.group_size)"
+        return f"{n} samples, the run's groups have {b.samples} (rollout.group_size)"
     longest = max((len(c) for c in msg.completions), default=0)
     if b.completion_tokens and longest > b.completion_tokens:
         return f"a completion of {longest} tokens, beyond the run's token limit of {b.completion_tokens}"
@@ -145,22 +163,22 @@ def bounds_problem(msg: GroupResult, bounds: GroupBounds) -> str | None:
 
 
 def _samples_problem(msg: GroupResult, vocab_size: int) -> str | None:
-    n = len(msg.completions)
-    if n == 0:
-        return "no completions"
+    n, samples = len(msg.completions), len(msg.rewards)
+    rows = {"logprobs": len(msg.logprobs)}
+    if msg.truncated:
+        rows["truncated"] = len(msg.truncated)
+    wrong = {name: count for name, count in rows.items() if count != n}
+    if wrong:
+        return f"{n} completions but {wrong}"
     counts = {
-        "logprobs": len(msg.logprobs),
-        "rewards": len(msg.rewards),
         "correct": len(msg.correct),
         **{f"reward_parts[{k}]": len(v) for k, v in msg.reward_parts.items()},
     }
     if msg.responses:
         counts["responses"] = len(msg.responses)
-    if msg.truncated:
-        counts["truncated"] = len(msg.truncated)
-    wrong = {name: count for name, count in counts.items() if count != n}
+    wrong = {name: count for name, count in counts.items() if count != samples}
     if wrong:
-        return f"{n} completions but {wrong}"
+        return f"{samples} rewards but {wrong}"
     for i, (tokens, logprobs) in enumerate(zip(msg.completions, msg.logprobs, strict=True)):
         if len(tokens) != len(logprobs):
             return f"completion {i}: {len(tokens)} tokens but {len(logprobs)} log-probs"
@@ -182,12 +200,14 @@ def episode_problem(msg: GroupResult) -> str | None:
     with a mask holds at least one token, though maybe no 1: an episode the environment ended before
     the model's first token (it failed to start, or left no room) counts in its group's rewards and
     trains no token. Each figure list is empty or one a sample, of sound values (`_figures_problem`),
-    each episode's environment tokens its mask's zeros."""
-    n = len(msg.completions)
-    counts = {"masks": len(msg.masks), **_figure_counts(msg.episodes)}
-    wrong = {name: count for name, count in counts.items() if count and count != n}
+    each episode's environment tokens its rows' masks' zeros."""
+    n, samples = len(msg.completions), len(msg.rewards)
+    if msg.masks and len(msg.masks) != n:
+        return f"{n} completions but {{'masks': {len(msg.masks)}}}"
+    counts = _figure_counts(msg.episodes)
+    wrong = {name: count for name, count in counts.items() if count and count != samples}
     if wrong:
-        return f"{n} completions but {wrong}"
+        return f"{samples} samples but {wrong}"
     for i, mask in enumerate(msg.masks):
         tokens, logprobs = msg.completions[i], msg.logprobs[i]
         if len(mask) != len(tokens):
@@ -200,7 +220,8 @@ def episode_problem(msg: GroupResult) -> str | None:
             return f"completion {i}: an environment token (mask 0) with a log-prob other than 0.0"
     if msg.episodes is None:
         return None
-    if msg.episodes.env_tokens and msg.episodes.env_tokens != [mask.count(0) for mask in msg.masks]:
+    zeros = per_sample([mask.count(0) for mask in msg.masks], msg.episode_of, samples)
+    if msg.episodes.env_tokens and msg.episodes.env_tokens != zeros:
         return "environment tokens other than the masks' zeros"
     return _figures_problem(msg.episodes)
 

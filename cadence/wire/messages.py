@@ -179,7 +179,7 @@ class EpisodeFigures(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     # own rewards (`Reply.reward`; None: that turn got none), recorded beside the score, never trained
     # on; empty when no turn of the group got one
     sequences: list[Count] = field(default_factory=list)  # agent episodes: each episode's sequences (more
-    # than one: the agent rewrote its history; the one with the most sampled tokens is the completion)
+    # than one: the agent rewrote its history or branched; each a row of the group, `episode_of`)
     call_tokens: list[Count] = field(default_factory=list)  # agent episodes: tokens its calls sampled
     call_s: list[float] = field(default_factory=list)  # agent episodes: seconds inside its calls
     env_wall_s: float = 0.0  # the group's share (by its episodes) of the wall seconds in which any
@@ -209,7 +209,13 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     turns and the environment's messages in order; `masks` says which is which (1: sampled by the
     model, with its log-prob; 0: the environment's, log-prob 0.0), and `episodes` holds the figures,
     one a sample. A single-turn group leaves both empty: every token sampled. Fields at their default
-    are left out on the wire (`omit_defaults`), so a single-turn group carries no byte of them."""
+    are left out on the wire (`omit_defaults`), so a single-turn group carries no byte of them.
+
+    Rows and samples: `completions`, `logprobs`, `masks` and `truncated` are one a row; `rewards`,
+    `correct`, `reward_parts`, `responses` and `episodes` one a sample. A row is a sample unless
+    `episode_of` says otherwise: an agent's episode of several token sequences (it rewrote its history)
+    is one sample of several rows, `episode_of[i]` the sample of row i, in order, every sample with a
+    row (`cadence.wire.rows`)."""
 
     period: Version
     version: Version
@@ -234,6 +240,8 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     episodes: EpisodeFigures | None = None  # the episodes' figures; None: a single-turn group
     truncated: list[bool] = field(default_factory=list)  # each sample cut at its token limit rather
     # than ended (eos, or an episode's own end); empty: none was
+    episode_of: list[Count] = field(default_factory=list)  # each row's sample (episode), in order;
+    # empty: row i is sample i
 
 
 class Consumed(Message, tag="consumed"):

@@ -223,7 +223,7 @@ async def test_a_tool_call_comes_back_in_openai_form_and_its_result_continues_th
     assert group.episodes is not None and group.episodes.sequences == [1] and group.episodes.tool_calls == [2]
 
 
-async def test_a_rewritten_history_is_a_sequence_of_its_own_and_the_longest_is_trained(
+async def test_a_rewritten_history_is_a_sequence_of_its_own_and_each_is_trained(
     checkpoint: Path,
 ) -> None:
     tokenizer = HFTokenizer(checkpoint)
@@ -249,8 +249,12 @@ async def test_a_rewritten_history_is_a_sequence_of_its_own_and_the_longest_is_t
         "Someone said four. Is it right?"
     )
     assert group.episodes is not None and group.episodes.sequences == [2] and group.episodes.turns == [3]
+    assert group.episode_of == [0, 0]  # one episode, two rows
     assert group.prompt + group.completions[0] == longer.model_extra["prompt_token_ids"] + scripted.ids
     assert sum(group.masks[0]) == 2 * len(scripted.ids)
+    rewritten_ids = rewritten.model_extra["prompt_token_ids"] + scripted.ids[:2]
+    assert group.prompt + group.completions[1] == rewritten_ids
+    assert group.masks[1][-2:] == [1, 1] and sum(group.masks[1]) == 2
 
 
 async def test_concurrent_agents_calls_share_engine_calls(engine: RecordingTurns, checkpoint: Path) -> None:
@@ -277,7 +281,7 @@ async def test_concurrent_agents_calls_share_engine_calls(engine: RecordingTurns
     assert batches == [4, 4]
 
 
-async def test_choices_are_sampled_with_seeds_of_their_own_and_the_one_gone_on_from_is_kept(
+async def test_choices_are_sampled_with_seeds_of_their_own_and_each_is_trained(
     engine: RecordingTurns, checkpoint: Path
 ) -> None:
     tokenizer = HFTokenizer(checkpoint)
@@ -306,8 +310,9 @@ async def test_choices_are_sampled_with_seeds_of_their_own_and_the_one_gone_on_f
     )
     assert group.episodes is not None and group.episodes.sequences == [
         2
-    ]  # the choice left, and the one gone on from
-    assert group.completions[0][: len(second)] == second and sum(group.masks[0]) == len(second) + len(
+    ]  # the choice left, and the one gone on from: both trained
+    assert group.episode_of == [0, 0] and group.completions[0] == first and group.masks[0] == [1] * len(first)
+    assert group.completions[1][: len(second)] == second and sum(group.masks[1]) == len(second) + len(
         last["choices"][0]["token_ids"]
     )
 

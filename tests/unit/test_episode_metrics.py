@@ -15,7 +15,7 @@ from cadence.dispatch.rounds import EvalRound
 from cadence.monitor.episode_figures import episode_metrics
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
-from cadence.monitor.progress import period_line, status_line
+from cadence.monitor.progress import episode_part, period_line, status_line
 from cadence.monitor.samples import sample_record
 from cadence.rollout.play import episode_group, shared_prompt
 from cadence.tasks.base import Prompt, Score
@@ -205,7 +205,11 @@ def test_agent_episodes_add_their_calls_figures_and_others_do_not() -> None:
     )
     figures = episode_metrics([agents, None])
     assert figures["sequences_mean"] == 1.5 and figures["rewrites"] == 1
+    assert figures["sequences_max"] == 2 and figures["rewrite_share"] == 0.5
     assert figures["call_tokens_mean"] == 6.0 and figures["call_s_mean"] == 0.3
     assert "sequences_mean" not in episode_metrics([EpisodeFigures(turns=[2], endings=["done"])])
-    row = PeriodMetrics(turns_mean=2.5, sequences_mean=1.5, rewrites=1).to_row()
-    assert row["sequences_mean"] == 1.5 and row["rewrites"] == 1 and "call_s_mean" not in row
+    row = PeriodMetrics(turns_mean=2.5, sequences_mean=1.5, sequences_max=2, rewrites=1, rewrite_share=0.5)
+    assert row.to_row()["sequences_max"] == 2 and row.to_row()["rewrite_share"] == 0.5
+    assert row.to_row()["rewrites"] == 1 and "call_s_mean" not in row.to_row()
+    assert "sequences 1.50 (max 2, 50% rewritten)" in episode_part(row)
+    assert "sequences" not in episode_part(PeriodMetrics(turns_mean=2.5))  # an environment's episodes

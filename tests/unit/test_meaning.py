@@ -81,9 +81,10 @@ def test_a_sound_group_passes() -> None:
     ("changes", "reason"),
     [
         ({"completions": [], "logprobs": [], "rewards": [], "correct": []}, "no completions"),
-        ({"rewards": [1.0]}, "2 completions but {'rewards': 1}"),
+        ({"rewards": [1.0]}, "2 rows but 1 samples, and no episode_of"),
+        ({"rewards": [], "correct": []}, "no samples"),
         ({"logprobs": [[-0.5, -1.0]]}, "'logprobs': 1"),
-        ({"correct": [1.0, 0.0, 0.0]}, "'correct': 3"),
+        ({"correct": [1.0, 0.0, 0.0]}, "2 rewards but {'correct': 3}"),
         ({"reward_parts": {"task": [1.0]}}, "'reward_parts[task]': 1"),
         ({"responses": ["a"]}, "'responses': 1"),
         ({"logprobs": [[-0.5], [-2.0]]}, "completion 0: 2 tokens but 1 log-probs"),
@@ -149,7 +150,7 @@ def test_the_endings_are_the_runners() -> None:
         ),
         ({"masks": [[1, 2], [1]]}, "completion 0: a mask value other than 0 (environment) or 1"),
         ({"logprobs": [[-0.5, -1.0], [-2.0]]}, "completion 0: an environment token (mask 0) with a log-prob"),
-        ({"turns": [1]}, "2 completions but {'turns': 1}"),
+        ({"turns": [1]}, "2 samples but {'turns': 1}"),
         ({"tool_calls": [1, 0, 0]}, "'tool_calls': 3"),
         ({"env_timeouts": [0]}, "'env_timeouts': 1"),
         ({"endings": ["done"]}, "'endings': 1"),
@@ -158,14 +159,14 @@ def test_the_endings_are_the_runners() -> None:
         ({"env_s": [-0.5, 0.0]}, "an environment time that is not finite and non-negative"),
         ({"tool_errors": [2, 0]}, "more tool errors than tool calls"),
         ({"endings": ["done", "bored"]}, "an ending outside"),
-        ({"turn_rewards": [[1.0]]}, "2 completions but {'turn_rewards': 1}"),
+        ({"turn_rewards": [[1.0]]}, "2 samples but {'turn_rewards': 1}"),
         ({"turn_rewards": [[1.0, 0.0, 1.0], []]}, "episode 0: 3 turn rewards for 2 model turns"),
         ({"turn_rewards": [[1.0], [math.inf]]}, "episode 1: a turn reward that is not finite"),
         ({"env_tokens": [0, 0]}, "environment tokens other than the masks' zeros"),
         ({"call_s": [0.1, -1.0]}, "a call time that is not finite and non-negative"),
         ({"call_s": [0.1, math.nan]}, "a call time that is not finite and non-negative"),
-        ({"sequences": [1]}, "2 completions but {'sequences': 1}"),
-        ({"call_tokens": [3, 1, 2]}, "2 completions but {'call_tokens': 3}"),
+        ({"sequences": [1]}, "2 samples but {'sequences': 1}"),
+        ({"call_tokens": [3, 1, 2]}, "2 samples but {'call_tokens': 3}"),
     ],
 )
 def test_a_meaningless_episode_group_is_refused_with_its_reason(changes: dict[str, Any], reason: str) -> None:
@@ -357,7 +358,7 @@ def test_a_group_is_held_to_the_runs_sizes_before_any_tensor_is_made() -> None:
     fits = group(completions=[[1, 2, 3, 4], [2]], logprobs=[[-1.0] * 4, [-1.0]], responses=["a", "b"])
     assert group_problem(wire(fits), bounds) is None
     cases: dict[str, dict[str, Any]] = {
-        "3 completions, the run's groups have 2 (rollout.group_size)": dict(
+        "3 samples, the run's groups have 2 (rollout.group_size)": dict(
             completions=[[1], [2], [3]], logprobs=[[-1.0]] * 3, rewards=[0.0] * 3, correct=[0.0] * 3
         ),
         "a completion of 5 tokens, beyond the run's token limit of 4": dict(
@@ -373,3 +374,49 @@ def test_a_group_is_held_to_the_runs_sizes_before_any_tensor_is_made() -> None:
     assert group_problem(wire(long_prompt), bounds) == (
         "a prompt of 4 tokens and a completion of 4: beyond the model's 7 positions"
     )
+
+
+def split(**changes: Any) -> GroupResult:
+    """A sound group of two episodes in three rows: the first episode's calls formed two sequences."""
+    figures = EpisodeFigures(turns=[2, 1], env_tokens=[1, 0], sequences=[2, 1], endings=["done", "done"])
+    sound = group(
+        completions=[[4, 11], [6], [5]],
+        logprobs=[[-0.5, 0.0], [-1.5], [-2.0]],
+        masks=[[1, 0], [1], [1]],
+        episodes=figures,
+        episode_of=[0, 0, 1],
+    )
+    return msgspec.structs.replace(sound, **changes)
+
+
+def test_an_episode_of_several_rows_passes_within_the_runs_bound() -> None:
+    assert group_problem(wire(split()), GroupBounds(VOCAB, samples=2, rows=2)) is None
+    assert group_problem(wire(split()), GroupBounds(VOCAB, samples=2, rows=0)) is None  # 0: no bound
+    assert group_problem(wire(split()), GroupBounds(VOCAB, samples=2, rows=1)) == (
+        "a sample of 2 rows, beyond the run's 1 a sample"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"episode_of": [0, 0, 2]}, "episode_of not in order from sample 0, one step at a time"),
+        ({"episode_of": [0, 1, 1, 1]}, "3 rows but an episode_of of 4"),
+        ({"episode_of": [0, 0, 0]}, "episode_of names 1 samples, the group has 2"),  # episode 1 without a row
+        ({"episode_of": [1, 0, 0]}, "episode_of not in order"),
+        ({"episode_of": [0, 1, 0]}, "episode_of not in order"),
+        ({"episode_of": []}, "3 rows but 2 samples, and no episode_of"),
+        ({"episodes": None}, "rows of one sample (episode_of) in a group without episodes"),
+        ({"masks": [[1, 0], [1]]}, "3 completions but {'masks': 2}"),
+        ({"logprobs": [[-0.5, 0.0], [-1.5]]}, "3 completions but {'logprobs': 2}"),
+        ({"correct": [1.0, 0.0, 0.0]}, "2 rewards but {'correct': 3}"),
+        (
+            {"episodes": EpisodeFigures(turns=[2, 1], env_tokens=[1, 0], sequences=[2, 1, 1])},
+            "2 samples but {'sequences': 3}",
+        ),
+        ({"episodes": EpisodeFigures(turns=[2, 1], env_tokens=[2, 0])}, "environment tokens other than"),
+    ],
+)
+def test_an_inconsistent_row_to_episode_index_is_refused(changes: dict[str, Any], reason: str) -> None:
+    problem = group_problem(wire(split(**changes)), GroupBounds(VOCAB, samples=2, rows=4))
+    assert problem is not None and reason in problem

@@ -36,7 +36,9 @@ def test_the_row_has_every_field_under_its_old_key() -> None:
         "turn_reward_mean",
         "endings",
         "sequences_mean",  # agent episodes'
+        "sequences_max",
         "rewrites",
+        "rewrite_share",
         "call_tokens_mean",
         "call_s_mean",
     }

@@ -6,8 +6,9 @@ against the worker's endpoint, its return value the sample's reward, its calls t
    each (prompt, seed): a key ─► agent(AsyncOpenAI(base_url, key), AgentTask) under the episode's time
      (episode_timeout_s in all; step_timeout_s for the agent's own time between calls)
      returned a number or a Score ─► its reward; raised, timed out, or a wrong value ─► on_error, logged
-     ─► key ended (no call answered after this) ─► its trace's kept sequence: prompt, ids, mask, log-probs
-   groups as `play.episode_group` makes them, with the calls' figures
+     ─► key ended (no call answered after this) ─► its trace's sequences, each a row of its sample
+   groups: scores, texts and figures as `play.episode_group` makes them, with the calls' figures; the
+     prompt every row's first prompt begins with; each episode's sequences its rows (`episode_of`)
 ```
 
 Invariant: every episode given comes back, in order, scored; no call is answered once its episode has
@@ -34,14 +35,15 @@ from cadence.rollout.agent.batcher import Batcher
 from cadence.rollout.agent.calls import EpisodeCalls, Serving
 from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.agent.server import Endpoint
-from cadence.rollout.agent.trace import Renderer, Trace
-from cadence.rollout.play import EngineGenerate, episode_group
+from cadence.rollout.agent.trace import Node, Renderer, Trace
+from cadence.rollout.play import EngineGenerate, episode_group, row_after, shared_prompt
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Author, Ending, Turn
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import Generate
+from cadence.wire.rows import per_sample
 
 log = structlog.get_logger()
 
@@ -281,18 +283,45 @@ def _result(
 def _group(
     results: Sequence[tuple[EpisodeResult, EpisodeCalls]], fallback: list[int], eos_id: int
 ) -> GroupSamples:
-    """The group `play.episode_group` makes of the episodes, with the calls' own figures: turns are
-    calls, and each episode's sequences, sampled tokens and seconds in calls."""
+    """The episodes as a group: each episode's sequences its rows, after the prompt every row's first
+    prompt begins with (what a row's own has beyond it: mask 0); scores, texts and figures as
+    `play.episode_group` makes them, with the calls' own: turns are calls, and each episode's
+    sequences, sampled tokens and seconds in calls, its environment tokens its rows' zeros."""
     group = episode_group([r for r, _ in results], fallback, eos_id)
     calls = [c for _, c in results]
+    lines = [c.trace.sequences() for c in calls]
+    heads = [node.ids[: node.prompt] for line in lines for node in line]
+    prompt = shared_prompt(heads) if heads else group.prompt
+    if not prompt:
+        raise ValueError("the sequences of a group share no first token: their first messages differ")
+    completions, masks, logprobs, episode_of = [], [], [], []
+    for index, line in enumerate(lines):
+        nodes: list[Node | None] = [*line] or [None]  # no answer: one row of eos, trained on nothing
+        for node in nodes:
+            head, ids = (node.ids[: node.prompt], node.ids[node.prompt :]) if node else ([], [])
+            mask, lps = (node.mask, node.logprobs) if node else ([], [])
+            tokens, mask, lps = row_after(prompt, head, ids, mask, lps, eos_id)
+            completions.append(tokens)
+            masks.append(mask)
+            logprobs.append(lps)
+            episode_of.append(index)
     assert group.episodes is not None
     figures = msgspec.structs.replace(
         group.episodes,
         turns=[c.calls for c in calls],
-        sequences=[len(c.trace.sequences()) for c in calls],
+        env_tokens=per_sample([m.count(0) for m in masks], episode_of, len(calls)),
+        sequences=[len(line) for line in lines],
         call_tokens=[c.tokens for c in calls],
         call_s=[c.seconds for c in calls],
     )
+    split = len(episode_of) > len(calls)
     return GroupSamples(
-        group.prompt, group.completions, group.logprobs, group.texts, group.scores, group.masks, figures
+        prompt,
+        completions,
+        logprobs,
+        group.texts,
+        group.scores,
+        masks,
+        figures,
+        episode_of=episode_of if split else [],
     )

@@ -8,7 +8,8 @@ environment's, mask 0), else it begins a sequence of its own (the agent rewrote 
                                     + the template's text after that answer, encoded (mask 0)
                         none ─► the whole conversation rendered and encoded: a new sequence's prompt
  each choice sampled ─► a node: that prompt, the choice's ids (mask 1, their log-probs)
- the episode's sequences: the nodes no later call extended; the one trained: most sampled tokens
+ the episode's sequences: the nodes no later call extended, in order, every one trained; a sampled
+   token in the first sequence that holds it (mask 1), context in any later one (mask 0)
 ```
 
 The text after an answer is read off the template with a sentinel in the answer's place, so the
@@ -18,14 +19,16 @@ new sequence.
 
 Invariant: a node's `ids[:prompt]` is its sequence's first prompt, and `ids[prompt:]`, `mask` and
 `logprobs` line up token for token: 1 and the engine's log-prob on every sampled id, 0 and 0.0 on the
-template's and the messages' ids between.
+template's and the messages' ids between. Across `sequences()`, every id a call sampled has mask 1 in
+exactly one sequence (two calls that went on from the same answer hold its ids both: the later one
+as context).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cadence.model.hf_tokenizer import HFTokenizer
@@ -85,6 +88,8 @@ class Node:
     mask: list[int]
     logprobs: list[float]
     finished: bool  # the answer ended on the model's end of turn
+    parent: int | None = None  # the node its call went on from (None: its sequence's first)
+    start: int = 0  # ids[start:]: the answer's own sampled ids
 
     @property
     def sampled(self) -> int:
@@ -167,15 +172,41 @@ class Trace:
             mask + [1] * len(tokens),
             lps + logprobs,
             finished,
+            placed.parent,
+            len(placed.ids),
         )
         self.nodes.append(node)
 
     def sequences(self) -> list[Node]:
-        """The episode's sequences: each answer no later call went on from."""
-        return [node for i, node in enumerate(self.nodes) if i not in self.extended]
+        """The episode's sequences, every one trained: each answer no later call went on from, in
+        order, with mask 1 only on the sampled ids no earlier sequence holds (an answer two calls
+        went on from is trained in the first of their sequences, context in the other)."""
+        trained: set[int] = set()
+        out = []
+        for index, node in enumerate(self.nodes):
+            if index in self.extended:
+                continue
+            mask, logprobs = list(node.mask), list(node.logprobs)
+            for answer in self._line(index):
+                if answer in trained:
+                    own = self.nodes[answer]
+                    lo, hi = own.start - node.prompt, len(own.ids) - node.prompt
+                    mask[lo:hi], logprobs[lo:hi] = [0] * (hi - lo), [0.0] * (hi - lo)
+                trained.add(answer)
+            out.append(replace(node, mask=mask, logprobs=logprobs))
+        return out
+
+    def _line(self, index: int) -> list[int]:
+        """Node `index` and the nodes its sequence went on from, back to the first."""
+        line: list[int] = []
+        at: int | None = index
+        while at is not None:
+            line.append(at)
+            at = self.nodes[at].parent
+        return line
 
     def kept(self) -> Node | None:
-        """The sequence trained: the one with the most sampled ids (the latest of equals); None
-        before any answer."""
+        """The sequence whose messages stand for the episode (its transcript, its last answer): the
+        one with the most sampled ids (the latest of equals); None before any answer."""
         leaves = self.sequences()
         return max(reversed(leaves), key=lambda node: node.sampled) if leaves else None
