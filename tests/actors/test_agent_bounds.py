@@ -85,7 +85,7 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
             ({**good, "n": 99}, key),
             ({**good, "messages": ask(task, "x" * 600)}, key),  # past the model's 512 positions
             ({**good, "messages": [{"role": "wizard", "content": "hi"}]}, key),
-            ({**good, "stream": True}, key),
+            ({**good, "stream": True, "stream_options": "usage"}, key),
             ({**good, "temperature": 5}, key),  # past OpenAI's range
             ({**good, "tool_choice": 3}, key),
             ({**good, "top_logprobs": 2}, key),
@@ -114,7 +114,10 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
         and codes[3] == "context_length_exceeded"
         and codes[10] == "invalid_api_key"
     )
-    assert [answers[i][1]["error"]["param"] for i in (5, 8)] == ["stream", "top_logprobs"]
+    assert (
+        answers[8][1]["error"]["param"] == "top_logprobs"
+        and "stream_options" in answers[5][1]["error"]["message"]
+    )
     assert (
         answers[2][1]["error"]["param"] == "n" and answers[-1][1]["choices"][0]["message"]["content"] == "ok"
     )

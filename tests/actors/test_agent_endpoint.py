@@ -223,6 +223,54 @@ async def test_a_tool_call_comes_back_in_openai_form_and_its_result_continues_th
     assert group.episodes is not None and group.episodes.sequences == [1] and group.episodes.tool_calls == [2]
 
 
+async def test_a_streamed_answer_joins_to_the_whole_one_and_the_sequence_goes_on(checkpoint: Path) -> None:
+    tokenizer = HFTokenizer(checkpoint)
+    scripted = Scripted(tokenizer, "Let me add. " + CALL)
+    whole: list[Any] = []
+    streamed: list[list[Any]] = []
+
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        messages: list[Any] = ask(task)
+        whole.append(await client.chat.completions.create(model=task.model, messages=messages, tools=TOOLS))  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(  # type: ignore[call-overload]
+            model=task.model,
+            messages=messages,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        streamed.append([chunk async for chunk in stream])
+        content = "".join(c.choices[0].delta.content or "" for c in streamed[0] if c.choices)
+        calls = [t for c in streamed[0] if c.choices for t in c.choices[0].delta.tool_calls or []]
+        said = {"role": "assistant", "content": content, "tool_calls": [t.model_dump() for t in calls]}
+        messages += [said, {"role": "tool", "tool_call_id": calls[0].id, "content": "4"}]
+        await client.chat.completions.create(model=task.model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        return 1.0
+
+    group = await play(agent, scripted, tokenizer, seeds=[1])
+    (reply,), (events,) = whole, streamed
+    first, end, usage = events
+    assert {e.object for e in events} == {"chat.completion.chunk"} and first.id == end.id == usage.id
+    delta = first.choices[0].delta
+    assert delta.role == "assistant" and delta.content == reply.choices[0].message.content == "Let me add."
+    (call,) = delta.tool_calls or []
+    (whole_call,) = reply.choices[0].message.tool_calls or []
+    assert (call.index, call.function.name, call.function.arguments) == (  # type: ignore[union-attr]
+        0,
+        whole_call.function.name,  # type: ignore[union-attr]
+        whole_call.function.arguments,  # type: ignore[union-attr]
+    )
+    assert first.choices[0].model_extra["token_ids"] == scripted.ids  # type: ignore[index]
+    assert first.model_extra["prompt_token_ids"] == reply.model_extra["prompt_token_ids"]  # type: ignore[index]
+    assert end.choices[0].finish_reason == "tool_calls" and not usage.choices
+    assert usage.usage is not None and usage.usage.completion_tokens == len(scripted.ids)
+    # the streamed answer, joined and sent back, is continued on its own ids, as a whole one is; the
+    # whole answer to the same messages is the episode's other sequence
+    kept = first.model_extra["prompt_token_ids"] + scripted.ids  # type: ignore[index]
+    assert [len(batch) for batch in scripted.calls] == [1, 1, 1] and scripted.calls[2][0][: len(kept)] == kept
+    assert group.episodes is not None and group.episodes.turns == [3] and group.episodes.sequences == [2]
+
+
 async def test_a_rewritten_history_is_a_sequence_of_its_own_and_each_is_trained(
     checkpoint: Path,
 ) -> None:

@@ -7,7 +7,7 @@ and a response with its extension (`response`).
  tool_choice  "auto" (or unset): tools offered, calls read │ "none": tools not offered, no call read
               "required", {"type": "function", ...}: 400 (not enforceable without constrained decoding)
  logprobs     true: each choice's `logprobs.content` │ top_logprobs > 0: 400 (the engine gives none)
- stream       true: 400
+ stream       true: the completion made whole, then sent as OpenAI's stream of chunks (stream.py)
 ```
 
 Invariant: a request that is not what this endpoint serves raises `ApiError` with the status, type,
@@ -91,6 +91,12 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1)] = 1
     stop: str | list[str] | None = None
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+    @property
+    def usage_streamed(self) -> bool:
+        """A stream ends with a chunk of the usage (`stream_options.include_usage`)."""
+        return bool(self.stream and (self.stream_options or {}).get("include_usage"))
 
     @property
     def token_limit(self) -> int | None:
@@ -133,8 +139,6 @@ def decode_request(body: bytes) -> tuple[ChatRequest, list[Said]]:
         raise ApiError(400, f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-    if request.stream:
-        raise ApiError(400, "streaming is not served: leave stream unset", param="stream")
     if not request.messages:
         raise ApiError(400, "messages is empty", param="messages")
     _check_tool_choice(request.tool_choice)

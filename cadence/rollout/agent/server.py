@@ -6,6 +6,7 @@
 ```
  Authorization: Bearer <key> ─► the episode being played under that key? else 401
  body ─► decode_request (else 400) ─► model served? (else 404) ─► EpisodeCalls.complete ─► 200 JSON
+                                                                         stream: true ─► 200 events
  anything else raised ─► logged with its traceback, 500 in OpenAI's error body
 ```
 
@@ -27,6 +28,7 @@ from aiohttp import web
 
 from cadence.rollout.agent.calls import EpisodeCalls
 from cadence.rollout.agent.chat import ApiError, decode_request, models
+from cadence.rollout.agent.stream import chunks, send
 
 log = structlog.get_logger()
 MAX_BODY = 16 << 20
@@ -96,7 +98,7 @@ class Endpoint:
         why = "its episode has ended" if key in self.ended else "no episode being played holds it"
         raise ApiError(401, f"the API key is not served: {why}", param=None, code="invalid_api_key")
 
-    async def _complete(self, request: web.Request) -> web.Response:
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         calls = self._episode(request)
         chat, said = decode_request(await request.read())
         if chat.model != self.model:
@@ -106,7 +108,10 @@ class Endpoint:
                 param="model",
                 code="model_not_found",
             )
-        return web.json_response(await calls.complete(chat, said))
+        body = await calls.complete(chat, said)
+        if chat.stream:  # made whole, so a refusal above is still one error body
+            return await send(request, chunks(body, chat.usage_streamed))
+        return web.json_response(body)
 
     async def _models(self, request: web.Request) -> web.Response:
         self._episode(request)
