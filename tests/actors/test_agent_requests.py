@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+from structlog.testing import capture_logs
 
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.rollout.agent.episodes import AgentEpisodes, AgentTask
@@ -56,12 +57,18 @@ async def test_another_temperature_or_top_p_is_served_at_the_runs_or_refused(che
         return 1.0
 
     run = Sampling(0.7, 0.9, "run")
-    await play(agent, Scripted(tokenizer, "ok"), tokenizer, seeds=[1], sampling=run)
-    said = [body["cadence"] for body in bodies]
-    assert said == [
-        {"version": 0, "temperature": 0.7, "top_p": 0.9, "overridden": overridden}
-        for overridden in ([], [], ["temperature"], ["top_p"])
-    ]
+    with capture_logs() as logs:  # two episodes asking the same: each value said once
+        await play(agent, Scripted(tokenizer, "ok"), tokenizer, seeds=[1, 2], sampling=run)
+    told = [(e["param"], e["asked"], e["served"]) for e in logs if e["event"] == "agent_sampling_overridden"]
+    assert told == [("temperature", 1.0, 0.7), ("top_p", 0.5, 0.9)]
+    said = sorted((body["cadence"] for body in bodies), key=str)  # the two episodes' calls interleave
+    assert said == sorted(
+        (
+            {"version": 0, "temperature": 0.7, "top_p": 0.9, "overridden": overridden}
+            for overridden in ([], [], ["temperature"], ["top_p"]) * 2
+        ),
+        key=str,
+    )
     assert refused == []
 
     bodies.clear()

@@ -10,15 +10,20 @@ asks nothing, is served as asked; one that asks for another is, by `environment.
 ```
 
 Invariant: no request changes what a sample is drawn at; values compare equal within 1e-6 (a
-temperature written in a TOML file and in an agent's JSON is the same float).
+temperature written in a TOML file and in an agent's JSON is the same float). A value served otherwise
+is logged (`agent_sampling_overridden`) the first time this `Sampling` meets it, not at every call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+import structlog
+
 from cadence.rollout.agent.chat import ApiError, ChatRequest
+
+log = structlog.get_logger()
 
 Other = Literal["run", "refuse"]
 TOLERANCE = 1e-6
@@ -31,6 +36,8 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     other: Other = "run"
+    # (parameter, value asked) already logged by this process: an agent's every call asks the same
+    _told: set[tuple[str, float]] = field(default_factory=set, init=False, compare=False, repr=False)
 
     def overridden(self, request: ChatRequest) -> list[str]:
         """The parameters `request` asks otherwise than the batch samples at (served at the batch's);
@@ -47,6 +54,11 @@ class Sampling:
                 param=name,
                 code="unsupported_value",
             )
+        for name in other:
+            value = asked[name]
+            if value is not None and (name, value) not in self._told:
+                self._told.add((name, value))
+                log.info("agent_sampling_overridden", param=name, asked=value, served=held[name])
         return other
 
     def extension(self, overridden: list[str]) -> dict[str, object]:
