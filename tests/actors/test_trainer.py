@@ -413,8 +413,8 @@ async def test_groups_without_their_assignment_or_without_meaning_are_refused(
         ("stranger", "stranger", "no assignment of prompt 0 of period 0 to stranger"),  # w0's, not its own
         ("w0", "rollout", "a reward, correctness value or time that is not finite"),
         ("w0", "rollout", f"completion 1: a token id outside the vocabulary of {VOCAB}"),
-        ("w0", "rollout", "2 completions but {'rewards': 1}"),
-        ("w0", "rollout", "16 completions, the run's groups have 2 (rollout.group_size)"),
+        ("w0", "rollout", "2 rows but 1 samples, and no episode_of"),
+        ("w0", "rollout", "16 samples, the run's groups have 2 (rollout.group_size)"),
         ("w0", "rollout", "a completion of 9 tokens, beyond the run's token limit of 4"),
         ("stranger", "stranger", "a stranger may not send consumed to the trainer"),
     ]
