@@ -44,18 +44,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import structlog
 
 from cadence.dispatch.checks import message_problem
 from cadence.dispatch.core import DispatchCore, Hold, Worker
-from cadence.dispatch.roster import Peer, WorkerWait, joined, welcome_message
+from cadence.dispatch.period_row import period_row
+from cadence.dispatch.roster import Peer, WorkerWait, introductions, joined, trainer_key
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.monitor.logstream import LogHub
-from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
@@ -72,8 +71,8 @@ from cadence.wire.messages import (
     Shutdown,
     StopPeriod,
     Subscribe,
-    TrainerKey,
     VersionReady,
+    Welcome,
     WorkRequest,
 )
 
@@ -293,18 +292,11 @@ class Dispatcher:
             log.warning("version_after_end", version=msg.version, reason="the run has ended; not recorded")
             return
         self.peers[peer].announced = msg.version
-        row = PeriodMetrics.from_row(msg.metrics) if msg.metrics else None
+        row = period_row(msg.metrics, self.peers, self.reassigned, self.core.ledger)
         dropped = self.recorder.rewind(msg.version - 1 if msg.metrics else msg.version)
         if dropped:
             log.info("metrics_rewound", version=msg.version, dropped=dropped)
         if row is not None:
-            workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-            row = replace(row, workers=workers, reassigned=self.reassigned)
-            ledger = self.core.ledger
-            if row.groups_filtered is not None and ledger.period == row.period:  # an over-sampled run's
-                issued = ledger.issued
-                stopped = max(issued - row.groups - row.groups_filtered, 0)
-                row = replace(row, prompts_issued=issued, groups_stopped=stopped)
             self.recorder.period(row)
         self.core.announce(msg.version, self.clock())
 
@@ -377,17 +369,11 @@ class Dispatcher:
 
     def _assign(self) -> None:
         """Tell the publisher the trainer's key, welcome new workers, and send what the core assigns."""
-        welcome = welcome_message(self.peers, max(self.core.period, 0))
-        key = next((p.key for p in self.peers.values() if p.role == "trainer"), "")
-        for peer, info in self.peers.items():
-            if info.role == "publisher" and key and info.told != key:
-                info.told = key
-                self._outbox.append((peer, TrainerKey(key)))
-        for peer, info in self.peers.items():
-            if info.role == "rollout" and not info.welcomed and welcome is not None:
-                info.welcomed = True  # it drops what it held and asks for work afresh
+        for peer, msg in introductions(self.peers, max(self.core.period, 0)):
+            if isinstance(msg, Welcome):  # it drops what it held and asks for work afresh
                 self.core.restart(peer)
-                self._outbox.append((peer, welcome))
+            self._outbox.append((peer, msg))
+        key = trainer_key(self.peers)
         workers = [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
         self._outbox.extend(self.core.assign(workers, key, self.clock()))
 

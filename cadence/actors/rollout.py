@@ -21,7 +21,8 @@ scores, and pushes every finished group to the trainer at once.
 ```
 
 The groups themselves are made by the `GroupMaker` it is given (`cadence/rollout/`), which `cadence
-eval` uses too: the worker keeps the session, the queue of assignments and the weights.
+eval` uses too: the worker keeps the session, the queue of assignments and the weights (the version
+loaded, fetched and held: `WorkerWeights`, `actors/rollout_weights.py`).
 
 Invariant: a group is generated entirely with the weights of the version its assignment names,
 verified by checksum, every turn of every episode too; an assignment of a period older than the
@@ -33,16 +34,14 @@ to the trainer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import structlog
 
-from cadence.model.checkpoint import state_nbytes
+from cadence.actors.rollout_weights import WorkerWeights, pull_address
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import Overlapping, span
 from cadence.rollout.maker import GroupMaker
@@ -53,13 +52,8 @@ from cadence.transport.broadcast import MEMBER_TAKES
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.session import Session, first_of
-from cadence.transport.weights import PULL_REPLIES, WeightError, pull_weights
+from cadence.transport.weights import PULL_REPLIES, WeightError
 from cadence.wire.messages import Assignment, Message, StopPeriod, Welcome, WorkRequest
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from cadence.transport.broadcast import BroadcastMember
 
 log = structlog.get_logger()
 
@@ -82,21 +76,11 @@ class WorkerSettings:
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
 
 
-def pull_address(welcome: Welcome, host: str) -> str:
-    """Where a worker on `host` pulls versions from: the publisher's ipc:// address when it serves one
-    on this very host, else its network address."""
-    local = welcome.publisher_local
-    if local.startswith("ipc://") and host and welcome.publisher_host == host:
-        return local
-    return welcome.publisher_address
-
-
 class RolloutWorker:
     """`session`: with the dispatcher, registered as "rollout"; `connect(name, address)` opens a
     channel to the trainer or publisher a Welcome names; `maker`: makes the groups, on the engine the
-    worker loads versions into (`maker.engine`); `buffers`: where pulled versions are assembled, each
-    in the buffer of one loaded before (the engine may compute with the bytes of the version it holds:
-    the pool hands that buffer out only once nothing views it)."""
+    worker loads versions into (`maker.engine`, its `weights`: `actors/rollout_weights.py`); `buffers`:
+    where pulled versions are assembled (`WorkerWeights`)."""
 
     SESSION_HANDLERS: ClassVar[Mapping[type[Message], Callable[[RolloutWorker, Any], None]]]
     """What it takes from the dispatcher on its session, beside `Session.TAKES` (set below the class)."""
@@ -115,11 +99,8 @@ class RolloutWorker:
         buffers: BufferPool | None = None,
     ) -> None:
         self.maker = maker
-        self.engine = maker.engine
         self.settings = settings
-        self.use_threads = use_threads
-        # two: the loaded version's (which the engine may compute with) and the one before it (free)
-        self.buffers = buffers or BufferPool(keep=2)
+        self.weights = WorkerWeights(maker.engine, settings, session.liveness, clock, use_threads, buffers)
         self.name = name
         self.session = session
         self.liveness = session.liveness
@@ -131,11 +112,7 @@ class RolloutWorker:
         self.rejoin = (
             asyncio.Event()
         )  # set by every Welcome: (re)connect to the trainer and publisher it names
-        self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.newest_period = -1
-        self.loaded: int | None = None
-        self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
-        self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.groups_sent = 0
         self.stopped: set[int] = set()  # periods the dispatcher closed (the newest few)
         self._stop_at: dict[int, float] = {}  # when each stop came
@@ -185,20 +162,20 @@ class RolloutWorker:
             await self.rejoin.wait()
             self.rejoin.clear()
             assert self.welcome is not None
-            self.loaded = None
+            self.weights.loaded = None
             trainer = self.connect(self.name, self.welcome.trainer_address)
             publisher_address = pull_address(self.welcome, self.settings.host)
             publisher = self.connect(self.name, publisher_address)
             log.info("worker_ready", trainer=self.welcome.trainer_address, publisher=publisher_address)
             loops = [self._jobs(trainer, publisher), self.rejoin.wait()]
             channels = [trainer, publisher]
-            self.member = None
+            self.weights.member = None
             if self.settings.weights_transport != "zmq":
                 from cadence.transport.broadcast import BroadcastMember
 
-                self.member = BroadcastMember(self.name)
+                member = self.weights.member = BroadcastMember(self.name)
                 channels.append(self.connect(f"{self.name}.weights", self.welcome.publisher_address))
-                loops.append(self.member.run(channels[-1]))
+                loops.append(member.run(channels[-1]))
             try:
                 await first_of(*loops)
             finally:
@@ -245,71 +222,12 @@ class RolloutWorker:
             batch.append(job)
         return batch
 
-    async def _pull(self, publisher: Client, version: int) -> bytearray:
-        """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
-        the publisher fails, its trainer may be coming back: wait (up to 10 liveness timeouts) for the
-        Welcome naming the new one, which ends this job; otherwise, or past that wait, the failure
-        ends the worker."""
-        try:
-            return await pull_weights(publisher, version, self.liveness.timeout_s, alloc=self.buffers.take)
-        except WeightError as err:
-            if self.settings.on_trainer_loss != "wait":
-                raise
-            log.warning("weights_unavailable_waiting", version=version, error=str(err))
-            await asyncio.sleep(10 * self.liveness.timeout_s)
-            raise
-
-    def _budget(self) -> None:
-        """Compute in the calling (worker) thread with the budget of the moment."""
-        if self.use_threads is not None and self.settings.threads > 0:
-            self.use_threads(self.settings.threads)
-
-    @contextlib.contextmanager
-    def _computing(self) -> Iterator[None]:
-        """The engine to this thread alone, with the worker's thread budget."""
-        with self._engine_lock:
-            self._budget()
-            yield
-
-    @contextlib.contextmanager
-    def _turn(self, version: int) -> Iterator[None]:
-        """`_computing` for one generation (a batch's, or a turn of its episodes) of `version`, refused
-        when another is loaded."""
-        with self._computing():
-            if self.loaded != version:
-                raise RuntimeError(f"episodes of version {version} would go on with {self.loaded} loaded")
-            yield
-
-    def _load(self, data: bytearray) -> None:
-        with self._computing():
-            self.engine.load(data)
-
-    def _load_state(self, state: Mapping[str, Tensor]) -> None:
-        with self._computing():
-            self.engine.load_state(state)
-
-    async def _fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
-        """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
-        Where they came from and their size."""
-        if self.playing is not None:
-            raise RuntimeError(f"version {version} asked while the episodes of {self.playing} run")
-        if self.member is not None:
-            wait = 3 * self.settings.broadcast_timeout_s + self.liveness.timeout_s
-            state = await self.member.weights(version, wait)
-            if state is not None:
-                await asyncio.to_thread(self._load_state, state)
-                return self.settings.weights_transport, state_nbytes(state)
-        data = await self._pull(publisher, version)
-        await asyncio.to_thread(self._load, data)
-        self.buffers.give(data)  # a later version's pages once the engine no longer computes with them
-        return "zmq", len(data)
-
     async def _evaluate(self, jobs: list[Assignment], publisher: Client) -> None:
         """Answer eval assignments to the dispatcher. Weights that can no longer be had (the round
         outlived the versions the publisher keeps) lose the round, not the worker; weights older than
         the newest period's are not even fetched for an eval (they may be leaving the publisher, and
         the next period's groups wait behind)."""
-        if jobs[0].version != self.loaded and jobs[0].version < self.newest_period:
+        if jobs[0].version != self.weights.loaded and jobs[0].version < self.newest_period:
             log.info("eval_skipped", version=jobs[0].version, newest=self.newest_period, prompts=len(jobs))
             return
         try:
@@ -326,7 +244,7 @@ class RolloutWorker:
         and scored; a result's `gen_s` is the generation time since the batch's group before it left
         (the batch's groups together: its generation time), `following` the groups of the batch
         already made and sent right behind it. Nothing once the period is stopped."""
-        load_s = await self._ensure(jobs[0], publisher)
+        load_s = await self.weights.ensure(jobs[0], publisher)
         sent: list[float] = []
         waiting = 0  # groups made and not yet sent
 
@@ -362,14 +280,14 @@ class RolloutWorker:
         `ready` as soon as it is made; a group of a period stopped meanwhile is dropped (None). The
         groups, and each one's share of the generation time."""
         first = jobs[0]
-        await self._ensure(first, publisher)
+        await self.weights.ensure(first, publisher)
         prompts = [Prompt(job.prompt_id, job.prompt, job.answer) for job in jobs]
-        hold = functools.partial(self._turn, first.version)
+        hold = functools.partial(self.weights.turn, first.version)
         waits = None
         if self.maker.episodes is not None:
             waits = Overlapping(self.clock, "environment", period=first.period, eval=first.eval)
         ids = [job.prompt_id for job in jobs]
-        self.playing = first.version
+        self.weights.playing = first.version
         try:
             with span(self.clock, "generate", period=first.period, prompt_ids=ids) as generating:
                 made = await self.maker.make(
@@ -383,20 +301,8 @@ class RolloutWorker:
                     functools.partial(self._is_stopped, first),
                 )
         finally:
-            self.playing = None
+            self.weights.playing = None
         return made, generating.duration / len(jobs)
-
-    async def _ensure(self, job: Assignment, publisher: Client) -> float:
-        """Load the version `job` names unless it is loaded; the seconds it took."""
-        version = job.version
-        if version == self.loaded:
-            return 0.0
-        with span(self.clock, "load", period=job.period, version=version) as loading:
-            source, nbytes = await self._fetch_and_load(publisher, version)
-            self.loaded = version
-        load_s = loading.duration
-        log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
-        return load_s
 
 
 RolloutWorker.SESSION_HANDLERS = {

@@ -31,7 +31,8 @@ period short of B kept groups (`sampling.ceiling` reached), whose last step take
 which takes none when it kept none; the new version is published after the last. The version rule lives here
 and nowhere else. The loss is the learner's side's (`cadence.training.steps.Steps`): each step's
 normaliser and its learning rate (step j of period k at the rate of the run's step k x steps + j, so a
-resumed run continues the schedule exactly) are fixed there, not here.
+resumed run continues the schedule exactly) are fixed there, not here; the micro-batches that feed
+them, and the threads each computation takes, are `MicroBatches`' (`actors/trainer_batches.py`).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import structlog
 
+from cadence.actors.trainer_batches import MicroBatches
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.mismatch import MismatchWatch
 from cadence.monitor.samples import SampleWriter, sample_record
@@ -58,7 +60,7 @@ from cadence.training.resume import (
     stop_asked,
 )
 from cadence.training.selection import Selection
-from cadence.training.steps import Steps, group_tokens
+from cadence.training.steps import Steps
 from cadence.training.trainer_settings import TrainerSettings
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
@@ -69,7 +71,6 @@ from cadence.wire.roles import valid_ticket
 log = structlog.get_logger()
 
 Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
-T = TypeVar("T")
 
 
 class Trainer:
@@ -102,23 +103,19 @@ class Trainer:
     ) -> None:
         self.settings = settings
         self.alloc = alloc
-        self.use_threads = use_threads
-        self.alone = True  # no worker generates while this one computes (between periods, in sync)
-        self._trained = 0  # groups of the current period trained so far
         self.samples = samples
         self.resume = resume
         self.server = server
         self.session = session
         self.learner = learner
         self.steps = Steps(learner, settings.steps)
+        self.batches = MicroBatches(settings, self.steps, clock, use_threads)
         self.mismatch = MismatchWatch(settings.mismatch_warn_kl)
         self.publish = publish
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
         self.run_record = run
         self.consumed: dict[int, set[int]] = {}
-        self._micro: list[GroupResult] = []  # accepted groups not yet trained
-        self._micro_tokens = 0
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -193,7 +190,7 @@ class Trainer:
                 return
             start = end
         final = self.checkpoint_dir / "final"
-        sha = await self._compute(self.learner.save, final)
+        sha = await self.batches.compute(self.learner.save, final)
         log.info("checkpoint_saved", path=str(final), version=self.settings.periods, sha256=sha)
         self.finished.set()
         await self.session.send(RunDone(self.settings.periods, sha, str(final)))
@@ -240,8 +237,7 @@ class Trainer:
         trained by a task of their own (periodic), or once the period is closed (sync)."""
         self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
-        self.alone = self.settings.mode == "sync"
-        self._trained = 0
+        self.batches.open(alone=self.settings.mode == "sync")
         selection = self.settings.selection(period)
         kept: asyncio.Queue[GroupResult | None] = asyncio.Queue()
         training = None
@@ -262,8 +258,8 @@ class Trainer:
                 training.cancel()
         if training is None:  # sync: every kept group now
             while (group := kept.get_nowait()) is not None:
-                await self._add(group, stats, flush=False)
-        await self._flush(stats, last=True)
+                await self.batches.add(group, stats, flush=False)
+        await self.batches.flush(stats, last=True)
 
     async def _next_arrival(self, training: asyncio.Task[None] | None) -> tuple[float, Envelope]:
         """The next arrival; the training task's failure, should it end first."""
@@ -325,7 +321,7 @@ class Trainer:
         """Periodic: train each kept group as it comes, together with whatever else is queued meanwhile
         (up to the budget) and the rest of the worker's batch that ended with it, sent right behind."""
         while (group := await kept.get()) is not None:
-            await self._add(group, stats, flush=kept.empty() and group.following == 0)
+            await self.batches.add(group, stats, flush=kept.empty() and group.following == 0)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""
@@ -347,55 +343,9 @@ class Trainer:
             return None
         return msg
 
-    async def _add(self, msg: GroupResult, stats: PeriodStats, flush: bool) -> None:
-        """Put a group in the micro-batch: trained when the token budget or the optimizer step's
-        share of groups would be exceeded, or when `flush` (nothing else is waiting)."""
-        budget = self.settings.micro_batch_tokens
-        size = group_tokens(msg)
-        if self._micro and (budget == 0 or self._micro_tokens + size > budget):
-            await self._flush(stats)
-        self._micro.append(msg)
-        self._micro_tokens += size
-        if flush or self.steps.groups + len(self._micro) >= self.settings.groups_per_step:
-            await self._flush(stats)
-
-    async def _flush(self, stats: PeriodStats, last: bool = False) -> None:
-        """Train the micro-batch (one packed forward and backward, summed loss); after every
-        B / steps_per_period groups, normalise and step. `last`: the period is closed: a period short
-        of B kept groups steps with those trained since its last step (none: no step)."""
-        if self._micro:
-            micro, self._micro, self._micro_tokens = self._micro, [], 0
-            # the period's last micro-batch comes after its last group: no worker has anything left to
-            # generate. Decided by the micro-batch, not by the moment the last group arrived, so that a
-            # run's arithmetic (threads included) does not depend on timing
-            self._trained += len(micro)
-            self.alone = self.alone or last or self._trained == self.settings.prompts_per_period
-            with span(self.clock, "train", period=stats.period, groups=len(micro)) as training:
-                await self._compute(self.steps.train, micro)
-            stats.spans.append((training.start, training.end))
-        if self.steps.groups == 0 or (self.steps.groups < self.settings.groups_per_step and not last):
-            return
-        with span(self.clock, "step", period=stats.period) as stepping:
-            normaliser, info = await self._compute(self.steps.step, stats.period, len(stats.steps))
-        stats.step_s += stepping.duration
-        stats.stepped(info)
-        log.info("optimizer_step", period=stats.period, normaliser=normaliser, **info)
-
-    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in a worker thread, with the thread budget of the moment: `threads` while
-        workers generate, `threads_alone` from the period's last micro-batch on (and in sync mode)."""
-        threads = self.settings.threads_alone if self.alone else self.settings.threads
-
-        def run() -> T:
-            if self.use_threads is not None and threads > 0:
-                self.use_threads(threads)
-            return fn(*args)
-
-        return await asyncio.to_thread(run)
-
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
-            data = await self._compute(self.learner.weights, self.alloc, self.settings.publish_dtype)
+            data = await self.batches.compute(self.learner.weights, self.alloc, self.settings.publish_dtype)
             version_digest = await self.publish(version, data)
         log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
         return publishing.end, version_digest, len(data)

@@ -29,7 +29,7 @@ from cadence.model.prefix import prefix_logprobs
 from cadence.model.transformer import init_model
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.packing import Group, pack_groups, packed_length, packed_logprobs
-from cadence.training.learner import pad_group
+from cadence.training.policy_pass import pad_group
 
 PAD = 0
 # head_dim 64 and an MLP 3x wide, as in real checkpoints: hidden 256 with head_dim 32 would make the

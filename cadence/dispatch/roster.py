@@ -1,5 +1,6 @@
-"""The dispatcher's roster: who is registered as what, who may claim a role or a name, and how long
-the run has gone without a rollout worker.
+"""The dispatcher's roster: who is registered as what, who may claim a role or a name, what each peer
+is owed once registered (the trainer's key, a Welcome), and how long the run has gone without a
+rollout worker.
 
 Invariant: at most one trainer and one publisher are registered, except while a run that waits for a
 lost trainer (`trainer.on_loss = "wait"`) takes its successor; a worker may always register under a
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import structlog
 
 from cadence.transport.zmq_socket import beyond_loopback
-from cadence.wire.messages import Register, Welcome
+from cadence.wire.messages import Register, TrainerKey, Welcome
 from cadence.wire.roles import REGISTERED
 
 log = structlog.get_logger()
@@ -71,6 +72,28 @@ def welcome_message(peers: Mapping[bytes, Peer], version: int) -> Welcome | None
     if not (publisher.local and publisher.host):
         return Welcome(trainer.address, publisher.address, version)
     return Welcome(trainer.address, publisher.address, version, publisher.local, publisher.host)
+
+
+def introductions(peers: Mapping[bytes, Peer], version: int) -> list[tuple[bytes, TrainerKey | Welcome]]:
+    """What the roster owes its peers, each marked as told: the registered trainer's key to a publisher
+    not yet told it, a Welcome to each rollout worker not yet welcomed (once both are in)."""
+    welcome = welcome_message(peers, version)
+    key = trainer_key(peers)
+    owed: list[tuple[bytes, TrainerKey | Welcome]] = []
+    for peer, info in peers.items():
+        if info.role == "publisher" and key and info.told != key:
+            info.told = key
+            owed.append((peer, TrainerKey(key)))
+    for peer, info in peers.items():
+        if info.role == "rollout" and not info.welcomed and welcome is not None:
+            info.welcomed = True
+            owed.append((peer, welcome))
+    return owed
+
+
+def trainer_key(peers: Mapping[bytes, Peer]) -> str:
+    """The registered trainer's key ("" while none is)."""
+    return next((p.key for p in peers.values() if p.role == "trainer"), "")
 
 
 def claim_problem(

@@ -2,12 +2,12 @@
 
 A micro-batch is one or more whole groups. Every log-prob, the policy's and the reference's, is of the
 distribution the engine samples from: the logits divided by `rollout.temperature` (ops/logprobs.py);
-the loss is `trainer.objective`'s (ops/losses.py). With `packing = "shared_prompt"` the groups share
-one row, each prompt computed once and every group attending only within itself (ops/packing.py):
-one forward of the policy (with gradient; detached, it is also the old policy) and one of the
-reference. With
-`"prefix_cache"` the prompt runs once into the KV cache and the responses as a batch on top of it
-(model/prefix.py); with `"padded"` each sample is its own right-padded row. All give the same log-probs.
+the loss is `trainer.objective`'s (ops/losses.py). The forwards are the policy pass's
+(training/policy_pass.py): with `packing = "shared_prompt"` the groups share one row, each prompt
+computed once and every group attending only within itself (ops/packing.py): one forward of the policy
+(with gradient; detached, it is also the old policy) and one of the reference. With `"prefix_cache"`
+the prompt runs once into the KV cache and the responses as a batch on top of it (model/prefix.py);
+with `"padded"` each sample is its own right-padded row. All give the same log-probs.
 
 Only the distinct samples that carry gradient are computed (ops/distinct.py), and with
 `"shared_prompt"` the beginning the prompts of a micro-batch share is computed once in its row.
@@ -32,40 +32,24 @@ import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.model.config import ModelConfig
-from cadence.model.prefix import prefix_logprobs
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.ops.clipping import normalise_and_clip
 from cadence.ops.correction import CorrectionRule, correction_sums
 from cadence.ops.distinct import distinct_samples
-from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
 from cadence.ops.mismatch import add_sums, mismatch_sums
-from cadence.ops.packing import PackedBatch, pack_groups, to_padded
-from cadence.ops.sampled import Masks, sampled_rows
+from cadence.training.policy_pass import PolicyPass, policy_pass
 from cadence.training.state import read_state, write_checkpoint, write_state
 from cadence.training.step_figures import summarise
 from cadence.training.train_group import TrainGroup, logprob_rows, sampled_tokens
-
-
-class PolicyPass(NamedTuple):
-    """The policy's forward over a micro-batch's samples: log-probs [S, R_max] with gradient, the
-    bool mask of their sampled tokens (the loss's; neither padding nor an environment's token), the
-    reference's log-probs (or None), the policy's entropy [S, R_max] at every trained token (detached,
-    0 off the mask), and the token positions the forward took (`computed`, environment tokens too)."""
-
-    logp: Tensor
-    mask: Tensor
-    ref_logp: Tensor | None
-    entropy: Tensor
-    computed: int
 
 
 class Learner(Protocol):
@@ -95,49 +79,6 @@ class Learner(Protocol):
     def load_state(self, directory: Path) -> None:
         """Restore what `save_state` wrote; the next step equals the one the saver would have taken."""
         ...
-
-
-def _widen(values: Tensor, width: int) -> Tensor:
-    """Right-pad [S, R] with zeros (False) to [S, width]."""
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
-
-
-def pad_group(
-    prompt: list[int], completions: list[list[int]], pad_id: int, masks: Masks = None
-) -> tuple[torch.Tensor, ...]:
-    """Inputs, targets and response mask for one group, right-padded: [G, P + R_max - 1]; the mask
-    is set at the sampled tokens (`masks`' 1s, every response token without), never at an
-    environment's."""
-    longest = max(len(c) for c in completions)
-    rows = [prompt + c + [pad_id] * (longest - len(c)) for c in completions]
-    ids = torch.tensor(rows, dtype=torch.long)
-    inputs, targets = ids[:, :-1], ids[:, 1:]
-    mask = torch.zeros_like(targets, dtype=torch.bool)
-    mask[:, len(prompt) - 1 : len(prompt) - 1 + longest] = sampled_rows(completions, masks, longest)
-    return inputs, targets, mask
-
-
-def loss_logprobs(
-    model: Transformer, batch: PackedBatch, temperature: float = 1.0, entropy: list[Tensor] | None = None
-) -> Tensor:
-    """`packed_logprobs` of the model's forward at `temperature`, with the head applied only at the
-    loss positions (their entropies appended to `entropy` when given)."""
-    args = (batch.input_ids, batch.position_ids, batch.attn_mask)
-    logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
-    return token_logprobs(logits, batch.targets[batch.loss_mask], temperature, entropy)
-
-
-def masked_logprobs(
-    model: Transformer,
-    inputs: Tensor,
-    targets: Tensor,
-    mask: Tensor,
-    temperature: float = 1.0,
-    entropy: list[Tensor] | None = None,
-) -> Tensor:
-    """Log-probs [B, T] of `targets` where `mask`, 0 elsewhere; the head runs only where `mask`."""
-    picked = token_logprobs(model(inputs, logits_at=mask), targets[mask], temperature, entropy)
-    return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
 
 
 def _sample_tokens(groups: Sequence[TrainGroup], device: torch.device) -> Tensor | None:
@@ -305,55 +246,15 @@ class TorchLearner:
         """The policy's pass over the micro-batch's samples (groups in order), at `trainer.precision`;
         the log-probs come out float32 whatever the forward's precision."""
         with self._forward_precision():
-            return self._logprobs_as_set(groups)
-
-    def _logprobs_as_set(self, groups: Sequence[TrainGroup]) -> PolicyPass:
-        t = self.temperature
-        if self.packing == "shared_prompt":
-            pad = self.tokenizer.pad_id
-            batch = pack_groups([(g.prompt, g.completions) for g in groups], pad, [g.masks for g in groups])
-            batch = batch.to(self.device)
-            entropy: list[Tensor] = []
-            logp, mask = to_padded(loss_logprobs(self.model, batch, t, entropy), batch)
-            spread, _ = to_padded(entropy[0], batch)
-            if self.reference is None:
-                return PolicyPass(logp, mask, None, spread, batch.num_tokens)
-            with torch.no_grad():
-                ref_logp, _ = to_padded(loss_logprobs(self.reference, batch, t), batch)
-            return PolicyPass(logp, mask, ref_logp, spread, batch.num_tokens)
-        parts = [self._group_logprobs(g.prompt, g.completions, g.masks) for g in groups]
-        width = max(p.logp.shape[1] for p in parts)
-        logp = torch.cat([_widen(p.logp, width) for p in parts])
-        mask = torch.cat([_widen(p.mask, width) for p in parts])
-        spread = torch.cat([_widen(p.entropy, width) for p in parts])
-        refs = [_widen(p.ref_logp, width) for p in parts if p.ref_logp is not None]
-        computed = sum(p.computed for p in parts)
-        return PolicyPass(logp, mask, torch.cat(refs) if refs else None, spread, computed)
-
-    def _group_logprobs(self, prompt: list[int], completions: list[list[int]], masks: Masks) -> PolicyPass:
-        """One group's pass, [G, R] aligned to the responses, read at their sampled tokens."""
-        t, pad = self.temperature, self.tokenizer.pad_id
-        entropy: list[Tensor] = []
-        ref_logp: Tensor | None = None
-        if self.packing == "prefix_cache":
-            logp, mask = prefix_logprobs(self.model, prompt, completions, pad, t, entropy)
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logp, _ = prefix_logprobs(self.reference, prompt, completions, pad, t)
-            computed = len(prompt) + len(completions) * max(logp.shape[1] - 1, 0)  # P, then [G, R - 1]
-            read = sampled_rows(completions, masks, logp.shape[1]).to(mask.device)  # within `mask`
-            spread = torch.where(read, entropy[0], torch.zeros_like(entropy[0]))
-            return PolicyPass(
-                torch.where(read, logp, torch.zeros_like(logp)), read, ref_logp, spread, computed
+            return policy_pass(
+                self.model,
+                self.reference,
+                groups,
+                self.packing,
+                self.temperature,
+                self.tokenizer.pad_id,
+                self.device,
             )
-        inputs, targets, mask = (x.to(self.device) for x in pad_group(prompt, completions, pad, masks))
-        start = len(prompt) - 1
-        logp = masked_logprobs(self.model, inputs, targets, mask, t, entropy)[:, start:]
-        spread = torch.zeros(mask.shape, device=logp.device).masked_scatter(mask, entropy[0])[:, start:]
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logp = masked_logprobs(self.reference, inputs, targets, mask, t)[:, start:]
-        return PolicyPass(logp, mask[:, start:], ref_logp, spread, inputs.numel())
 
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         """Divide the gradients by `normaliser`, clip, step (at learning rate `lr` when given: the

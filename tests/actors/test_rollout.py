@@ -76,7 +76,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     assert (result.period, result.version, result.prompt_id) == (0, 0, 7)
     assert len(result.completions) == 4 and all(0.0 <= r <= 1.0 for r in result.rewards)
     assert result.prompt_tokens == tokenizer.encode("3+4=", bos=True)
-    assert result.load_s > 0 and worker.loaded == 0
+    assert result.load_s > 0 and worker.weights.loaded == 0
     # single-turn: every token sampled, no episode figures, and none of their keys on the wire
     assert result.masks == [] and result.episodes is None
     assert b"masks" not in encode(result, "w0") and b"endings" not in encode(result, "w0")
@@ -105,7 +105,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     await dispatcher.send(peers["rollout"], Assignment(1, 1, 8, "1+1=", "2", 4))
     with pytest.raises(WeightError, match="does not hold version 1"):
         await asyncio.wait_for(tasks[1], 5)
-    assert worker.loaded == 0 and trainer.inbox.qsize() == 0
+    assert worker.weights.loaded == 0 and trainer.inbox.qsize() == 0
     await dispatcher.send(peers["publisher"], Shutdown("test over"))
     await asyncio.wait_for(tasks[0], 5)
 
@@ -197,5 +197,5 @@ async def test_eval_assignments_are_answered_to_the_dispatcher_never_the_trainer
         # weights loaded (older ones would not be fetched for an eval)
         worker.newest_period = 1
         await dispatcher.send(peers["rollout"], Assignment(0, 0, -3, "11", "1", 1, eval=True))
-        assert (await expect(dispatcher, EvalResult)).prompt_id == -3 and worker.loaded == 0
+        assert (await expect(dispatcher, EvalResult)).prompt_id == -3 and worker.weights.loaded == 0
         assert trainer.inbox.qsize() == 0 and worker.groups_sent == 0

@@ -171,7 +171,7 @@ async def test_every_turn_is_the_engines_and_every_message_the_environments(rig:
         [3],
     )
     assert episodes_of(answer).env_tokens == [2 * len(message)] and len(episodes_of(answer).env_s) == 1
-    assert rig.worker.groups_sent == 1 and rig.worker.playing is None
+    assert rig.worker.groups_sent == 1 and rig.worker.weights.playing is None
 
 
 @pytest.mark.parametrize("rig", ["calculator"], indirect=True)
@@ -179,13 +179,13 @@ async def test_no_version_is_loaded_while_episodes_run(rig: Rig) -> None:
     worker = rig.worker
     await rig.dispatcher.send(rig.peers["rollout"], Assignment(0, 0, 7, "1+1", "2", 2))
     await expect(rig.trainer, GroupResult, timeout=30)
-    assert worker.loaded == 0
+    assert worker.weights.loaded == 0
     with (
         pytest.raises(RuntimeError, match="episodes of version 1 would go on with 0 loaded"),
-        worker._turn(1),
+        worker.weights.turn(1),
     ):
         pass
-    worker.playing = 0
+    worker.weights.playing = 0
     with pytest.raises(RuntimeError, match="version 1 asked while the episodes of 0 run"):
-        await worker._fetch_and_load(None, 1)  # type: ignore[arg-type]
-    worker.playing = None
+        await worker.weights.fetch_and_load(None, 1)  # type: ignore[arg-type]
+    worker.weights.playing = None

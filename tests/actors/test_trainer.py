@@ -324,7 +324,7 @@ async def test_a_group_whose_batch_follows_waits_for_it(network: InprocNetwork, 
     cfg, dispatcher, worker, learner, published, task, trainer = await start(network, tmp_path)
     await expect(dispatcher, VersionReady, skip=(Register,))
     await worker.send(msgspec.structs.replace(group(0, 0, tag=0.0), following=1))
-    held = until(lambda: len(trainer._micro) == 1 and trainer.arrivals.empty())  # held, not trained
+    held = until(lambda: len(trainer.batches.micro) == 1 and trainer.arrivals.empty())  # held, not trained
     await asyncio.wait_for(held, 10)
     assert learner.micro == []
     await worker.send(group(0, 1, tag=1.0))

@@ -26,7 +26,7 @@ from cadence.ops.packing import (
     to_padded,
 )
 from cadence.ops.sampled import sampled_rows
-from cadence.training.learner import pad_group
+from cadence.training.policy_pass import pad_group
 
 PAD = 0
 CFG = ModelConfig(

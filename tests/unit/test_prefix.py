@@ -16,7 +16,8 @@ from cadence.model.transformer import KVCache, Transformer, init_model
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.losses import grpo_loss_sum
 from cadence.ops.packing import Group
-from cadence.training.learner import TorchLearner, pad_group
+from cadence.training.learner import TorchLearner
+from cadence.training.policy_pass import pad_group
 from tests.conftest import tiny_config
 
 PAD = 0

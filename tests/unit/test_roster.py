@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.actors.rollout import pull_address
+from cadence.actors.rollout_weights import pull_address
 from cadence.dispatch.roster import Peer, claim_problem, welcome_message
 from cadence.wire.messages import Register, Welcome
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import xxhash
 
-from cadence.training.learner import pad_group
+from cadence.training.policy_pass import pad_group
 from cadence.transport.weights import WeightError, WeightStore
 from cadence.wire.digest import digest
 

@@ -136,7 +136,7 @@ async def test_episodes_on_vllm_are_its_tokens_and_the_environments(
         assert first.logprobs == pytest.approx(alone.logprobs[: len(first.tokens)], abs=2e-4)
     assert max(episodes_of(result).turns) >= 2 and "context" in episodes_of(result).endings
     assert set(episodes_of(result).endings) <= {"context", "done"}
-    assert rig.worker.playing is None and rig.worker.groups_sent == 1
+    assert rig.worker.weights.playing is None and rig.worker.groups_sent == 1
 
 
 def test_a_calls_token_limit_cuts_each_sample_short_of_the_same_seeds(

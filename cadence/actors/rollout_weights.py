@@ -1,0 +1,149 @@
+"""A rollout worker's weights: the version its engine holds, fetched and loaded when a batch names another.
+
+```
+ ensure(job) ─► job.version loaded? ─► nothing to do
+             ─► this worker in the version's broadcast (weights.transport) ─► its tensors ─► load_state
+             ─► else pull (transport/weights.py: checked chunks; the publisher's ipc:// address on its
+                host) into a buffer of the pool ─► load ─► the buffer back to the pool
+ turn(v)     ─► the engine to the calling thread alone, with the worker's thread budget; refused
+                unless v is loaded
+```
+
+Invariant: one thread at a time computes on the engine; no version is loaded while a batch is made
+with another (`playing`), and a generation runs only with the version it names loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import structlog
+
+from cadence.model.checkpoint import state_nbytes
+from cadence.model.rollout_engine import RolloutEngine
+from cadence.monitor.span import span
+from cadence.transport.buffers import BufferPool
+from cadence.transport.endpoint import Client
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.weights import WeightError, pull_weights
+from cadence.wire.messages import Assignment, Welcome
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from cadence.actors.rollout import WorkerSettings
+    from cadence.transport.broadcast import BroadcastMember
+
+log = structlog.get_logger()
+
+
+def pull_address(welcome: Welcome, host: str) -> str:
+    """Where a worker on `host` pulls versions from: the publisher's ipc:// address when it serves one
+    on this very host, else its network address."""
+    local = welcome.publisher_local
+    if local.startswith("ipc://") and host and welcome.publisher_host == host:
+        return local
+    return welcome.publisher_address
+
+
+class WorkerWeights:
+    """`engine`: where versions are loaded; `buffers`: where pulled versions are assembled, each in
+    the buffer of one loaded before (the engine may compute with the bytes of the version it holds:
+    the pool hands that buffer out only once nothing views it); `member`: the worker's membership of
+    a broadcast weights.transport (set on each Welcome), None with "zmq"."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        settings: WorkerSettings,
+        liveness: Liveness,
+        clock: Callable[[], float],
+        use_threads: Callable[[int], None] | None = None,
+        buffers: BufferPool | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.liveness = liveness
+        self.clock = clock
+        self.use_threads = use_threads
+        # two: the loaded version's (which the engine may compute with) and the one before it (free)
+        self.buffers = buffers or BufferPool(keep=2)
+        self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
+        self.loaded: int | None = None
+        self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
+        self.member: BroadcastMember | None = None  # with a broadcast weights.transport
+
+    async def pull(self, publisher: Client, version: int) -> bytearray:
+        """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
+        the publisher fails, its trainer may be coming back: wait (up to 10 liveness timeouts) for the
+        Welcome naming the new one, which ends this job; otherwise, or past that wait, the failure
+        ends the worker."""
+        try:
+            return await pull_weights(publisher, version, self.liveness.timeout_s, alloc=self.buffers.take)
+        except WeightError as err:
+            if self.settings.on_trainer_loss != "wait":
+                raise
+            log.warning("weights_unavailable_waiting", version=version, error=str(err))
+            await asyncio.sleep(10 * self.liveness.timeout_s)
+            raise
+
+    def _budget(self) -> None:
+        """Compute in the calling (worker) thread with the budget of the moment."""
+        if self.use_threads is not None and self.settings.threads > 0:
+            self.use_threads(self.settings.threads)
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """The engine to this thread alone, with the worker's thread budget."""
+        with self._engine_lock:
+            self._budget()
+            yield
+
+    @contextlib.contextmanager
+    def turn(self, version: int) -> Iterator[None]:
+        """`computing` for one generation (a batch's, or a turn of its episodes) of `version`, refused
+        when another is loaded."""
+        with self.computing():
+            if self.loaded != version:
+                raise RuntimeError(f"episodes of version {version} would go on with {self.loaded} loaded")
+            yield
+
+    def _load(self, data: bytearray) -> None:
+        with self.computing():
+            self.engine.load(data)
+
+    def _load_state(self, state: Mapping[str, Tensor]) -> None:
+        with self.computing():
+            self.engine.load_state(state)
+
+    async def fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
+        """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
+        Where they came from and their size."""
+        if self.playing is not None:
+            raise RuntimeError(f"version {version} asked while the episodes of {self.playing} run")
+        if self.member is not None:
+            wait = 3 * self.settings.broadcast_timeout_s + self.liveness.timeout_s
+            state = await self.member.weights(version, wait)
+            if state is not None:
+                await asyncio.to_thread(self._load_state, state)
+                return self.settings.weights_transport, state_nbytes(state)
+        data = await self.pull(publisher, version)
+        await asyncio.to_thread(self._load, data)
+        self.buffers.give(data)  # a later version's pages once the engine no longer computes with them
+        return "zmq", len(data)
+
+    async def ensure(self, job: Assignment, publisher: Client) -> float:
+        """Load the version `job` names unless it is loaded; the seconds it took."""
+        version = job.version
+        if version == self.loaded:
+            return 0.0
+        with span(self.clock, "load", period=job.period, version=version) as loading:
+            source, nbytes = await self.fetch_and_load(publisher, version)
+            self.loaded = version
+        load_s = loading.duration
+        log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
+        return load_s
