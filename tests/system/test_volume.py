@@ -203,6 +203,6 @@ def test_a_registered_worker_s_group_beyond_the_run_s_sizes_is_refused(tmp_path:
     assert answered
     refused = [e for e in events(out, "trainer") if e["event"] == "message_refused"]
     assert any(
-        e["peer"] == "oversized" and "16 completions, the run's groups have 4" in e["reason"] for e in refused
+        e["peer"] == "oversized" and "16 samples, the run's groups have 4" in e["reason"] for e in refused
     ), refused
     assert summary(out)["final_version"] == 2 and summary(out)["groups_trained"] == 2 * 4
