@@ -14,10 +14,10 @@ before a process ends is its true peak of resident memory; device memory is samp
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 from pathlib import Path
+
+from cadence.bench.where import nvidia_smi
 
 ROLES = ("dispatcher", "trainer", "rollout")
 
@@ -53,24 +53,11 @@ def _hwm_mib(pid: int) -> float | None:
 
 def device_mib() -> dict[int, float]:
     """pid -> device memory in use (MiB), from nvidia-smi; empty without one."""
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
     used: dict[int, float] = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
+    for row in nvidia_smi("query-compute-apps=pid,used_memory"):
+        if len(row) == 2 and row[0].isdigit():
             try:
-                used[int(parts[0])] = float(parts[1])
+                used[int(row[0])] = float(row[1])
             except ValueError:
                 continue
     return used

@@ -13,14 +13,14 @@ from typing import Any
 from cadence.config import RunConfig
 
 
-def gpus() -> list[dict[str, str]]:
-    """Each GPU `nvidia-smi` lists (name, driver, memory); empty without one."""
+def nvidia_smi(query: str) -> list[list[str]]:
+    """`nvidia-smi --<query> --format=csv,noheader,nounits`, a row a line and a field a column; empty
+    without nvidia-smi or when it fails."""
     if shutil.which("nvidia-smi") is None:
         return []
-    fields = ("name", "driver_version", "memory.total")
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+            ["nvidia-smi", f"--{query}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -28,8 +28,16 @@ def gpus() -> list[dict[str, str]]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    rows = [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
-    return [dict(zip(("name", "driver", "memory"), row, strict=False)) for row in rows]
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpus() -> list[dict[str, str]]:
+    """Each GPU `nvidia-smi` lists (name, driver, memory); empty without one."""
+    rows = nvidia_smi("query-gpu=name,driver_version,memory.total")
+    return [
+        dict(zip(("name", "driver", "memory"), (name, driver, f"{memory} MiB"), strict=True))
+        for name, driver, memory in (row for row in rows if len(row) == 3)
+    ]
 
 
 def where_run(cfg: RunConfig) -> dict[str, Any]:
