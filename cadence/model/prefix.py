@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.transformer import KVCache, Transformer
-from cadence.ops.logprobs import token_logprobs
+from cadence.ops.logprobs import logprob_reader, token_logprobs
 
 
 def prefix_logprobs(
@@ -62,10 +62,9 @@ def prefix_logprobs(
         inputs = _right_pad([c[:-1] for c in completions], width - 1, pad_id, device)  # [G, R_max - 1]
         targets = _right_pad([c[1:] for c in completions], width - 1, pad_id, device)
         read = mask[:, 1:]  # the head only where a response token is read, never on a pad
-        logits = model(inputs, cache=cache, logits_at=read)  # positions continue from |P|
-        rest = logp.new_zeros((g, width - 1)).masked_scatter(
-            read, token_logprobs(logits, targets[read], temperature, spread)
-        )
+        reader = logprob_reader(targets[read], temperature, spread)  # the head a chunk at a time
+        picked = model(inputs, cache=cache, logits_at=read, head=reader)  # positions continue from |P|
+        rest = logp.new_zeros((g, width - 1)).masked_scatter(read, picked)
         logp = torch.cat([logp, rest], dim=1)
     if entropy is not None and spread is not None:
         aligned = spread[0].unsqueeze(1)  # [G, 1]: every response's first token

@@ -6,12 +6,14 @@ linear/llama3 scaling, grouped-query attention, optional q/k/v(/o) biases, optio
 RMS norms, SwiGLU, optional tied head), so a state dict moves between this model and transformers
 unchanged; an explicit ``attn_mask`` is honoured exactly, a forward with a ``KVCache`` gives the
 logits of the full forward, and one with ``logits_at`` the full forward's logits at those positions.
+A packed row's ``SegmentMask`` (ops/block_attention.py) is attended by blocks, as its dense mask is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,10 +22,12 @@ from torch.nn.utils import skip_init
 from cadence.model.config import ModelConfig
 from cadence.model.embedding import lookup_into_grad
 from cadence.model.rope import rope_cos_sin, rope_inv_freq
+from cadence.ops.block_attention import SegmentMask
 
 TIED_HEAD_KEY = "lm_head.weight"
 EMBED_KEY = "model.embed_tokens.weight"
 IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq",)  # stored by some older HF checkpoints; recomputed here
+log = structlog.get_logger()
 
 
 class KVCache:
@@ -183,7 +187,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | SegmentMask | None, cache: KVCache | None
     ) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
@@ -200,6 +204,9 @@ class Attention(nn.Module):
         if grouped and t > 1:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        if isinstance(mask, SegmentMask):  # a packed row by blocks: no [T, T] tensor
+            out = mask.attend(q, k, v)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         causal = mask is None and t > 1  # None with t > 1 only happens without cached tokens
         # a decode step reads the cached keys and values of every query head's group in place: no
         # copy of the whole cache a step (a whole forward is faster with the repeated copies)
@@ -229,7 +236,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | SegmentMask | None, cache: KVCache | None
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -285,12 +292,15 @@ class Transformer(nn.Module):
         self,
         input_ids: Tensor,
         position_ids: Tensor | None = None,
-        attn_mask: Tensor | None = None,
+        attn_mask: Tensor | SegmentMask | None = None,
         cache: KVCache | None = None,
         logits_at: Tensor | None = None,
+        head: Callable[[Tensor, nn.Linear], Tensor] | None = None,
     ) -> Tensor:
         """Float32 logits [B, T, V]; with ``logits_at`` (bool [B, T]) only those positions' logits,
-        [N, V] in row-major order: the head and its softmax cost nothing where no target is read."""
+        [N, V] in row-major order: the head and its softmax cost nothing where no target is read.
+        With ``head``, ``head(final normed hidden states, lm_head)`` instead of the logits (a reader
+        of log-probs applies the head a chunk at a time, ops/logprobs.py)."""
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
         if position_ids is None:
@@ -308,14 +318,22 @@ class Transformer(nn.Module):
             cache.advance(t)
         if logits_at is not None:
             x = x[logits_at]
+        if head is not None:
+            return head(self.model.norm(x), self.lm_head)
         return self.lm_head(self.model.norm(x)).float()
 
     @staticmethod
     def _attention_mask(
-        attn_mask: Tensor | None, b: int, t: int, past: int, device: torch.device
-    ) -> Tensor | None:
-        """The bool mask [B|1, 1, T, S] for sdpa, or None where ``is_causal`` (or no mask) is exact."""
+        attn_mask: Tensor | SegmentMask | None, b: int, t: int, past: int, device: torch.device
+    ) -> Tensor | SegmentMask | None:
+        """The bool mask [B|1, 1, T, S] for sdpa, or None where ``is_causal`` (or no mask) is exact; a
+        segment mask as it is where it fits (one row, no cache), else as its dense mask (logged)."""
         s = past + t
+        if isinstance(attn_mask, SegmentMask):
+            if b == 1 and past == 0 and attn_mask.length == t:
+                return attn_mask
+            log.info("attention_dense_fallback", rows=b, tokens=t, cached=past, segment_tokens=attn_mask.length)
+            attn_mask = attn_mask.dense(device)
         if attn_mask is not None:
             if attn_mask.dtype != torch.bool:
                 raise ValueError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")

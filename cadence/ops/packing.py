@@ -20,6 +20,10 @@ log-probs that ``pad_group`` selects with its mask, equal to the unpacked comput
 summation order. A group alone costs ``packed_length`` = |P| - 1 + sum |Ri| tokens (an empty response
 none); groups together cost that sum less L for every group but one.
 
+The row is attended by blocks (ops/block_attention.py, `PackedBatch.segments`): each run of positions
+over the keys it sees, never a [T, T] tensor; `attn_mask` builds the same attention as a dense bool
+mask, the reference.
+
 A completion's environment tokens (its mask's 0s, ops/sampled.py) are packed, attended and count in
 the row as its sampled tokens do; they are only never read: no loss position, no head, no log-prob.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from cadence.ops.block_attention import SegmentMask, segment_mask
 from cadence.ops.logprobs import token_logprobs
 from cadence.ops.sampled import Masks, check_masks, sampled_rows
 
@@ -44,7 +49,7 @@ class PackedBatch:
 
     input_ids: Tensor  # [1, T] long
     position_ids: Tensor  # [1, T] long, restarting from 0 at each group's prompt
-    attn_mask: Tensor  # [1, 1, T, T] bool, True = may attend
+    segments: SegmentMask  # the runs of positions and the keys each sees: the attention by blocks
     targets: Tensor  # [1, T] long, the next token of a loss position; pad_id elsewhere
     loss_mask: Tensor  # [1, T] bool, True where a sampled response token's log-prob is read
     sample_index: Tensor  # [1, T] long, the sample read at a loss position; -1 elsewhere
@@ -56,6 +61,11 @@ class PackedBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    @property
+    def attn_mask(self) -> Tensor:
+        """[1, 1, T, T] bool, True = may attend: `segments` as a dense mask (the reference path)."""
+        return self.segments.dense(self.input_ids.device)
 
     def to(self, device: torch.device) -> PackedBatch:
         """The same batch with its tensors on `device`."""
@@ -140,22 +150,15 @@ def pack_groups(groups: Sequence[Group], pad_id: int, masks: Sequence[Masks] | N
             s += 1
     if not ids:
         raise ValueError("nothing to pack: every group has a one-token prompt and empty responses")
-    seg, grp = torch.tensor(segment), torch.tensor(group)
-    idx = torch.arange(len(ids))
-    mask = (
-        ((grp[:, None] == grp[None, :]) | (grp[None, :] == -1))
-        & (idx[None, :] <= idx[:, None])
-        & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
-    )
     sample_index = torch.tensor(sample).unsqueeze(0)
     return PackedBatch(
         input_ids=torch.tensor(ids).unsqueeze(0),
         position_ids=torch.tensor(pos).unsqueeze(0),
-        attn_mask=mask.view(1, 1, len(ids), len(ids)),
+        segments=segment_mask(group, segment),
         targets=torch.tensor(tgt).unsqueeze(0),
         loss_mask=sample_index >= 0,
         sample_index=sample_index,
-        group_index=grp.unsqueeze(0),
+        group_index=torch.tensor(group).unsqueeze(0),
         read=sampled_rows([c for _, cs in groups for c in cs], reads),
         lengths=lengths,
         group_sizes=[len(c) for _, c in groups],

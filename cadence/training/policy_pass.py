@@ -8,7 +8,8 @@
 ```
 
 Every log-prob is of the distribution the engine samples from: the logits divided by the sampling
-temperature (ops/logprobs.py); the head runs only where a log-prob is read.
+temperature (ops/logprobs.py); the head runs only where a log-prob is read, a chunk of tokens at a
+time, so the logits [tokens, vocabulary] never exist whole (`head_logprobs`).
 
 Invariant: the packings give the same log-probs, mask and entropies (up to float summation order),
 in the order of the groups, then their samples, then their tokens; an environment's token is in the
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from cadence.model.prefix import prefix_logprobs
 from cadence.model.transformer import Transformer
-from cadence.ops.logprobs import token_logprobs
+from cadence.ops.logprobs import logprob_reader
 from cadence.ops.packing import PackedBatch, pack_groups, to_padded
 from cadence.ops.sampled import Masks, sampled_rows
 from cadence.training.train_group import TrainGroup
@@ -68,10 +69,9 @@ def loss_logprobs(
     model: Transformer, batch: PackedBatch, temperature: float = 1.0, entropy: list[Tensor] | None = None
 ) -> Tensor:
     """`packed_logprobs` of the model's forward at `temperature`, with the head applied only at the
-    loss positions (their entropies appended to `entropy` when given)."""
-    args = (batch.input_ids, batch.position_ids, batch.attn_mask)
-    logits = model(*args, logits_at=batch.loss_mask)  # [N, V]
-    return token_logprobs(logits, batch.targets[batch.loss_mask], temperature, entropy)
+    loss positions, a chunk at a time (their entropies appended to `entropy` when given)."""
+    read = logprob_reader(batch.targets[batch.loss_mask], temperature, entropy)
+    return model(batch.input_ids, batch.position_ids, batch.segments, logits_at=batch.loss_mask, head=read)
 
 
 def masked_logprobs(
@@ -83,7 +83,7 @@ def masked_logprobs(
     entropy: list[Tensor] | None = None,
 ) -> Tensor:
     """Log-probs [B, T] of `targets` where `mask`, 0 elsewhere; the head runs only where `mask`."""
-    picked = token_logprobs(model(inputs, logits_at=mask), targets[mask], temperature, entropy)
+    picked = model(inputs, logits_at=mask, head=logprob_reader(targets[mask], temperature, entropy))
     return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
 
 
