@@ -15,6 +15,7 @@ def add(sub: Subparsers) -> None:
         choices=[
             "pipeline",
             "packing",
+            "learner",
             "logs",
             "weights",
             "e2e",
@@ -60,6 +61,12 @@ def add(sub: Subparsers) -> None:
         " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
     )
     bench.add_argument(
+        "--tokens",
+        default="1024,4096,16384",
+        help="learner: comma-separated micro-batch token budgets",
+    )
+    bench.add_argument("--layers", type=int, default=4, help="learner: SmolLM2-135M's blocks to run (of 30)")
+    bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
     )
     bench.set_defaults(handler=bench_handler)
@@ -101,6 +108,10 @@ def bench_handler(args: argparse.Namespace) -> int:
         from cadence.bench.wire import bench_wire
 
         return bench_wire(args.json)
+    if args.name == "learner":
+        from cadence.bench.learner import bench_learner
+
+        return bench_learner(args.json, [int(t) for t in args.tokens.split(",")], args.layers)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 

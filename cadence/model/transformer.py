@@ -332,7 +332,9 @@ class Transformer(nn.Module):
         if isinstance(attn_mask, SegmentMask):
             if b == 1 and past == 0 and attn_mask.length == t:
                 return attn_mask
-            log.info("attention_dense_fallback", rows=b, tokens=t, cached=past, segment_tokens=attn_mask.length)
+            log.info(
+                "attention_dense_fallback", rows=b, tokens=t, cached=past, segment_tokens=attn_mask.length
+            )
             attn_mask = attn_mask.dense(device)
         if attn_mask is not None:
             if attn_mask.dtype != torch.bool:

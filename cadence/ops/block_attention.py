@@ -72,7 +72,9 @@ class SegmentMask:
         for run in self.runs:
             a, b = run.start, run.end
             if not run.context:
-                outs.append(F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True))
+                outs.append(
+                    F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True)
+                )
                 continue
             if len(run.context) == 1 and run.context[0][1] == a:  # one range just before: a view
                 keys, values = k[:, :, run.context[0][0] : b], v[:, :, run.context[0][0] : b]

@@ -74,7 +74,14 @@ def head_logprobs(
     logps: list[Tensor] = []
     entropies: list[Tensor] = []
     for start in range(0, max(n, 1), chunk):
-        args = (hidden[start : start + chunk], weight, bias, targets[start : start + chunk], temperature, spread)
+        args = (
+            hidden[start : start + chunk],
+            weight,
+            bias,
+            targets[start : start + chunk],
+            temperature,
+            spread,
+        )
         if recompute:
             logp, part = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:

@@ -1,0 +1,141 @@
+"""`cadence bench learner`: the learner's forward + backward of one packed micro-batch of SmolLM2-135M's
+shape (its width, heads, vocabulary; `layers` of its 30 blocks) at several token budgets, two ways:
+
+- `dense`: the row attended through its dense [T, T] bool mask, the head's float32 logits [N, V]
+  whole (the reference path);
+- `blocks`: the row attended by blocks (ops/block_attention.py), the log-probs read a chunk of
+  tokens at a time (ops/logprobs.py `head_logprobs`).
+
+Invariant: both run the same model, groups (prompts of 65 tokens, 8 responses of 56: 512 packed
+tokens a group, as many groups as fit the budget) and advantages, each in a fresh spawned process,
+so each peak RSS is its own; time is the median of `repeats` after one warm-up step; the largest
+|dlogp| between the two is printed with them.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch
+
+from cadence.model.config import ModelConfig
+from cadence.model.transformer import init_model
+from cadence.ops.logprobs import logprob_reader, token_logprobs
+from cadence.ops.packing import Group, pack_groups
+
+PAD = 0
+PROMPT, RESPONSE, GROUP = 65, 56, 8  # 64 + 8 x 56 = 512 packed tokens a group
+VARIANTS = ("dense", "blocks")
+
+
+def smollm2(layers: int) -> ModelConfig:
+    """SmolLM2-135M's shape with `layers` blocks."""
+    return ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        num_layers=layers,
+        num_heads=9,
+        num_kv_heads=3,
+        intermediate_size=1536,
+        max_position=2048,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+    )
+
+
+def make_groups(tokens: int, vocab: int) -> list[Group]:
+    rng = random.Random(tokens)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(1, vocab) for _ in range(n)]
+
+    per_group = PROMPT - 1 + GROUP * RESPONSE
+    return [(ids(PROMPT), [ids(RESPONSE) for _ in range(GROUP)]) for _ in range(max(tokens // per_group, 1))]
+
+
+def _rss_mib() -> float:
+    scale = 1024 * 1024 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def _run(variant: str, tokens: int, layers: int, repeats: int) -> dict[str, Any]:
+    """`1 + repeats` forward + backward steps of one variant (in a child process)."""
+    cfg = smollm2(layers)
+    model = init_model(cfg, seed=0)
+    batch = pack_groups(make_groups(tokens, cfg.vocab_size), PAD)
+    targets = batch.targets[batch.loss_mask]
+    advantages = torch.randn(targets.numel(), generator=torch.Generator().manual_seed(1))
+    baseline = _rss_mib()
+    times = []
+    for _ in range(1 + repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        if variant == "dense":
+            logits = model(batch.input_ids, batch.position_ids, batch.attn_mask, logits_at=batch.loss_mask)
+            logp = token_logprobs(logits, targets)
+            del logits
+        else:
+            read = logprob_reader(targets)
+            logp = model(
+                batch.input_ids, batch.position_ids, batch.segments, logits_at=batch.loss_mask, head=read
+            )
+        (logp * advantages).sum().backward()
+        times.append(time.perf_counter() - start)
+    return {
+        "tokens": batch.num_tokens,
+        "time_s": statistics.median(times[1:]),
+        "peak_rss_mib": _rss_mib(),
+        "baseline_rss_mib": baseline,
+        "logprobs": logp.detach(),
+    }
+
+
+def bench_learner(as_json: bool, budgets: Sequence[int], layers: int = 4, repeats: int = 2) -> int:
+    """Print each variant's figures at each budget, then (last line) the JSON summary."""
+    rows: list[dict[str, Any]] = []
+    for budget in budgets:
+        results: dict[str, dict[str, Any]] = {}
+        for variant in VARIANTS:
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+                results[variant] = pool.submit(_run, variant, budget, layers, repeats).result()
+            r = results[variant]
+            if not as_json:
+                print(
+                    f"{budget:>6} {variant:>6}: tokens {r['tokens']}  time {r['time_s']:.3f}s  "
+                    f"peak rss {r['peak_rss_mib']:.0f} MiB (baseline {r['baseline_rss_mib']:.0f})",
+                    flush=True,
+                )
+        dense, blocks = results["dense"], results["blocks"]
+        rows.append(
+            {
+                "budget": budget,
+                "tokens": dense["tokens"],
+                "dense_s": round(dense["time_s"], 3),
+                "blocks_s": round(blocks["time_s"], 3),
+                "speedup": round(dense["time_s"] / max(blocks["time_s"], 1e-9), 3),
+                "dense_peak_rss_mib": round(dense["peak_rss_mib"], 1),
+                "blocks_peak_rss_mib": round(blocks["peak_rss_mib"], 1),
+                "dense_step_rss_mib": round(dense["peak_rss_mib"] - dense["baseline_rss_mib"], 1),
+                "blocks_step_rss_mib": round(blocks["peak_rss_mib"] - blocks["baseline_rss_mib"], 1),
+                "peak_rss_ratio": round(blocks["peak_rss_mib"] / max(dense["peak_rss_mib"], 1e-9), 4),
+                "logprob_max_abs_diff": float((dense["logprobs"] - blocks["logprobs"]).abs().max()),
+            }
+        )
+    summary = {
+        "model": "SmolLM2-135M shape",
+        "layers": layers,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
+    print(json.dumps(summary), flush=True)
+    return 0
