@@ -8,7 +8,7 @@ shape (its width, heads, vocabulary; `layers` of its 30 blocks) at several token
 
 Invariant: both run the same model, groups (prompts of 65 tokens, 8 responses of 56: 512 packed
 tokens a group, as many groups as fit the budget) and advantages, each in a fresh spawned process,
-so each peak RSS is its own; time is the median of `repeats` after one warm-up step; the largest
+so each peak RSS is its own; time is the median of `repeats` after one warm-up step (the warm-up's with none); the largest
 |dlogp| between the two is printed with them.
 """
 
@@ -92,14 +92,14 @@ def _run(variant: str, tokens: int, layers: int, repeats: int) -> dict[str, Any]
         times.append(time.perf_counter() - start)
     return {
         "tokens": batch.num_tokens,
-        "time_s": statistics.median(times[1:]),
+        "time_s": statistics.median(times[1:] or times),  # no repeats: the warm-up step's
         "peak_rss_mib": _rss_mib(),
         "baseline_rss_mib": baseline,
         "logprobs": logp.detach(),
     }
 
 
-def bench_learner(as_json: bool, budgets: Sequence[int], layers: int = 4, repeats: int = 2) -> int:
+def bench_learner(as_json: bool, budgets: Sequence[int], layers: int = 2, repeats: int = 2) -> int:
     """Print each variant's figures at each budget, then (last line) the JSON summary."""
     rows: list[dict[str, Any]] = []
     for budget in budgets:

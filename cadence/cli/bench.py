@@ -65,7 +65,8 @@ def add(sub: Subparsers) -> None:
         default="1024,4096,16384",
         help="learner: comma-separated micro-batch token budgets",
     )
-    bench.add_argument("--layers", type=int, default=4, help="learner: SmolLM2-135M's blocks to run (of 30)")
+    bench.add_argument("--layers", type=int, default=2, help="learner: SmolLM2-135M's blocks to run (of 30)")
+    bench.add_argument("--repeats", type=int, default=2, help="learner: timed steps after one warm-up")
     bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
     )
@@ -111,7 +112,7 @@ def bench_handler(args: argparse.Namespace) -> int:
     if args.name == "learner":
         from cadence.bench.learner import bench_learner
 
-        return bench_learner(args.json, [int(t) for t in args.tokens.split(",")], args.layers)
+        return bench_learner(args.json, [int(t) for t in args.tokens.split(",")], args.layers, args.repeats)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 

@@ -2,7 +2,7 @@
 
 A packed row (ops/packing.py) is runs of positions that see the same keys: the shared trunk (itself,
 causally), a group's prompt body (the trunk, then itself causally), a response segment (the trunk, its
-group's body, then itself causally). `SegmentMask` holds, for each run [a, b), the earlier ranges it
+group's body, then itself causally). `SegmentMask` holds, for each run [a, b), the earlier runs it
 sees whole; `attend` runs one `scaled_dot_product_attention` a run, over the keys of those ranges and
 of the run itself, with a [b - a, c + b - a] mask (c columns of context, then causal). The work is the
 sum over runs of (b - a)(c + b - a): what the row's segments read, not T², and no [T, T] tensor is
@@ -21,39 +21,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Range = tuple[int, int]
-
 
 @dataclass(frozen=True)
 class Run:
-    """Queries [start, end) that see the `context` ranges whole (all before `start`) and themselves
-    causally."""
+    """Queries [start, end) that see the earlier runs `sees` (indices) whole and themselves causally."""
 
     start: int
     end: int
-    context: tuple[Range, ...]
+    sees: tuple[int, ...]
 
     @property
-    def seen(self) -> int:
-        return sum(e - s for s, e in self.context)
+    def size(self) -> int:
+        return self.end - self.start
 
 
 @dataclass(frozen=True)
 class SegmentMask:
-    """A packed row's attention as runs (batch 1, every head alike); `length` positions in all."""
+    """A packed row's attention as runs that tile it in order (batch 1, every head alike); `length`
+    positions in all."""
 
     length: int
     runs: tuple[Run, ...]
     _masks: dict[tuple[int, int, str], Tensor] = field(default_factory=dict, compare=False, repr=False)
 
+    def seen(self, run: Run) -> int:
+        """Positions of the earlier runs `run` sees whole."""
+        return sum(self.runs[j].size for j in run.sees)
+
     def dense(self, device: torch.device | str = "cpu") -> Tensor:
         """The same attention as a bool [1, 1, T, T] mask (True = may attend): the reference."""
         mask = torch.zeros(self.length, self.length, dtype=torch.bool, device=device)
         for run in self.runs:
-            for s, e in run.context:
-                mask[run.start : run.end, s:e] = True
-            n = run.end - run.start
-            mask[run.start : run.end, run.start : run.end] = torch.ones(n, n, dtype=torch.bool).tril()
+            for j in run.sees:
+                mask[run.start : run.end, self.runs[j].start : self.runs[j].end] = True
+            mask[run.start : run.end, run.start : run.end] = torch.ones(
+                run.size, run.size, dtype=torch.bool
+            ).tril()
         return mask.view(1, 1, self.length, self.length)
 
     def _mask(self, n: int, seen: int, device: torch.device) -> Tensor:
@@ -65,24 +68,22 @@ class SegmentMask:
         return self._masks[key]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention of q [1, H, T, D] over k, v [1, H, T, D] (heads already repeated), run by run."""
+        """Attention of q [1, H, T, D] over k, v [1, H, T, D] (heads already repeated), run by run.
+        The row is split into its runs once (a slice a run would make its backward write a whole
+        [1, H, T, D] gradient a run)."""
         if q.shape[2] != self.length:
             raise ValueError(f"a segment mask of {self.length} positions given {q.shape[2]} queries")
+        sizes = [run.size for run in self.runs]
+        qs, ks, vs = q.split(sizes, dim=2), k.split(sizes, dim=2), v.split(sizes, dim=2)
         outs: list[Tensor] = []
-        for run in self.runs:
-            a, b = run.start, run.end
-            if not run.context:
-                outs.append(
-                    F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True)
-                )
+        for i, run in enumerate(self.runs):
+            if not run.sees:
+                outs.append(F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=True))
                 continue
-            if len(run.context) == 1 and run.context[0][1] == a:  # one range just before: a view
-                keys, values = k[:, :, run.context[0][0] : b], v[:, :, run.context[0][0] : b]
-            else:
-                keys = torch.cat([k[:, :, s:e] for s, e in run.context] + [k[:, :, a:b]], dim=2)
-                values = torch.cat([v[:, :, s:e] for s, e in run.context] + [v[:, :, a:b]], dim=2)
-            mask = self._mask(b - a, run.seen, q.device)
-            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask))
+            keys = torch.cat([ks[j] for j in run.sees] + [ks[i]], dim=2)
+            values = torch.cat([vs[j] for j in run.sees] + [vs[i]], dim=2)
+            mask = self._mask(run.size, self.seen(run), q.device)
+            outs.append(F.scaled_dot_product_attention(qs[i], keys, values, attn_mask=mask))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
@@ -92,35 +93,21 @@ def segment_mask(groups: Sequence[int], segments: Sequence[int]) -> SegmentMask:
     if len(groups) != len(segments):
         raise ValueError(f"{len(groups)} group indices for {len(segments)} segment indices")
     runs: list[Run] = []
-    trunk = 0
-    while trunk < len(groups) and groups[trunk] == -1:
-        trunk += 1
-    bodies: dict[int, Range] = {}
+    trunk: tuple[int, ...] = ()  # the trunk's run, seen by every later one
+    bodies: dict[int, int] = {}  # a group's prompt body's run
     start = 0
     for i in range(1, len(groups) + 1):
         if i < len(groups) and (groups[i], segments[i]) == (groups[start], segments[start]):
             continue
         g, s = groups[start], segments[start]
-        context: list[Range] = []
-        if g != -1:
-            context.append((0, trunk))
-            if s != -1:
-                context.append(bodies.get(g, (start, start)))
-            else:
-                bodies[g] = (start, i)
-        runs.append(Run(start, i, _merged(context)))
+        if g == -1:
+            sees: tuple[int, ...] = ()
+            trunk = (len(runs),)
+        elif s == -1:
+            sees = trunk
+            bodies[g] = len(runs)
+        else:
+            sees = trunk + ((bodies[g],) if g in bodies else ())
+        runs.append(Run(start, i, sees))
         start = i
     return SegmentMask(len(groups), tuple(runs))
-
-
-def _merged(ranges: Sequence[Range]) -> tuple[Range, ...]:
-    """The non-empty ranges, adjacent ones joined (fewer, longer copies of keys)."""
-    out: list[Range] = []
-    for s, e in ranges:
-        if e <= s:
-            continue
-        if out and out[-1][1] == s:
-            out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return tuple(out)
