@@ -60,17 +60,17 @@ def add(sub: Subparsers) -> None:
         help="tail: comma-separated [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt"
         " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
     )
-    bench.add_argument(
-        "--tokens",
-        default="1024,4096,16384",
-        help="learner: comma-separated micro-batch token budgets",
-    )
-    bench.add_argument("--layers", type=int, default=2, help="learner: SmolLM2-135M's blocks to run (of 30)")
-    bench.add_argument("--repeats", type=int, default=2, help="learner: timed steps after one warm-up")
+    _learner_options(bench)
     bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
     )
     bench.set_defaults(handler=bench_handler)
+
+
+def _learner_options(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("--tokens", default="1024,4096,16384", help="learner: comma-separated token budgets")
+    bench.add_argument("--layers", type=int, default=2, help="learner: SmolLM2-135M's blocks to run (of 30)")
+    bench.add_argument("--repeats", type=int, default=2, help="learner: timed steps after one warm-up")
 
 
 def bench_handler(args: argparse.Namespace) -> int:
