@@ -213,6 +213,21 @@ class RolloutConfig:
         " sampling and log-probs; cuda/npu: the first device the process sees (CUDA_VISIBLE_DEVICES or"
         " ASCEND_RT_VISIBLE_DEVICES choose), which may be the trainer's too. vLLM's is its build's",
     )
+    engine_rows: int = doc(
+        0,
+        "the built-in engine's rows: the slots of its KV cache, allocated once, the most samples it"
+        " decodes at once (more wait for a slot and join between two steps as others end); 0: automatic,"
+        " 64 on the CPU, and on a GPU as many as a quarter of its free memory holds at the model's"
+        " positions (between 64 and 512). A cache that does not fit the device is refused naming this key",
+        Rule(ge=0, note="0: automatic"),
+    )
+    compile: Literal["auto", "on", "off"] = doc(
+        "auto",
+        "the built-in engine's decode step compiled once a worker (torch.compile: Inductor's C++ on the"
+        " CPU, CUDA graphs on a GPU) at its start, the time logged as engine_warmed_up apart from the"
+        " periods; off: eager, the reference it equals; auto: on a GPU, and on the CPU for a model of"
+        " 50M parameters or more. A compile that fails falls back to eager with one log line",
+    )
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"

@@ -22,6 +22,7 @@ column of the output, which nothing reads.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class LoopStats:
     steps: list[int] = field(default_factory=list)
     live: list[int] = field(default_factory=list)  # rows still sampling at each step (at most)
     admissions: list[int] = field(default_factory=list)  # rows admitted at each admission
+    first_token_s: float = 0.0  # from the call's start to its first rows' first tokens
 
 
 class DecodeLoop:
@@ -109,7 +111,10 @@ class DecodeLoop:
     ) -> dict[int, list[tuple[list[int], list[float], bool]]]:
         """Decode every row to its end (or its group's stop); each group ended, told to ``told`` as
         it ends; returns every ended group's (tokens, log-probs, ended on eos) a row."""
+        begin = time.perf_counter()
         self._admit()
+        self.token.sum().item()  # the first tokens are sampled (a device computes asynchronously)
+        self.stats.first_token_s = time.perf_counter() - begin
         since = self.readback  # rows that end on their first token are told before any step
         while self.held or self.pending:
             if since >= self.readback or not self._may_run():

@@ -22,9 +22,10 @@ WIDTH_STEP = 64  # a step attends the positions of its longest row rounded up to
 
 
 def row_bucket(rows: int, slots: int) -> int:
-    """The rows a step computes for ``rows`` live ones: 1, 2, 4, 8, then multiples of 16, at most
-    ``slots`` (each bucket one shape for the compiled step)."""
-    for size in (1, 2, 4, 8):
+    """The rows a step computes for ``rows`` live ones: 2, 4, 8, then multiples of 16, at most
+    ``slots`` (each bucket one shape for the compiled step; never 1, which a compiler would take as
+    a shape of its own)."""
+    for size in (2, 4, 8):
         if rows <= size:
             return min(size, slots)
     return min(-(-rows // 16) * 16, slots)
@@ -39,6 +40,16 @@ def cache_bytes(cfg: ModelConfig, slots: int, length: int, dtype: torch.dtype) -
     """What the keys and values of ``slots`` slots of ``length`` positions take."""
     per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
     return slots * (length + 1) * per_position * torch.tensor([], dtype=dtype).element_size()
+
+
+def auto_rows(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
+    """The slots when none are asked for: 64 on the CPU; on a GPU as many as a quarter of its free
+    memory holds at the model's positions (at most 4096 a row counted), between 64 and 512."""
+    if device.type != "cuda":
+        return 64
+    free, _ = torch.cuda.mem_get_info(device)
+    per_slot = cache_bytes(cfg, 1, min(cfg.max_position, 4096), dtype)
+    return max(64, min(512, free // 4 // per_slot))
 
 
 class SlotCache:
