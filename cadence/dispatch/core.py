@@ -39,8 +39,8 @@ stream)`, the same whoever asks), in order, so a resumed period issues the same 
 period k+1 is handed out before version k+1 is announced; an eval prompt is handed out only while
 no training prompt is queued, except the rest of an older round, which goes before the new period's
 prompts; a worker never gets more prompts than it has credits, save the eval prompts one
-credit buys (`group_size // eval_samples`), and never holds more than `rollout.inflight` assignments
-at once (its eval prompts counted as the credits they cost), however often it asks.
+credit buys (`group_size // eval_samples`), and never holds more than `rollout.inflight` training
+prompts at once, however often it asks.
 """
 
 from __future__ import annotations
@@ -183,10 +183,10 @@ class DispatchCore:
         self.credits[worker] = credits
 
     def held(self, worker: bytes) -> int:
-        """The assignments `worker` holds, in credits: its training prompts, and its eval prompts as
-        the credits they cost (`group_size // eval_samples` a credit)."""
-        per_credit = max(1, self.group_size // self.rounds.samples)
-        return self.ledger.holding(worker) + -(-self.rounds.held(worker) // per_credit)
+        """The training prompts `worker` holds. Its eval prompts are not counted: a worker skips an
+        eval batch whose weights are gone without answering it, and must not be held back for that
+        until the round is abandoned; an eval batch is paid for in credits (`_assign_eval`)."""
+        return self.ledger.holding(worker)
 
     def room(self, worker: bytes) -> int:
         """How many credits' worth `worker` may be given now: its credits, and with a cap no more

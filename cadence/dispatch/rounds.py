@@ -177,10 +177,6 @@ class EvalRounds:
         self.open.remove(r)
         return r.row(self.samples, now), r.samples()
 
-    def held(self, peer: bytes) -> int:
-        """How many eval prompts `peer` holds, of every open round."""
-        return sum(1 for r in self.open for owner, _ in r.outstanding.values() if owner == peer)
-
     def requeue(self, peer: bytes) -> None:
         for r in self.open:
             r.requeue(peer)

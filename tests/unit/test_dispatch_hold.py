@@ -53,15 +53,19 @@ def test_a_worker_that_asks_before_its_groups_are_consumed_gets_work_once_they_a
     assert ids(c.assign(WORKERS[:1], "key"), A) == [2, 3]
 
 
-def test_eval_prompts_held_count_as_the_credits_they_cost() -> None:
-    c = core(per_period=2, eval_set=[Prompt(-i, f"e{i}", "1") for i in range(1, 17)])
+def test_an_eval_batch_left_unanswered_does_not_hold_a_worker_back() -> None:
+    """A worker skips an eval batch whose weights are gone, answering nothing, and asks for as many
+    credits as the batch had: the next period's prompts still reach it."""
+    c = core(per_period=2, eval_set=[Prompt(-i, f"e{i}", "1") for i in range(1, 9)])
     c.credit(A, 2)
     assert ids(c.assign(WORKERS[:1], "key"), A) == [0, 1]
     c.consume(0, [0, 1])
-    for _ in range(4):  # the period is out: eval prompts, 4 a credit (group_size 4, 1 sample)
-        c.credit(A, 65_536)
-        c.assign(WORKERS[:1], "key")
-    assert c.rounds.held(A) == 8 and c.held(A) == 2  # two credits' worth of 16, however often it asked
+    c.credit(A, 2)
+    evals = c.assign(WORKERS[:1], "key")  # the period is out: 2 credits buy the 8 eval prompts
+    assert len(evals) == 8 and all(a.eval for _, a in evals) and c.rounds.open[0].outstanding
+    c.credit(A, 8)  # the batch skipped: nothing answered, its credits asked for again
+    c.announce(1, 1.0)
+    assert ids(c.assign(WORKERS[:1], "key"), A) == [2, 3]
 
 
 def test_an_idle_worker_takes_over_what_one_sits_on_past_a_few_typical_groups() -> None:
