@@ -127,9 +127,9 @@ class Endpoint:
             _refused(request, refused)
             return web.json_response(refused.body(), status=refused.status)
         except web.HTTPException as exc:  # no such route, wrong method, body too large
-            refused = ApiError(exc.status, exc.reason or "refused", code=str(exc.status))
-            _refused(request, refused)
-            return web.json_response(refused.body(), status=exc.status)
+            http = ApiError(exc.status, exc.reason or "refused", code=str(exc.status))
+            _refused(request, http)
+            return web.json_response(http.body(), status=exc.status)
         except Exception as exc:
             log.warning(
                 "agent_call_failed", path=request.path, error=f"{type(exc).__name__}: {exc}", exc_info=True
