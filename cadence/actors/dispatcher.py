@@ -326,7 +326,9 @@ class Dispatcher:
     def _expire(self) -> None:
         """Give another worker what a worker has held past the hold (it may be stuck, or hoarding),
         and an idle worker what one has held past the early hold while nothing is queued."""
-        self._take_over()
+        taken = self.core.take_over(self._workers(), trainer_key(self.peers), self.clock())
+        self.reassigned += len(taken)
+        self._outbox.extend(taken)
         expired = self.core.expire(self.clock())
         for route, ids in expired.items():
             holder = self.peers[route].name if route in self.peers else "a worker gone"
@@ -337,11 +339,6 @@ class Dispatcher:
             self.reassigned += len(ids)
         if expired:
             self._assign()
-
-    def _take_over(self) -> None:
-        sends = self.core.take_over(self._workers(), trainer_key(self.peers), self.clock())
-        self.reassigned += len(sends)
-        self._outbox.extend(sends)
 
     def _workers(self) -> list[Worker]:
         """The rollout workers that may get work, in roster order."""
