@@ -29,7 +29,8 @@ and sends the assignments it returns.
                              group so far) back to the front of the queue, for another worker
  take_over(workers, key) ──► nothing queued, a worker with room holds nothing: it is given what
                              another has held past the early hold (4 x the typical group, dispatch/
-                             hold.py) as well; the first result to reach the trainer wins
+                             hold.py) as well, the period's prompts, else (none pending) an eval
+                             round's; the first result to reach the trainer (the dispatcher) wins
  answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
 ```
 
@@ -103,6 +104,7 @@ class DispatchCore:
         self.max_credits = max_credits  # the credits a worker may hold (0: no cap)
         self.hold = hold or Hold()
         self.credits: dict[bytes, int] = {}
+        self.sat_on: set[bytes] = set()  # workers whose prompts were taken over this period
         self.period = -1  # the period whose prompts are out
         self.published = -1  # the last version announced
 
@@ -123,6 +125,7 @@ class DispatchCore:
         self.ledger.open(version, stream[:first])
         self._reserve = list(stream[first:])
         self.filtered = set()
+        self.sat_on = set()
         log.info("period_started", period=version, version=version, prompts=self.ledger.queued)
 
     def consume(
@@ -202,34 +205,48 @@ class DispatchCore:
         return self.ledger.expire(now - self.hold.deadline())
 
     def take_over(self, workers: Sequence[Worker], key: str, now: float) -> Sends:
-        """While nothing of the period is queued, each of `workers` that has room and holds nothing
-        takes over the prompts held longest, past the early hold (`Hold.early`), by another worker
-        (logged as assignment_taken_over). The first holder may still answer: the first result to
-        reach the trainer is trained."""
+        """While nothing is queued, each of `workers` that has room, holds no training prompt and had
+        nothing taken over from it this period takes over, as one batch, the prompts another worker has held longest past the early hold
+        (`Hold.early`): the period's, else (none pending) an eval round's (assignment_taken_over). The
+        first holder may still answer: the first result to reach the trainer (an eval answer: the
+        dispatcher) is taken."""
         early = self.hold.early()
-        if early is None or self.ledger.queued or self.ledger.period != self.period:
+        if early is None or self.ledger.queued:
             return []
-        overdue = self.ledger.overdue(now - early)
+        training = self.ledger.overdue(now - early) if self.ledger.period == self.period else []
+        evals = [] if self.rounds.pending else self.rounds.overdue(now - early)
+        per_credit = max(1, self.group_size // self.rounds.samples)
         names = {w.route: w.name for w in workers}
         sends: Sends = []
         for w in workers:
             room = self.room(w.route)
-            if not overdue or room <= 0 or self.ledger.holding(w.route):
-                continue
-            mine = [(pid, holder) for pid, holder in overdue if holder != w.route][:room]
-            overdue = [o for o in overdue if o not in mine]
+            if room <= 0 or self.ledger.holding(w.route) or w.route in self.sat_on:
+                continue  # busy, or one that sat on what it was given: it takes nothing over
+            batch: Sends = []
+            if mine := [(pid, holder) for pid, holder in training if holder != w.route][:room]:
+                training = [o for o in training if o not in mine]
+                prompts = [self.ledger.hand_over(pid, w.route, now) for pid, _ in mine]
+                batch = [(w.route, self._assignment(p, w, key, len(prompts))) for p in prompts]
+            elif others := [(r, pid, h) for r, pid, h in evals if h != w.route]:
+                r = others[0][0]  # one round's, the one held longest
+                picked = [(pid, h) for o, pid, h in others if o is r][: room * per_credit]
+                evals = [o for o in evals if o[0] is not r or o[1] not in {pid for pid, _ in picked}]
+                prompts = [r.hand_over(pid, w.route, now) for pid, _ in picked]
+                batch = [(w.route, self._eval_assignment(r.version, p, len(prompts))) for p in prompts]
+                mine = picked
             for holder in dict.fromkeys(h for _, h in mine):
+                self.sat_on.add(holder)
                 log.warning(
                     "assignment_taken_over",
                     peer=names.get(holder, "a worker gone"),
                     to=w.name,
-                    period=self.period,
+                    period=batch[0][1].period,
+                    eval=batch[0][1].eval,
                     prompt_ids=[pid for pid, h in mine if h == holder],
                     held_s=round(early, 1),
                 )
-            prompts = [self.ledger.hand_over(pid, w.route, now) for pid, _ in mine]
-            self.credits[w.route] = self.credits.get(w.route, 0) - len(prompts)
-            sends += [(w.route, self._assignment(p, w, key, len(prompts))) for p in prompts]
+            self.credits[w.route] = self.credits.get(w.route, 0) - len(batch)
+            sends += batch
         return sends
 
     def restart(self, worker: bytes) -> int:
@@ -281,7 +298,7 @@ class DispatchCore:
         eval prompts to the credits left. `key`: the trainer's, which tickets are made with."""
         sends: Sends = []
         if self.rounds.behind(self.published):
-            sends += self._assign_eval(workers)
+            sends += self._assign_eval(workers, now)
         if self.rounds.behind(self.published):  # some of that rest waits for credits
             return sends
         counts = self.policy([self.room(w.route) for w in workers], self.ledger.queued)
@@ -290,7 +307,7 @@ class DispatchCore:
             self.credits[worker.route] = self.credits.get(worker.route, 0) - len(prompts)
             sends += [(worker.route, self._assignment(p, worker, key, len(prompts))) for p in prompts]
         if not self.ledger.queued and self.rounds.pending:
-            sends += self._assign_eval(workers)
+            sends += self._assign_eval(workers, now)
         return sends
 
     def _assignment(self, prompt: Prompt, worker: Worker, key: str, batch: int) -> Assignment:
@@ -298,7 +315,7 @@ class DispatchCore:
         k = self.period
         return Assignment(k, k, prompt.prompt_id, prompt.text, prompt.answer, self.group_size, ticket, batch)
 
-    def _assign_eval(self, workers: Sequence[Worker]) -> Sends:
+    def _assign_eval(self, workers: Sequence[Worker], now: float) -> Sends:
         """Eval prompts to the workers' credits left, each worker's as one batch of its own (a training
         batch sent before it stays whole). A credit stands for a group of `group_size` samples, so it
         buys group_size / eval samples eval prompts: a batch costs what the training groups of those
@@ -307,23 +324,11 @@ class DispatchCore:
         sends: Sends = []
         for w in workers:
             left = self.credits.get(w.route, 0)
-            batch = self.rounds.give(w.route, self.room(w.route) * per_credit, self.published)
+            batch = self.rounds.give(w.route, self.room(w.route) * per_credit, self.published, now)
             self.credits[w.route] = left - len(batch)  # below 0 until the worker's WorkRequest(len(batch))
-            for r, p in batch:
-                n = len(batch)
-                sends.append(
-                    (
-                        w.route,
-                        Assignment(
-                            r.version,
-                            r.version,
-                            p.prompt_id,
-                            p.text,
-                            p.answer,
-                            self.rounds.samples,
-                            batch=n,
-                            eval=True,
-                        ),
-                    )
-                )
+            sends += [(w.route, self._eval_assignment(r.version, p, len(batch))) for r, p in batch]
         return sends
+
+    def _eval_assignment(self, version: int, prompt: Prompt, batch: int) -> Assignment:
+        p, samples = prompt, self.rounds.samples
+        return Assignment(version, version, p.prompt_id, p.text, p.answer, samples, batch=batch, eval=True)

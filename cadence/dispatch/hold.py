@@ -6,15 +6,15 @@
  held past deadline() ─────► back to the queue, for any worker (DispatchCore.expire): rollout.hold_s,
                              else 4 x the slowest group, never under `floor`
  held past early() while ──► given to that idle worker as well (DispatchCore.take_over): EARLY x the
- nothing is queued and       typical group, never under `early_floor`; None before any group is seen
- another worker that asked
- for work holds none
+ nothing is queued and       typical group, never under `early_floor`; None before any group is seen.
+ another worker that asked   The period's prompts first, else (no eval prompt pending) an eval
+ for work holds none         round's; a worker that sat on what it was given takes nothing over
 ```
 
 Invariant: a period that waits only on assignments one worker sits on, while another worker asks for
 work, waits at most `early()` (a few typical groups) before they are handed out again; the first
 result to reach the trainer is trained, a later one dropped as a duplicate, so a re-issue costs
-compute, never a group twice.
+compute, never a group twice (an eval answer: the first is taken, a later one refused).
 """
 
 from __future__ import annotations

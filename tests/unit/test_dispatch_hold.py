@@ -8,7 +8,7 @@ from cadence.dispatch.hold import EARLY, Hold
 from cadence.dispatch.ledger import State
 from cadence.dispatch.rounds import EvalRounds
 from cadence.tasks.base import Prompt
-from cadence.wire.messages import Assignment
+from cadence.wire.messages import Assignment, EvalResult
 from cadence.wire.roles import valid_ticket
 from tests.unit.test_dispatch_core import Numbered
 
@@ -89,6 +89,12 @@ def test_an_idle_worker_takes_over_what_one_sits_on_past_a_few_typical_groups() 
     assert c.take_over(WORKERS, "key", now=9.0) == []  # taken over once; B is busy now
     c.consume(0, [0], now=9.5)  # the first result to reach the trainer wins, whoever sends it
     assert c.ledger.state(0) is State.CONSUMED and c.ledger.held_by(B) == [1]
+    c.credit(A, 2)  # the one that sat on its prompts asks again: it takes nothing back this period
+    assert c.take_over(WORKERS, "key", now=30.0) == []
+    c.credit(C, 1)
+    assert ids(c.take_over(WORKERS, "key", now=30.0), C) == [1]  # B sits too: C takes prompt 1 over
+    c.announce(1, 31.0)
+    assert c.sat_on == set()  # a new period: everyone starts afresh
 
 
 def test_no_take_over_while_prompts_are_queued_or_before_any_group_is_seen() -> None:
@@ -114,3 +120,33 @@ def test_the_early_hold_is_the_median_of_recent_groups_and_never_under_its_floor
     for seconds in (5.0, 5.0, 5.0, 5.0):
         hold.took(seconds)
     assert hold.early() == EARLY * 5.0 and hold.deadline() == 120.0  # the hold: 4 x the slowest
+
+
+def test_an_eval_batch_one_sits_on_is_taken_over_and_the_first_answer_wins() -> None:
+    hold = Hold(fixed=0.0, floor=200.0, early_floor=1.0)
+    c = core(per_period=2, hold=hold, eval_set=[Prompt(-i, f"e{i}", "1") for i in range(1, 5)])
+    c.credit(A, 1)
+    c.credit(B, 1)
+    c.assign(WORKERS[:2], "key", now=0.0)  # A: 0, B: 1
+    c.consume(0, [0, 1], now=2.0)  # a typical group: 2 s
+    c.credit(A, 1)
+    evals = c.assign(WORKERS[:1], "key", now=2.0)  # A's credit buys the round's 4 prompts; it sits on them
+    assert [a.prompt_id for _, a in evals] == [-1, -2, -3, -4]
+    c.credit(B, 1)  # B is idle
+    assert c.take_over(WORKERS, "key", now=9.0) == []  # held 7 s: under 4 x 2 s
+    sends = c.take_over(WORKERS, "key", now=10.5)
+    assert ids(sends, B) == [-1, -2, -3, -4] and all(
+        a.eval and a.version == 0 and a.batch == 4 for _, a in sends
+    )
+    assert c.eval_problem(A, _answer(-1)) is None  # the first holder may still answer
+    assert c.answer(_answer(-1), 11.0) is None
+    assert "answered already" in (c.eval_problem(B, _answer(-1)) or "")  # the later answer is refused
+    for pid in (-2, -3):
+        c.answer(_answer(pid), 11.0)
+    assert c.eval_problem(B, _answer(-4)) is None
+    done = c.answer(_answer(-4), 12.0)
+    assert done is not None and done[0]["version"] == 0  # the round completes
+
+
+def _answer(prompt_id: int) -> EvalResult:
+    return EvalResult(0, prompt_id, [1.0], [1.0], ["1"], [3])
