@@ -11,9 +11,19 @@ from pathlib import Path
 import pytest
 import structlog
 
+from cadence.monitor.run_dir import read_jsonl
 from cadence.transport.inproc import InprocClient, InprocNetwork
-from cadence.wire.messages import Assignment, Consumed, Envelope, VersionReady, Welcome, WorkRequest
-from tests.actors.test_dispatcher import ROW, start
+from cadence.wire.messages import (
+    Assignment,
+    Consumed,
+    Envelope,
+    RunDone,
+    Shutdown,
+    VersionReady,
+    Welcome,
+    WorkRequest,
+)
+from tests.actors.test_dispatcher import ROW, answer, start
 from tests.conftest import expect, join, keep_beating
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,3 +80,57 @@ async def test_a_hoarder_holds_no_more_than_its_inflight_and_an_idle_worker_take
     assert dispatcher.reassigned == 2
     assert taken[0] == 2 and dispatcher.core.held(hoarder.route) <= 2
     task.cancel()
+
+
+async def work(client: InprocClient, trainer: InprocClient, consumed: set[int]) -> None:
+    """An honest worker: each training prompt's group reaches the trainer (its Consumed), each eval
+    prompt is answered, and each credit is asked for again once its assignment is done."""
+    while True:
+        got = await client.recv()
+        msg = (got if isinstance(got, Envelope) else got[1]).message
+        if isinstance(msg, Assignment) and msg.eval:
+            await client.send(answer(msg, 1.0))
+        elif isinstance(msg, Assignment):
+            await asyncio.sleep(0.05)  # its group's time
+            await trainer.send(Consumed(msg.period, [msg.prompt_id]))
+            consumed.add(msg.prompt_id)
+        if isinstance(msg, Welcome):
+            await client.send(WorkRequest(2))
+        elif isinstance(msg, Assignment):
+            await client.send(WorkRequest(1))
+
+
+async def test_the_final_eval_round_a_hoarder_sits_on_is_taken_over_and_the_run_ends(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """The end of the run waits for the final eval round: a hoarder that takes its prompts and never
+    answers delays it by a few typical groups, not for ever."""
+    settings = ("periods=1", "eval.every=1", "eval.prompts=4", "rollout.inflight=2", "transport.liveness=30")
+    dispatcher, task = await start(network, tmp_path, *settings)
+    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    alive = [trainer, await join(network, "publisher", "publisher", "inproc://publisher")]
+    beating = keep_beating(alive)
+    taken: Counter[int] = Counter()
+    consumed: set[int] = set()
+    hoarder = await join(network, "hoarder", "rollout")
+    honest = await join(network, "honest", "rollout")
+    alive += [hoarder, honest]
+    working = [
+        asyncio.create_task(hoard(hoarder, taken)),
+        asyncio.create_task(work(honest, trainer, consumed)),
+    ]
+    with structlog.testing.capture_logs() as logs:
+        await trainer.send(VersionReady(0, "digest", 10, {}))
+        while consumed != {0, 1, 2, 3}:  # the hoarder's two of period 0 taken over by the honest worker
+            await asyncio.sleep(0.02)
+        await trainer.send(VersionReady(1, "digest", 10, ROW))
+        await trainer.send(RunDone(1, "sha", "/x"))
+        assert (await expect(trainer, Shutdown, timeout=30)).reason == "run complete"
+    for t in (*working, beating):
+        t.cancel()
+    rows = read_jsonl(tmp_path / "eval.jsonl")
+    assert [r["version"] for r in rows] == [0, 1] and all(r["eval_accuracy"] == 1.0 for r in rows)
+    moved = [e for e in logs if e["event"] == "assignment_taken_over"]
+    assert moved and all((e["peer"], e["to"]) == ("hoarder", "honest") for e in moved)
+    assert any(e["eval"] for e in moved) and any(not e["eval"] for e in moved)
+    await asyncio.wait_for(task, 5)
