@@ -206,10 +206,10 @@ class DispatchCore:
 
     def take_over(self, workers: Sequence[Worker], key: str, now: float) -> Sends:
         """While nothing is queued, each of `workers` that has room, holds no training prompt and had
-        nothing taken over from it this period takes over, as one batch, the prompts another worker has held longest past the early hold
-        (`Hold.early`): the period's, else (none pending) an eval round's (assignment_taken_over). The
-        first holder may still answer: the first result to reach the trainer (an eval answer: the
-        dispatcher) is taken."""
+        nothing taken over from it this period takes over, as one batch, the prompts another worker
+        has held longest past the early hold (`Hold.early`): the period's, else (none pending) an
+        eval round's (assignment_taken_over). The first holder may still answer: the first result to
+        reach the trainer (an eval answer: the dispatcher) is taken."""
         early = self.hold.early()
         if early is None or self.ledger.queued:
             return []
