@@ -74,6 +74,7 @@ class WorkerSettings:
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
+    share_weights: bool = False  # map the versions a publisher on this host shares (weights.share_on_host)
 
 
 class RolloutWorker:
