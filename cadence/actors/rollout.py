@@ -258,8 +258,10 @@ class RolloutWorker:
             gen_s = now - (sent[-1] if sent else started)
             sent.append(now)
             keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
-            first_load = load_s if len(sent) == 1 else 0.0
-            result = group_result(job, samples, keep, gen_s, first_load, now, following)
+            first = len(sent) == 1
+            first_load = load_s if first else 0.0
+            source = self.weights.source if first else ""
+            result = group_result(job, samples, keep, gen_s, first_load, now, following, source)
             await trainer.send(result)
             self.groups_sent += 1
 

@@ -109,6 +109,7 @@ class WorkerWeights:
         self.buffers = buffers or BufferPool(keep=2)
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.loaded: int | None = None
+        self.source = ""  # how the loaded version came: shm, zmq, or the broadcast's backend
         self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.shared = shared if shared is not None else shared_reader(settings.share_weights)
@@ -228,7 +229,7 @@ class WorkerWeights:
             return 0.0
         with span(self.clock, "load", period=job.period, version=version) as loading:
             source, nbytes = await self.fetch_and_load(publisher, version)
-            self.loaded = version
+            self.loaded, self.source = version, source
         load_s = loading.duration
         log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
         return load_s

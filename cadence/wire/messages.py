@@ -242,6 +242,7 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     # than ended (eos, or an episode's own end); empty: none was
     episode_of: list[Count] = field(default_factory=list)  # each row's sample (episode), in order;
     # empty: row i is sample i
+    weights_from: str = ""  # how the worker's version came (shm, zmq, gloo...): a batch's first group
 
 
 class Consumed(Message, tag="consumed"):
