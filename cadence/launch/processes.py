@@ -304,7 +304,9 @@ def _shared_versions(cfg: RunConfig) -> SharedVersions | None:
     if problem is not None:
         log.warning("shared_memory_unavailable", reason=problem, fallback="zmq")
         return None
-    return SharedVersions(cfg.weights.keep_versions)
+    shared = SharedVersions(cfg.weights.keep_versions)
+    log.info("weights_shared", slots=shared.prefix, host=shared.host)
+    return shared
 
 
 def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:

@@ -86,7 +86,7 @@ class SharedVersions:
         self.keep = keep
         self.host = host_identity() if host is None else host
         self.pid = os.getpid()
-        self._token = secrets.token_hex(8)
+        self.prefix = f"cadence-weights-{secrets.token_hex(8)}"  # every slot's name begins with it
         self._made = 0
         self._slots: list[_Slot] = []  # oldest written first
         self.reused = 0
@@ -129,7 +129,7 @@ class SharedVersions:
 
     def _new_slot(self, nbytes: int) -> _Slot:
         self._made += 1
-        name = f"cadence-weights-{self._token}-{self._made}"
+        name = f"{self.prefix}-{self._made}"
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.fchmod(fd, 0o600)
