@@ -97,7 +97,9 @@ class SharedVersions:
         # the versions still kept once this one is: the newest keep - 1
         newest = self._slots[max(0, len(self._slots) - self.keep + 1) :] if self.keep > 1 else []
         kept = {s.version for s in newest}
-        slot = next((s for s in self._slots if s.nbytes == nbytes and s.version not in kept and _lock(s)), None)
+        slot = next(
+            (s for s in self._slots if s.nbytes == nbytes and s.version not in kept and _lock(s)), None
+        )
         if slot is None:
             slot = self._new_slot(nbytes)
         else:
@@ -157,8 +159,10 @@ def _lock(slot: _Slot) -> bool:
 
 
 class Mapped:
-    """A version's bytes mapped by a worker, its slot held until `release`. `data` is writable but
-    private (copy on write): a tensor written by mistake never changes the publisher's bytes."""
+    """A version's bytes mapped by a worker, its slot held until `release` and until nothing views
+    `data` any more (the mapping keeps a duplicate of the descriptor, which shares its lock). `data`
+    is writable but private (copy on write): a tensor written by mistake never changes the
+    publisher's bytes."""
 
     def __init__(self, fd: int, data: mmap.mmap) -> None:
         self.fd = fd
@@ -220,7 +224,7 @@ def _verified(fd: int, meta: WeightMeta) -> mmap.mmap:
     if size != meta.nbytes or size == 0:
         raise SharedError(f"version {meta.version}: a slot of {size} bytes for {meta.nbytes}")
     data = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    if digest(data) != meta.digest:
+    if digest(memoryview(data)) != meta.digest:
         data.close()
         raise SharedError(f"version {meta.version}: the slot failed its checksum (torn or stale)")
     return data

@@ -41,7 +41,7 @@ class Rig:
     client: Client
     weights: WorkerWeights
     engine: TorchRolloutEngine
-    versions: list[bytearray]
+    versions: list[bytes | bytearray]
 
 
 @asynccontextmanager

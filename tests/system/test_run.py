@@ -68,7 +68,9 @@ def test_workers_on_the_trainers_host_map_each_version_and_leave_nothing_behind(
         "rollout-0": "shm",
         "rollout-1": "shm",
     }
-    loads = [e for w in ("rollout-0", "rollout-1") for e in events(quick_run, w) if e["event"] == "weights_loaded"]
+    loads = [
+        e for w in ("rollout-0", "rollout-1") for e in events(quick_run, w) if e["event"] == "weights_loaded"
+    ]
     assert {e["source"] for e in loads} == {"shm"} and len(loads) >= 2
     assert _slots_left(quick_run) == []
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import msgspec
-from pathlib import Path
 
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
