@@ -119,11 +119,22 @@ class Publisher:
         them to the members. Its digest (xxh3-128: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""
         stored = self.store.put(version, data)
-        if self.shared is not None:
-            self.shared.write(version, data)
+        self._share(version, data)
         if self.broadcaster is not None and tensors is not None:
             await self.broadcaster.broadcast(version, tensors)
         return stored.digest
+
+    def _share(self, version: int, data: bytes | bytearray) -> None:
+        """Write `version` for the workers on this host too; where the host has no memory left for
+        it, stop sharing (one line): every worker pulls from then on."""
+        if self.shared is None:
+            return
+        try:
+            self.shared.write(version, data)
+        except OSError as err:
+            log.warning("shared_memory_failed", version=version, error=str(err), fallback="zmq")
+            self.shared.close()
+            self.shared = None
 
     async def run(self) -> None:
         try:
@@ -206,8 +217,7 @@ class Publisher:
         except WeightError as err:
             log.error("upload_refused", peer=sender, version=version, reason=str(err))
             return
-        if self.shared is not None:
-            self.shared.write(version, data)
+        self._share(version, data)
         log.info("version_stored", version=version, nbytes=len(data))
 
     async def _sweep(self) -> None:

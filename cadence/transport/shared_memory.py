@@ -92,7 +92,8 @@ class SharedVersions:
         self.reused = 0
 
     def write(self, version: int, data: bytes | bytearray | memoryview) -> SharedSlot:
-        """Hold `version`'s bytes (one copy into a slot) and return where the workers find them."""
+        """Hold `version`'s bytes (one copy into a slot) and return where the workers find them;
+        OSError when the host has no memory left for a new slot (nothing is offered then)."""
         nbytes = len(data)
         # the versions still kept once this one is: the newest keep - 1
         newest = self._slots[max(0, len(self._slots) - self.keep + 1) :] if self.keep > 1 else []
@@ -112,7 +113,7 @@ class SharedVersions:
             slot.version = version
         finally:
             fcntl.flock(slot.fd, fcntl.LOCK_UN)
-        self._slots.append(slot)
+            self._slots.append(slot)  # written or not (then it offers no version), kept to be used again
         self._trim()
         return SharedSlot(self.host, self.pid, slot.fd, slot.name)
 
@@ -136,6 +137,8 @@ class SharedVersions:
         try:
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, nbytes)
+            if nbytes:  # the pages now, or an error: never a SIGBUS when a write finds no memory
+                os.posix_fallocate(fd, 0, nbytes)
             view = mmap.mmap(fd, max(nbytes, 1))
             fcntl.flock(fd, fcntl.LOCK_EX)  # new: nobody else can know it yet
         except BaseException:

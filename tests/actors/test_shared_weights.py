@@ -5,6 +5,8 @@ refused and the version pulled; a publisher that does not share is said once, th
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -123,3 +125,18 @@ async def test_a_publisher_that_does_not_share_is_said_once_then_pulled_from(net
             sources = [(await r.weights.fetch_and_load(r.client, v))[0] for v in (0, 1)]
         assert sources == ["zmq", "zmq"]
         assert [e["event"] for e in logs].count("shared_memory_fallback") == 1
+
+
+async def test_a_host_out_of_memory_for_a_slot_stops_sharing_and_the_versions_are_pulled(
+    network: InprocNetwork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memory(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_memory)
+    with structlog.testing.capture_logs() as logs:
+        async with rig(network) as r:
+            assert r.publisher.shared is None
+            assert (await r.weights.fetch_and_load(r.client, 1))[0] == "zmq"
+    said = [e["event"] for e in logs]
+    assert said.count("shared_memory_failed") == 1 and said.count("shared_memory_fallback") == 1
