@@ -133,6 +133,8 @@ def status_handler(args: argparse.Namespace) -> int:
         return 0
     for job in state["jobs"]:
         seen = f"  dispatcher: {job['worker']}" if "worker" in job else ""
+        if job.get("weights_from"):
+            seen += f"  weights: {job['weights_from']}"
         print(f"{job['id']:>10}  {job['role']:<8} {job['state']:<12} {job['where']}{seen}")
     row = state["last_period"]
     if row is not None:

@@ -331,6 +331,12 @@ class WeightsConfig:
         POSITIVE,
     )
     broadcast_port: int = doc(0, "broadcast: port of the group's rendezvous store on the trainer (0: any)")
+    share_on_host: bool = doc(
+        True,
+        "a worker on the publisher's host (same boot, network and pid namespaces) maps each version from"
+        " shared memory, checked against its digest, instead of pulling it; where the host cannot share"
+        " it pulls (the publisher logs shared_memory_unavailable, the worker shared_memory_fallback)",
+    )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from cadence.training.learner import Learner
     from cadence.transport.broadcast import BroadcastRoot
     from cadence.transport.endpoint import Server
+    from cadence.transport.shared_memory import SharedVersions
 
 log = structlog.get_logger()
 
@@ -288,7 +289,24 @@ def _publisher(
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),
+        shared=_shared_versions(cfg),
     )
+
+
+def _shared_versions(cfg: RunConfig) -> SharedVersions | None:
+    """Where the publisher writes each version for the workers on its host, when it may and can
+    (else one log line says why not)."""
+    if not cfg.weights.share_on_host:
+        return None
+    from cadence.transport.shared_memory import SharedVersions, sharing_problem
+
+    problem = sharing_problem()
+    if problem is not None:
+        log.warning("shared_memory_unavailable", reason=problem, fallback="zmq")
+        return None
+    shared = SharedVersions(cfg.weights.keep_versions)
+    log.info("weights_shared", slots=shared.prefix, host=shared.host)
+    return shared
 
 
 def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:

@@ -187,6 +187,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
         host=socket.gethostname(),
+        share_weights=cfg.weights.share_on_host,
     )
 
 

@@ -108,6 +108,9 @@ def status(out: Path, run: Runner = run_command) -> dict[str, Any]:
         entry = {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]}
         if j["role"] == "rollout":
             entry["worker"] = view.get(f"rollout-{j['id']}", {}).get("state", "not seen")
+            entry["weights_from"] = ((rows[-1] if rows else {}).get("weights_from") or {}).get(
+                f"rollout-{j['id']}", ""
+            )
         listed.append(entry)
     control = next((j for j in listed if j["role"] == "control"), {"id": "", "state": "GONE"})
     ended = (out / "summary.json").exists()
