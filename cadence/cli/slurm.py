@@ -139,7 +139,10 @@ def status_handler(args: argparse.Namespace) -> int:
         print(f"period {row['period']}  reward {row['reward_mean']:.3f}  workers {row.get('workers', '?')}")
     print(
         RUN_STATES[state["run"]].format(
-            out=args.out, periods=state["periods"], dispatcher_silent_s=state["dispatcher_silent_s"], **state["control"]
+            out=args.out,
+            periods=state["periods"],
+            dispatcher_silent_s=state["dispatcher_silent_s"],
+            **state["control"],
         )
     )
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -66,16 +67,16 @@ class ReserveTakesTheRoom:
     """An `os.write` to the metrics file that the disk refuses while the recorder's reserve is there:
     the first call writes half its bytes, then ENOSPC (a row torn on its way)."""
 
-    def __init__(self, recorder: RunRecorder, write: object) -> None:
+    def __init__(self, recorder: RunRecorder, write: Callable[[int, bytes], int]) -> None:
         self.recorder, self.write, self.calls = recorder, write, 0
 
     def __call__(self, fd: int, data: bytes) -> int:
         if fd == self.recorder._metrics and self.recorder.reserve.exists():
             self.calls += 1
             if self.calls == 1:
-                return self.write(fd, data[: len(data) // 2])  # type: ignore[operator, no-any-return]
+                return self.write(fd, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return self.write(fd, data)  # type: ignore[operator, no-any-return]
+        return self.write(fd, data)
 
 
 def test_the_row_a_full_disk_refuses_is_kept_whole_from_the_reserve_then_the_run_ends(
@@ -118,7 +119,9 @@ def test_stop_on_a_full_disk_says_so_in_one_line_leaves_nothing_half_written_and
     tmp.symlink_to("/dev/full")
     with pytest.raises(SlurmError) as refused:
         stop(out, timeout_s=30, run=slurm, say=lambda _: None)
-    assert "summary.json not written" in str(refused.value) and "No space left on device" in str(refused.value)
+    assert "summary.json not written" in str(refused.value) and "No space left on device" in str(
+        refused.value
+    )
     assert "\n" not in str(refused.value) and "run `cadence slurm stop" in str(refused.value)
     assert not tmp.exists() and not (out / "summary.json").exists() and slurm.queue == {}
     said: list[str] = []

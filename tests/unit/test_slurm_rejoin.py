@@ -126,12 +126,18 @@ def test_status_tells_a_silent_dispatcher_from_a_running_one_and_shows_no_stale_
     (dead / "logs" / "dispatcher.jsonl").write_text(
         json.dumps({"event": "peer_joined", "peer": "rollout-102", "role": "rollout", "ts": "t"}) + "\n"
     )
-    assert [j.get("worker") for j in status(dead, dead_slurm)["jobs"]] == [None, "no dispatcher", "no dispatcher"]
+    assert [j.get("worker") for j in status(dead, dead_slurm)["jobs"]] == [
+        None,
+        "no dispatcher",
+        "no dispatcher",
+    ]
 
 
 def test_a_stop_of_a_run_whose_dispatcher_is_silent_cancels_its_jobs_at_once(tmp_path: Path) -> None:
     slurm, out = a_run(tmp_path, "")
-    (out / "metrics.jsonl").write_text("".join(json.dumps({"period": k, "groups": 1}) + "\n" for k in range(3)))
+    (out / "metrics.jsonl").write_text(
+        "".join(json.dumps({"period": k, "groups": 1}) + "\n" for k in range(3))
+    )
     said: list[str] = []
     summary = stop(out, timeout_s=30, run=slurm, say=said.append, alive=lambda _: 160.0)
     assert not (out / "slurm" / "stop").exists()  # nobody there to read it

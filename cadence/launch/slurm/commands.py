@@ -109,7 +109,8 @@ def status(
     states = squeue_jobs([j["id"] for j in jobs], run)
     rows = periods_recorded(out)
     listed = [
-        {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]} for j in jobs
+        {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]}
+        for j in jobs
     ]
     control = next((j for j in listed if j["role"] == "control"), {"id": "", "state": "GONE"})
     ended = (out / "summary.json").exists()
