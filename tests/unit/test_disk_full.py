@@ -127,3 +127,18 @@ def test_stop_on_a_full_disk_says_so_in_one_line_leaves_nothing_half_written_and
     said: list[str] = []
     assert stop(out, timeout_s=30, run=slurm, say=said.append)["periods"] == 11  # room again
     assert "stopped after 11 periods" in said[-1]
+
+
+def test_a_sample_the_disk_refuses_is_dropped_and_counted_never_raised_into_the_trainer(
+    tmp_path: Path,
+) -> None:
+    from cadence.monitor.samples import SampleWriter
+
+    writer = SampleWriter(tmp_path / "samples")
+    writer.write(0, {"prompt": "kept"})
+    (tmp_path / "samples" / "period-1.jsonl").symlink_to("/dev/full")
+    with structlog.testing.capture_logs() as logs:
+        writer.write(1, {"prompt": "refused"})
+        writer.write(1, {"prompt": "refused again"})
+    assert writer.dropped == 2 and [e["event"] for e in logs] == ["samples_dropped"]  # said once
+    assert json.loads((tmp_path / "samples" / "period-0.jsonl").read_text()) == {"prompt": "kept"}

@@ -237,7 +237,11 @@ class ControlTask:
         """Ask the trainer for a resume checkpoint after its current period (`then_stop`: and no period
         after it) and wait until written."""
         root = self.out / "checkpoints"
-        ask_for_checkpoint(root, then_stop)
+        try:
+            ask_for_checkpoint(root, then_stop)
+        except OSError as err:  # a full disk: the run ends at the checkpoint it has
+            log.warning("checkpoint_not_asked", error=str(err))
+            return
         try:
             wait_for(
                 lambda: not checkpoint_asked(root) or dispatcher.poll() is not None,
