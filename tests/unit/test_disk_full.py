@@ -142,3 +142,15 @@ def test_a_sample_the_disk_refuses_is_dropped_and_counted_never_raised_into_the_
         writer.write(1, {"prompt": "refused again"})
     assert writer.dropped == 2 and [e["event"] for e in logs] == ["samples_dropped"]  # said once
     assert json.loads((tmp_path / "samples" / "period-0.jsonl").read_text()) == {"prompt": "kept"}
+
+
+def test_a_command_that_meets_a_full_disk_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cadence.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({**ROW, "period_s": 1.0}) + "\n")
+    (tmp_path / "plot.png").symlink_to("/dev/full")
+    assert main(["plot", str(tmp_path), "-o", str(tmp_path / "plot.png")]) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("cadence: the disk is full (No space left on device)")
