@@ -3,7 +3,9 @@
 Invariant: each command reads the jobs' states from Slurm and the run's folder and says what is
 true. A control job that ended without the run's summary is named with its state: `add-workers`
 refuses, `status` says the run is dead, `stop` cancels what is left and writes the summary of the
-periods `metrics.jsonl` holds. A live run is stopped cleanly: a resume checkpoint, then the summary
+periods `metrics.jsonl` holds (those its resume checkpoint holds, when it has one). A control job
+RUNNING whose dispatcher has gone silent (`cadence.launch.alive`) is said so by `status` and stopped
+as a dead one. A summary the disk refuses is one `SlurmError` and leaves no file behind. A live run is stopped cleanly: a resume checkpoint, then the summary
 of exactly the periods it holds, and its jobs end on their own (COMPLETED); only jobs that never
 started, or any still there after the timeout, are cancelled. `stop` returns once squeue shows none.
 """
