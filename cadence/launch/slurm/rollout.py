@@ -42,6 +42,9 @@ log = structlog.get_logger()
 SAY_EVERY_S = 30.0
 """How often a task that waits for its dispatcher says so."""
 
+LOOK_EVERY_S = 1.0
+"""How often a task whose worker runs looks at the run folder (a few file states on a shared disk)."""
+
 
 def worker_name(alloc: Allocation) -> str:
     """A rollout job's worker name: the same after a requeue (the job keeps its id)."""
@@ -226,7 +229,7 @@ class RolloutTask:
                 return ended
             if _moved(self.out, seen):  # a new dispatcher (its job requeued): the old one is gone
                 stop_children(self.child)
-            self.sleep(0.2)
+            self.sleep(LOOK_EVERY_S)
         return self._ended(child.returncode)
 
     def _pause(self, pause_s: float, seen: int) -> int | None:
@@ -235,7 +238,7 @@ class RolloutTask:
             ended = self._ended()
             if ended is not None:
                 return ended
-            self.sleep(0.2)
+            self.sleep(LOOK_EVERY_S)
         return None
 
     def _ended(self, worker_exit: int | None = None) -> int | None:
