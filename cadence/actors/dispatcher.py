@@ -23,6 +23,8 @@
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
+ the run folder's disk full (a metrics row, an eval round, the summary refused: DiskFull) ─► disk_full,
+                              the run fails naming it (the row that met it kept whole: monitor/run_dir.py)
  stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop;
                               a VersionReady still on its way is logged (version_after_end), not recorded
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
@@ -58,7 +60,7 @@ from cadence.dispatch.roster import Peer, WorkerWait, introductions, joined, tra
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.monitor.logstream import LogHub
-from cadence.monitor.run_dir import RunRecorder
+from cadence.monitor.run_dir import DiskFull, RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
@@ -155,6 +157,8 @@ class Dispatcher:
             peer, env = await self.server.recv()
             try:
                 await self._take(peer, env.sender, env.message)
+            except DiskFull as exc:  # what the run must keep cannot be: it ends, saying so
+                self._disk_full(exc)
             except Exception as exc:  # one peer's message must not end the run
                 log.error(
                     "message_failed", peer=env.sender, type=env.message.TAG, error=repr(exc), exc_info=True
@@ -258,7 +262,16 @@ class Dispatcher:
             return
         log.warning("run_stopped", period=self.core.period, published=self.core.published)
         self.stopped = True
-        self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        try:
+            self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        except DiskFull as exc:
+            self._disk_full(exc)
+        self.done.set()
+
+    def _disk_full(self, exc: DiskFull) -> None:
+        """The run folder's disk is full: the run fails, naming it."""
+        log.error("disk_full", error=str(exc))
+        self.failure = self.failure or str(exc)
         self.done.set()
 
     def _finish(self) -> None:

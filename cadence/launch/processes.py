@@ -96,18 +96,21 @@ async def dispatcher_main(
 ) -> None:
     """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
+    from cadence.launch.alive import keep_alive
     from cadence.launch.settings import dispatcher_settings, liveness, log_bounds
     from cadence.monitor.logstream import LogHub
     from cadence.monitor.run_dir import RunRecorder
     from cadence.monitor.writers import make_writers
     from cadence.tasks.heldout import eval_prompts, held_out
     from cadence.tasks.registry import make_task
+    from cadence.transport.session import first_of
 
     secret = make_run_secret(out)  # before dispatcher.addr: a trainer that finds one finds the other
     net = _network(cfg)
     server = net.bind("dispatcher", bind)
     lease = cfg.transport.liveness_timeout_s
     hub = LogHub(server, out / "logs", time.time, lease, own=stream, bounds=log_bounds(cfg))
+    recorder: RunRecorder | None = None
     try:
         write_whole(out / "dispatcher.addr", server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
@@ -117,8 +120,10 @@ async def dispatcher_main(
         beat = liveness(cfg, time.time)
         dispatcher = Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dispatcher.stop)  # cadence slurm stop
-        await dispatcher.run()
+        await first_of(dispatcher.run(), keep_alive(out))  # DIR/dispatcher.alive while it runs
     finally:
+        if recorder is not None:
+            recorder.close()
         hub.close()
         net.close()
 
