@@ -44,6 +44,7 @@ class Case:
     engine: str
     device: str = "cpu"
     repeats: int = 2
+    threads: int = 0  # torch threads (0: torch's own count)
 
 
 def _prompts(model: str, rows: int) -> tuple[list[list[int]], int, Path | None]:
@@ -178,6 +179,8 @@ def _sync(device: str) -> None:
 def run_case(case: Case) -> dict[str, Any]:
     """One case's figures, in this process."""
     torch.manual_seed(0)
+    if case.threads:
+        torch.set_num_threads(case.threads)
     prompts, eos, folder = _prompts(case.model, case.rows)
     with tempfile.TemporaryDirectory(prefix="cadence-bench-") as tmp:
         folder = folder or _tiny_folder(Path(tmp))
@@ -207,6 +210,7 @@ def bench_generate(
     engines: list[str],
     device: str,
     repeats: int,
+    threads: int = 0,
 ) -> int:
     """Every case in a process of its own, the engines of a (model, rows, dtype, tokens) alternated:
     one JSON line a case (a case that could not run: its error)."""
@@ -218,7 +222,7 @@ def bench_generate(
                 for tokens in new_tokens:
                     order = engines if len(lines) // max(len(engines), 1) % 2 == 0 else engines[::-1]
                     for engine in order:
-                        case = Case(model, n, dtype, tokens, engine, device, repeats)
+                        case = Case(model, n, dtype, tokens, engine, device, repeats, threads)
                         line = _run_apart(case)
                         lines.append(line)
                         print(json.dumps(line), flush=True)

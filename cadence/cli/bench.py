@@ -73,6 +73,7 @@ def add(sub: Subparsers) -> None:
     )
     bench.add_argument("--device", default="cpu", help="generate: cpu or cuda")
     bench.add_argument("--repeats", type=int, default=2, help="generate: timed calls a case")
+    bench.add_argument("--threads", type=int, default=0, help="generate: torch threads (0: torch's own)")
     bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
     )
@@ -96,6 +97,7 @@ def bench_handler(args: argparse.Namespace) -> int:
             args.gen_engines.split(","),
             args.device,
             args.repeats,
+            args.threads,
         )
     if args.name == "weights":
         from cadence.bench.weights import bench_weights

@@ -155,3 +155,18 @@ def test_a_cache_that_does_not_fit_is_refused_naming_the_setting() -> None:
     engine = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=1 << 40)
     with pytest.raises(ValueError, match="rollout.engine_rows"):
         engine.generate([1, 5], [1], SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here (scripts/gpu_check.sh runs it)"
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_a_gpu_the_engine_samples_what_it_samples_on_the_cpu(compiled: bool) -> None:
+    """The slots, the step (eager, or compiled with CUDA graphs replayed) and the sampling on the
+    device: the CPU's tokens, log-probs within what the device's kernels round otherwise."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    here = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, device="cuda", rows=4, compiled=compiled)
+    here.warm_up(length=64)
+    cpu = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=4)
+    _same(here.generate_many(_groups(), params), cpu.generate_many(_groups(), params), tol=1e-4)
+    assert here.runner.compiled == compiled
