@@ -123,6 +123,7 @@ class Dispatcher:
         self.clock = clock
         self.liveness = liveness
         self.peers: dict[bytes, Peer] = {}
+        server.admission.known = self.peers.__contains__  # only a registered route's large frames
         self.reassigned = 0
         self.lost: list[str] = []
         self.done = asyncio.Event()
