@@ -25,7 +25,7 @@ from typing import IO, Any
 import structlog
 
 # events a peer can provoke at will: a few a second reach the log, the rest are counted
-THROTTLED = ("unexpected_message", "message_from_unregistered_peer")
+THROTTLED = ("unexpected_message", "message_from_unregistered_peer", "registration_deferred")
 
 # frames of the raised exception the console (and `cadence logs`) shows; the JSON keeps them all
 SHORT_FRAMES = 2
