@@ -593,7 +593,7 @@ async def test_registrations_beyond_the_rate_are_deferred_and_taken_when_sent_ag
     now = [0.0]
     dispatcher, task = await start(network, tmp_path)
     dispatcher.registrations = Registrations(per_s=1.0, burst=4, clock=lambda: now[0])
-    trainer = await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "trainer", "trainer", "inproc://trainer")
     await join(network, "publisher", "publisher", "inproc://publisher")
     flood = [await join(network, f"name-{i}", "rollout") for i in range(40)]
     welcomed = [await expect(c, Welcome) for c in flood[:2]]  # 4 taken: the trainer, publisher, 2 names
