@@ -160,6 +160,14 @@ class Server(_Codec, abc.ABC):
         connection has that route or the peer is not reading."""
         await self._send_raw(peer, self._encode(msg))
 
+    def frames_of(self, msg: Message) -> list[Payload]:
+        """`msg` encoded as this server sends it, to be sent (`send_frames`) once or to many peers."""
+        return self._encode(msg)
+
+    async def send_frames(self, peer: bytes, frames: list[Payload]) -> None:
+        """Send frames made by `frames_of` to `peer`: their buffers go out as they are, not copied."""
+        await self._send_raw(peer, frames)
+
     async def send_each(self, peers: list[bytes], msg: Message) -> None:
         """Send `msg` to every route in `peers`, encoded once: their queues share its bytes."""
         frames = self._encode(msg)
