@@ -181,7 +181,8 @@ def _shows(shown: str, secret: str) -> bool:
 
 
 def _loopback(address: str) -> bool:
-    return address.startswith("tcp://") and not beyond_loopback(address)
+    """Whether `address` is reached from its own host alone (tcp on loopback, or a Unix socket)."""
+    return address.startswith("ipc://") or (address.startswith("tcp://") and not beyond_loopback(address))
 
 
 def unreachable_problem(peers: Mapping[bytes, Peer], msg: Register) -> str | None:
