@@ -352,3 +352,23 @@ def test_large_well_formed_frames_from_many_strangers_are_not_decoded_and_the_ru
     assert any(e["reason"].endswith("not decoded") for e in refused["dispatcher"])
     assert not [e for e in refused["dispatcher"] if e["sender"] == "stranger"]
     assert summary(out)["final_version"] == 4 and summary(out)["groups_trained"] == 4 * 4
+
+
+def test_a_run_that_listens_locally_is_reached_through_its_own_users_folders(tmp_path: Path) -> None:
+    """`transport.listen = "ipc"`: the dispatcher, the trainer and the publisher listen on Unix sockets,
+    each in a folder only the run's user can open (0700), and the run completes through them."""
+    import stat
+
+    out = tmp_path / "run"
+    run = start_run(out, "--set", "periods=2", "--set", "transport.listen='ipc'")
+    try:
+        addresses = _addresses(run)
+        folders = {role: Path(a.removeprefix("ipc://")).parent for role, a in addresses.items()}
+        assert all(a.startswith("ipc://") for a in addresses.values()), addresses
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o700 for f in folders.values()), folders
+        code, _, err = run.finish(timeout=240)
+    finally:
+        run.kill()
+    assert code == 0, err
+    assert summary(out)["final_version"] == 2
+    assert not any(f.exists() for f in folders.values())  # each removed with its server

@@ -528,10 +528,15 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
         network.close()
 
 
-async def test_a_server_listening_locally_is_a_unix_socket_in_a_folder_of_its_own_user(net: ZmqNetwork) -> None:
+async def test_a_server_listening_locally_is_a_unix_socket_in_a_folder_of_its_own_user(
+    net: ZmqNetwork,
+) -> None:
     from cadence.transport.zmq_socket import LOCAL, listen_address
 
-    assert listen_address("ipc", "127.0.0.1") == LOCAL and listen_address("tcp", "127.0.0.1", 5) == "tcp://127.0.0.1:5"
+    assert (
+        listen_address("ipc", "127.0.0.1") == LOCAL
+        and listen_address("tcp", "127.0.0.1", 5) == "tcp://127.0.0.1:5"
+    )
     server = net.bind("dispatcher", LOCAL)
     folder = Path(server.address.removeprefix("ipc://")).parent
     assert server.address.startswith("ipc://") and stat.S_IMODE(folder.stat().st_mode) == 0o700
