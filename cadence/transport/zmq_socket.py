@@ -154,8 +154,12 @@ class ZmqServer(Server):
         if self._gate is not None:
             self._gate.release(self._sock)
         self._sock.close(linger=0)
+        self.remove_folders()
+
+    def remove_folders(self) -> None:
+        """Remove the folders of its ipc:// sockets (with the socket files, if libzmq left them)."""
         for folder in self._local_dirs:
-            shutil.rmtree(folder, ignore_errors=True)  # the socket file, if libzmq left it
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class ZmqClient(Client):
@@ -211,6 +215,7 @@ class ZmqNetwork:
         self.run = run
         self.max_frame_bytes = max_frame_bytes
         self.gate = CurveGate(self.ctx, self.keys) if self.keys is not None else None
+        self._servers: list[ZmqServer] = []
 
     def bind(self, name: str, address: str) -> ZmqServer:
         if self.keys is None and beyond_loopback(address):
@@ -222,7 +227,7 @@ class ZmqNetwork:
                 " run, send it work results and read its weights; nothing is encrypted",
                 fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
             )
-        return ZmqServer(
+        server = ZmqServer(
             self.ctx,
             name,
             address,
@@ -232,6 +237,8 @@ class ZmqNetwork:
             self.receive_queue,
             self.refused_bytes_per_s,
         )
+        self._servers.append(server)
+        return server
 
     def connect(self, name: str, address: str) -> ZmqClient:
         return ZmqClient(
@@ -242,3 +249,5 @@ class ZmqNetwork:
         if self.gate is not None:
             self.gate.close()
         self.ctx.destroy(linger=0)
+        for server in self._servers:  # a server its actor did not close leaves no folder behind
+            server.remove_folders()

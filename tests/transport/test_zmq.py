@@ -550,3 +550,14 @@ async def test_a_server_listening_locally_is_a_unix_socket_in_a_folder_of_its_ow
         client.close()
         server.close()
     assert not folder.exists()
+
+
+async def test_a_network_closed_with_a_local_server_open_leaves_no_folder() -> None:
+    from cadence.transport.zmq_socket import LOCAL
+
+    network = ZmqNetwork(run=RUN)
+    server = network.bind("trainer", LOCAL)
+    folder = Path(server.address.removeprefix("ipc://")).parent
+    assert folder.exists()
+    network.close()
+    assert not folder.exists()
