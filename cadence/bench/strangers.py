@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,7 @@ def bench_strangers(as_json: bool, connections: int = 100, frames: int = 8) -> i
         "tcp_loopback_curve": ("tcp://127.0.0.1:*", True),
     }
     seconds = {name: [_through(address, curve) for _ in range(2)] for name, (address, curve) in ways.items()}
-    os.rmdir(folder)
+    shutil.rmtree(folder, ignore_errors=True)
     figures = {"attack": attack, "transfer_512_mib_s": seconds}
     for name, value in attack.items():
         print(f"attack {name}: {value}")
