@@ -142,7 +142,7 @@ def _through(address: str, curve: bool, chunk: int = 8 << 20, count: int = 64) -
     return round(took, 3)
 
 
-def bench_strangers(as_json: bool, connections: int = 100, frames: int = 8) -> int:
+def bench_strangers(as_json: bool, connections: int = 100, frames: int = 8, transfer_mib: int = 512) -> int:
     with structlog.testing.capture_logs():  # the refusals: thousands of lines, not figures
         attack = asyncio.run(_attack(connections, frames))
     folder = tempfile.mkdtemp(prefix="cadence-bench-")
@@ -151,13 +151,17 @@ def bench_strangers(as_json: bool, connections: int = 100, frames: int = 8) -> i
         "ipc_0700": (f"ipc://{folder}/bench.sock", False),
         "tcp_loopback_curve": ("tcp://127.0.0.1:*", True),
     }
-    seconds = {name: [_through(address, curve) for _ in range(2)] for name, (address, curve) in ways.items()}
+    count = max(1, transfer_mib // 8)
+    seconds = {
+        name: [_through(address, curve, count=count) for _ in range(2)]
+        for name, (address, curve) in ways.items()
+    }
     shutil.rmtree(folder, ignore_errors=True)
-    figures = {"attack": attack, "transfer_512_mib_s": seconds}
+    figures = {"attack": attack, "transfer_mib": count * 8, "transfer_s": seconds}
     for name, value in attack.items():
         print(f"attack {name}: {value}")
     for name, runs in seconds.items():
-        print(f"512 MiB through {name}: {runs} s")
+        print(f"{count * 8} MiB through {name}: {runs} s")
     if as_json:
         print(json.dumps(figures))
     return 0
