@@ -20,9 +20,13 @@
  worker  ─ EvalResult ──────► the core: answered; a complete round ─► eval.jsonl, samples/
  worker silent > liveness ──► the core: what it held goes back to the front of the queue, reassigned
  an assignment held past the hold (rollout.hold_s) ─► the same for it alone (assignment_expired)
+ nothing queued, a worker idle ─► it takes over what another held past the early hold (4 x the
+                              typical group: assignment_taken_over); the first result wins
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
+ the run folder's disk full (a metrics row, an eval round, the summary refused: DiskFull) ─► disk_full,
+                              the run fails naming it (the row that met it kept whole: monitor/run_dir.py)
  stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop;
                               a VersionReady still on its way is logged (version_after_end), not recorded
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
@@ -51,7 +55,8 @@ from typing import Any, ClassVar
 import structlog
 
 from cadence.dispatch.checks import message_problem
-from cadence.dispatch.core import DispatchCore, Hold, Worker
+from cadence.dispatch.core import DispatchCore, Worker
+from cadence.dispatch.hold import Hold
 from cadence.dispatch.period_row import period_row
 from cadence.dispatch.roster import (
     Peer,
@@ -65,7 +70,7 @@ from cadence.dispatch.roster import (
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.monitor.logstream import LogHub
-from cadence.monitor.run_dir import RunRecorder
+from cadence.monitor.run_dir import DiskFull, RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
@@ -123,7 +128,7 @@ class Dispatcher:
             extra=s.oversample,
             stream=s.stream,
             max_credits=s.max_credits,
-            hold=Hold(s.hold_s, s.hold_floor_s),
+            hold=Hold(s.hold_s, s.hold_floor_s, s.early_floor_s),
         )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
@@ -164,6 +169,8 @@ class Dispatcher:
             peer, env = await self.server.recv()
             try:
                 await self._take(peer, env.sender, env.message)
+            except DiskFull as exc:  # what the run must keep cannot be: it ends, saying so
+                self._disk_full(exc)
             except Exception as exc:  # one peer's message must not end the run
                 log.error(
                     "message_failed", peer=env.sender, type=env.message.TAG, error=repr(exc), exc_info=True
@@ -271,7 +278,16 @@ class Dispatcher:
             return
         log.warning("run_stopped", period=self.core.period, published=self.core.published)
         self.stopped = True
-        self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        try:
+            self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        except DiskFull as exc:
+            self._disk_full(exc)
+        self.done.set()
+
+    def _disk_full(self, exc: DiskFull) -> None:
+        """The run folder's disk is full: the run fails, naming it."""
+        log.error("disk_full", error=str(exc))
+        self.failure = self.failure or str(exc)
         self.done.set()
 
     def _finish(self) -> None:
@@ -340,7 +356,11 @@ class Dispatcher:
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
 
     def _expire(self) -> None:
-        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
+        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding),
+        and an idle worker what one has held past the early hold while nothing is queued."""
+        taken = self.core.take_over(self._workers(), trainer_key(self.peers), self.clock())
+        self.reassigned += len(taken)
+        self._outbox.extend(taken)
         expired = self.core.expire(self.clock())
         for route, ids in expired.items():
             holder = self.peers[route].name if route in self.peers else "a worker gone"
@@ -351,6 +371,10 @@ class Dispatcher:
             self.reassigned += len(ids)
         if expired:
             self._assign()
+
+    def _workers(self) -> list[Worker]:
+        """The rollout workers that may get work, in roster order."""
+        return [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
 
     def _role(self, name: str) -> str:
         return next((p.role for p in self.peers.values() if p.name == name), "")
@@ -392,9 +416,7 @@ class Dispatcher:
             if isinstance(msg, Welcome):  # it drops what it held and asks for work afresh
                 self.core.restart(peer)
             self._outbox.append((peer, msg))
-        key = trainer_key(self.peers)
-        workers = [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
-        self._outbox.extend(self.core.assign(workers, key, self.clock()))
+        self._outbox.extend(self.core.assign(self._workers(), trainer_key(self.peers), self.clock()))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

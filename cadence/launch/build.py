@@ -18,10 +18,12 @@ from cadence.config import ConfigError, RunConfig
 from cadence.config.checks import engine_log_probs_at_the_temperature
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
+from cadence.model.compiled_step import wants_compile
 from cadence.model.config import ModelConfig
 from cadence.model.devices import open_device
 from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
+from cadence.model.slots import auto_rows
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.ops.correction import CorrectionRule
@@ -205,8 +207,25 @@ def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transform
     r = cfg.rollout
     dtype = getattr(torch, r.dtype)
     device = str(open_device(r.device, 0, "rollout.device", "a rollout worker"))
-    engine = TorchEngine(model.eval(), tokenizer.eos_id, device, trunk=prompt_trunk(tokenizer), dtype=dtype)
+    compiled = wants_compile(r.compile, model, torch.device(device))
+    rows = r.engine_rows or auto_rows(model.cfg, torch.device(device), dtype)
+    engine = TorchEngine(
+        model.eval(),
+        tokenizer.eos_id,
+        device,
+        trunk=prompt_trunk(tokenizer),
+        dtype=dtype,
+        rows=rows,
+        compiled=compiled,
+    )
+    engine.warm_up(prompt_positions(cfg, model.cfg.max_position))
     return TorchRolloutEngine(engine, sampling_params(cfg))
+
+
+def prompt_positions(cfg: RunConfig, max_position: int) -> int:
+    """The positions a row of the engine's cache is first made with: the run's token limit and room
+    for a prompt of a few hundred tokens (a longer call makes it longer)."""
+    return min(max_position, cfg.rollout.max_new_tokens + 256)
 
 
 def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:

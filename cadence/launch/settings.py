@@ -90,6 +90,7 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         max_credits=cfg.rollout.inflight,
         hold_s=cfg.rollout.hold_s,
         hold_floor_s=20 * cfg.transport.liveness_timeout_s,
+        early_floor_s=cfg.transport.liveness_timeout_s,
     )
 
 
@@ -186,6 +187,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
         host=socket.gethostname(),
+        share_weights=cfg.weights.share_on_host,
     )
 
 

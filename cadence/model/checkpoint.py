@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -122,15 +123,16 @@ def state_nbytes(state: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def state_dict_from_bytes(data: bytes | bytearray) -> dict[str, Tensor]:
+def state_dict_from_bytes(data: bytes | bytearray | mmap.mmap) -> dict[str, Tensor]:
     """The tensors of safetensors `data`: copies for `bytes` (read by safetensors), views of the buffer
-    for a `bytearray` (as `pull_weights` returns), which must then stay unchanged while they are used."""
+    for a `bytearray` (as `pull_weights` returns) or a writable mapping (a version in shared memory),
+    which must then stay unchanged while they are used."""
     if isinstance(data, bytes):
         return st_load(data)
     return _safetensors_views(data)
 
 
-def _safetensors_views(data: bytearray) -> dict[str, Tensor]:
+def _safetensors_views(data: bytearray | mmap.mmap) -> dict[str, Tensor]:
     """Tensors viewing `data`, laid out per the safetensors format; ValueError on a malformed layout."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors views are implemented for little-endian hosts only")

@@ -32,11 +32,10 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import structlog
 
-from cadence.log import LogStream
+from cadence.log import FileSink, LogStream, dropped_note
 from cadence.monitor.backlog import Backlog
 from cadence.transport.endpoint import Client, Server
 from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
@@ -118,7 +117,8 @@ class LogHub:
         self.host = socket.gethostname()
         self.backlog = Backlog(server.frames_of, self.host, backlog, bounds.backlog, BATCH_LINES)
         self.followers: dict[bytes, float] = {}  # peer -> lease end
-        self.files: dict[str, IO[str] | None] = {}
+        self.files: dict[str, FileSink | None] = {}
+        self.unwritable: set[str] = set()
         self._said_full: set[str] = set()
         self.bytes: dict[str, int] = {}  # what each actor name's lines took so far
         self.total = 0  # what all of them took
@@ -213,8 +213,15 @@ class LogHub:
             if local:
                 self.files[msg.actor] = None
             else:
-                own.parent.mkdir(parents=True, exist_ok=True)
-                self.files[msg.actor] = open(own, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+                try:
+                    own.parent.mkdir(parents=True, exist_ok=True)
+                    note = dropped_note({"actor": msg.actor, "host": msg.host})
+                    self.files[msg.actor] = FileSink(own, note)
+                except OSError as err:  # a full disk: these lines are lost, the next batch tries again
+                    if msg.actor not in self.unwritable:
+                        self.unwritable.add(msg.actor)
+                        log.warning("log_file_unwritable", actor=msg.actor, path=str(own), error=str(err))
+                    return
         sink = self.files[msg.actor]
         if sink is None:
             return
@@ -224,7 +231,7 @@ class LogHub:
             except json.JSONDecodeError:
                 continue
             if isinstance(event, dict):
-                sink.write(json.dumps(event) + "\n")
+                sink.write(json.dumps(event))
 
     def close(self) -> None:
         for sink in self.files.values():
