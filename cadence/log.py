@@ -28,7 +28,12 @@ from typing import Any
 import structlog
 
 # events a peer can provoke at will: a few a second reach the log, the rest are counted
-THROTTLED = ("unexpected_message", "message_from_unregistered_peer", "agent_call_refused")
+THROTTLED = (
+    "unexpected_message",
+    "message_from_unregistered_peer",
+    "agent_call_refused",
+    "registration_deferred",
+)
 
 # frames of the raised exception the console (and `cadence logs`) shows; the JSON keeps them all
 SHORT_FRAMES = 2

@@ -5,7 +5,9 @@
                               registered, may a peer of that role send it (wire/roles.py), does it
                               carry the trainer's MAC where it must (roles.SIGNED), and does it make
                               sense (wire/meaning.py)? else refused, logged, and nothing changes
- Register(name) ────────────► refused while a live session holds that name without showing its proof
+ Register(name) ────────────► from a new route beyond the rate (roster.Registrations): deferred,
+                              unanswered (its session sends it again); its own session's again: nothing;
+                              refused while a live session holds that name without showing its proof
                               (roster.claim_problem); a holder whose connection is gone: re-registered
  Register(trainer/publisher) ► refused while another peer holds that role (unless the run waits for
                               a lost trainer); the trainer's key ─► TrainerKey to the publisher
@@ -56,7 +58,15 @@ from cadence.dispatch.checks import message_problem
 from cadence.dispatch.core import DispatchCore, Worker
 from cadence.dispatch.hold import Hold
 from cadence.dispatch.period_row import period_row
-from cadence.dispatch.roster import Peer, WorkerWait, introductions, joined, trainer_key
+from cadence.dispatch.roster import (
+    Peer,
+    Registrations,
+    WorkerWait,
+    introductions,
+    joined,
+    same_session,
+    trainer_key,
+)
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.monitor.logstream import LogHub
@@ -128,6 +138,8 @@ class Dispatcher:
         self.clock = clock
         self.liveness = liveness
         self.peers: dict[bytes, Peer] = {}
+        self.registrations = Registrations(clock=clock)  # new routes' registrations: rate-limited
+        server.admission.known = self.peers.__contains__  # only a registered route's large frames
         self.reassigned = 0
         self.lost: list[str] = []
         self.done = asyncio.Event()
@@ -213,6 +225,10 @@ class Dispatcher:
             if sender in self.lost:  # declared dead, then woke up: it must not work on unseen
                 self._outbox.append((peer, Shutdown(f"{sender} was declared lost; start it again to rejoin")))
             return
+        if not known and not self.registrations.take():  # more at once than it takes: it asks again
+            log.warning("registration_deferred", peer=sender, deferred=self.registrations.deferred,
+                        per_s=self.registrations.per_s)  # fmt: skip
+            return
         role = self.peers[peer].role if known else "stranger"
         handler = self.HANDLERS.get(type(msg))
         if handler is None:
@@ -292,6 +308,9 @@ class Dispatcher:
     # ------------------------------------------------------------------ roster
 
     def _on_register(self, peer: bytes, sender: str, msg: Register) -> None:
+        now = self.peers.get(peer)
+        if now is not None and now.name == sender and same_session(now, msg):
+            return  # its registration again, sent before it heard the dispatcher: it is registered
         for name in {p.name for k, p in self.peers.items() if k == peer or p.name == sender}:
             self._lost(name, 0.0, reason="re-registered")  # its session again, or its process restarted
             self.liveness.seen(sender)

@@ -24,6 +24,7 @@ def add(sub: Subparsers) -> None:
             "mismatch",
             "agents",
             "generate",
+            "strangers",
         ],
     )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
@@ -81,6 +82,10 @@ def add(sub: Subparsers) -> None:
 
 
 def bench_handler(args: argparse.Namespace) -> int:
+    if args.name == "strangers":
+        from cadence.bench.strangers import bench_strangers
+
+        return bench_strangers(args.json)
     if args.name == "logs":
         from cadence.bench.logs import bench_logs
 

@@ -343,6 +343,12 @@ class WeightsConfig:
 class TransportConfig:
     """The sockets between the actors, their encryption, and how a silent peer is found."""
 
+    listen: Literal["tcp", "ipc"] = doc(
+        "tcp",
+        "how servers listen: tcp on transport.host; ipc: a Unix socket in a folder only this user can"
+        " open (mode 0700), for a run on one host: no other user of the host can connect, and bulk"
+        " traffic is faster than through TCP loopback (CURVE keys on loopback cost 9x)",
+    )
     host: str = doc(
         "127.0.0.1", "interface servers bind to (0.0.0.0: all) and, unless advertise_host, advertise"
     )

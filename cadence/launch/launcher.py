@@ -33,7 +33,7 @@ from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
 from cadence.transport.keys import make_keys
-from cadence.transport.zmq_socket import beyond_loopback
+from cadence.transport.zmq_socket import beyond_loopback, listen_address
 
 
 class LaunchError(RuntimeError):
@@ -177,7 +177,8 @@ def launch(
 
     begin = time.time()
     try:
-        start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*", *again])
+        bind = listen_address(cfg.transport.listen, cfg.transport.host)
+        start("dispatcher", ["dispatcher", "--bind", bind, *again])
         address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
         start("trainer", ["trainer", "--connect", address, *again], cfg.trainer.ranks)
         for i in range(cfg.rollout.workers):

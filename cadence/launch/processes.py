@@ -26,7 +26,7 @@ from cadence.launch.secret import make_run_secret, read_run_secret
 from cadence.monitor.run_dir import write_whole
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
-from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.transport.zmq_socket import ZmqNetwork, listen_address
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
@@ -71,7 +71,7 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _bind_address(cfg: RunConfig, port: int) -> str:
-    return f"tcp://{cfg.transport.host}:{port or '*'}"
+    return listen_address(cfg.transport.listen, cfg.transport.host, port)
 
 
 def _network(cfg: RunConfig) -> ZmqNetwork:
@@ -322,6 +322,8 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
     from cadence.transport.broadcast import BroadcastRoot
 
     host = server.address.removeprefix("tcp://").rsplit(":", 1)[0]  # advertised() already chose it
+    if server.address.startswith("ipc://"):
+        host = cfg.transport.host
     return BroadcastRoot(
         server,
         w.transport,

@@ -23,10 +23,12 @@ from cadence.wire.codec import (
     Envelope,
     Message,
     Payload,
+    Peek,
     decode,
     decode_frames,
     encode,
     encode_frames,
+    peek,
 )
 
 __all__ = [
@@ -37,10 +39,12 @@ __all__ = [
     "Envelope",
     "Message",
     "Payload",
+    "Peek",
     "decode",
     "decode_frames",
     "encode",
     "encode_frames",
+    "peek",
 ]
 
 Version = Annotated[int, Meta(ge=0)]
@@ -216,6 +220,8 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     `episode_of` says otherwise: an agent's episode of several token sequences (it rewrote its history)
     is one sample of several rows, `episode_of[i]` the sample of row i, in order, every sample with a
     row (`cadence.wire.rows`)."""
+
+    PROOF: ClassVar[tuple[str, ...]] = ("period", "prompt_id", "ticket")  # what its ticket is checked on
 
     period: Version
     version: Version

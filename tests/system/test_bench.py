@@ -170,3 +170,19 @@ def test_bench_e2e_names_make_smollm2_when_the_checkpoint_is_missing(tmp_path: P
     proc = cadence("bench", "e2e", "--json", "--set", missing, check=False)
     assert proc.returncode == 2
     assert "make smollm2" in proc.stderr
+
+
+def test_bench_strangers_counts_every_forged_group_refused_undecoded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cadence.bench.strangers import bench_strangers
+
+    assert bench_strangers(True, connections=4, frames=2, transfer_mib=16) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    attack = figures["attack"]
+    assert attack["refused"] == attack["undecoded"] == 4 * 2 and attack["frame_bytes"] > 2 << 20
+    assert figures["transfer_mib"] == 16 and set(figures["transfer_s"]) == {
+        "tcp_loopback",
+        "ipc_0700",
+        "tcp_loopback_curve",
+    }

@@ -305,3 +305,78 @@ def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_pa
     assert hoarded and hoarded <= {(k, i) for k, ids in taken.items() for i in ids}
     assert all(e["to"] == "rollout-0" for e in over if e["peer"] == "hoarder")
     assert summary(out)["final_version"] == 3 and summary(out)["groups_trained"] == 3 * 4
+
+
+def _large_strangers(addresses: dict[str, str], run_id: str, connections: int, frames: int) -> int:
+    """From `connections` connections to the trainer and as many to the dispatcher, `frames` large
+    well-formed messages each (groups without a ticket; a stranger's log lines); how many went out."""
+    from cadence.wire.messages import GroupResult, LogBatch
+
+    rows = 100_000  # a group of about 15 MiB
+    group = GroupResult(0, 0, 1, [1], [[7] * 16] * rows, [[-0.5] * 16] * rows, [1.0], [1.0], 0.0, 0.0, 0.0)
+    to = {
+        "trainer": encode(group, "stranger", run_id),
+        "dispatcher": encode(LogBatch("stranger", "h", "", ["x" * 60_000] * 250), "stranger", run_id),
+    }
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socks = []
+    for role, frame in to.items():
+        for _ in range(connections):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 60_000)
+            sock.connect(addresses[role])
+            for _ in range(frames):
+                sock.send(frame, copy=False)
+            socks.append(sock)
+    for sock in socks:
+        sock.close()  # lingers until its frames are out
+    ctx.term()
+    return len(socks) * frames
+
+
+def test_large_well_formed_frames_from_many_strangers_are_not_decoded_and_the_run_completes(
+    tmp_path: Path,
+) -> None:
+    """Strangers on 8 connections each to the trainer and to the dispatcher send 4 well-formed frames of
+    15 MiB each: the trainer's a group without its ticket, the dispatcher's log lines from a route that
+    never registered. None is decoded (each refused, saying so), no heartbeat is missed, the run
+    completes."""
+    out = tmp_path / "run"
+    run = start_run(out, "--set", "periods=4", "--set", "run_id='large'")
+    try:
+        sent = _large_strangers(_addresses(run), "large", connections=8, frames=4)
+        code, _, err = run.finish(timeout=240)
+    finally:
+        run.kill()
+    assert code == 0, err
+    assert sent == 2 * 8 * 4
+    # (those the throttle let be logged) the trainer read a group's ticket and no more; the dispatcher
+    # not even that, from a route that never registered: a decoded one would be refused for other reasons
+    refused = {
+        a: [e for e in events(out, a) if e["event"] == "message_refused"] for a in ("trainer", "dispatcher")
+    }
+    groups = [e for e in refused["trainer"] if e["sender"] == "stranger"]
+    assert groups and all(e["type"] == "group_result" and e["reason"].endswith("not decoded") for e in groups)
+    assert any(e["reason"].endswith("not decoded") for e in refused["dispatcher"])
+    assert not [e for e in refused["dispatcher"] if e["sender"] == "stranger"]
+    assert summary(out)["final_version"] == 4 and summary(out)["groups_trained"] == 4 * 4
+
+
+def test_a_run_that_listens_locally_is_reached_through_its_own_users_folders(tmp_path: Path) -> None:
+    """`transport.listen = "ipc"`: the dispatcher, the trainer and the publisher listen on Unix sockets,
+    each in a folder only the run's user can open (0700), and the run completes through them."""
+    import stat
+
+    out = tmp_path / "run"
+    run = start_run(out, "--set", "periods=2", "--set", "transport.listen='ipc'")
+    try:
+        addresses = _addresses(run)
+        folders = {role: Path(a.removeprefix("ipc://")).parent for role, a in addresses.items()}
+        assert all(a.startswith("ipc://") for a in addresses.values()), addresses
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o700 for f in folders.values()), folders
+        code, _, err = run.finish(timeout=240)
+    finally:
+        run.kill()
+    assert code == 0, err
+    assert summary(out)["final_version"] == 2
+    assert not any(f.exists() for f in folders.values())  # each removed with its server
