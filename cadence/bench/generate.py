@@ -115,9 +115,8 @@ def _builtin(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> di
 def _transformers(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    model = (
-        AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, case.dtype)).to(case.device).eval()
-    )
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, case.dtype))
+    model = model.to(case.device).eval()  # type: ignore[arg-type]
     width = max(len(p) for p in prompts)
     pad = eos
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=case.device)

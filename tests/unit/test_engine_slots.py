@@ -170,3 +170,23 @@ def test_on_a_gpu_the_engine_samples_what_it_samples_on_the_cpu(compiled: bool) 
     cpu = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=4)
     _same(here.generate_many(_groups(), params), cpu.generate_many(_groups(), params), tol=1e-4)
     assert here.runner.compiled == compiled
+
+
+def test_a_group_stopped_with_rows_still_waiting_for_a_slot_leaves_nothing_behind() -> None:
+    """One slot, groups of three: a stop names the group decoding and one not yet admitted; the
+    others' samples are the ones a wide batch gives, the stopped groups get []."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    wide = TorchEngine(init_model(CFG, seed=6), eos_id=EOS)
+    one = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=1)
+    polls = [0]
+
+    def stopped() -> set[int]:
+        polls[0] += 1
+        return {0, 3} if polls[0] >= 3 else set()
+
+    told: list[int] = []
+    got = one.generate_many(_groups(3), params, ended=lambda i, _: told.append(i), stopped=stopped)
+    want = wide.generate_many(_groups(3), params)
+    assert got[0] == [] and got[3] == [] and 0 not in told and 3 not in told
+    _same([got[i] for i in (1, 2, 4)], [want[i] for i in (1, 2, 4)])
+    assert sorted(told) == [1, 2, 4] and max(one.last_call.live) == 1
