@@ -20,6 +20,7 @@ from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
 from cadence.model.devices import open_device
+from cadence.model.lora import LoraSpec
 from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
@@ -196,7 +197,14 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     use_threads(rollout_threads(cfg))
     if cfg.rollout.engine == "vllm":
         return make_vllm_engine(cfg, tokenizer, sampling_params(cfg))
-    return make_torch_engine(cfg, tokenizer, make_model(cfg, tokenizer)[0])
+    model, model_cfg = make_model(cfg, tokenizer)
+    engine = make_torch_engine(cfg, tokenizer, model)
+    spec = lora_spec(cfg)
+    if spec is None:
+        return engine
+    from cadence.model.lora_engine import LoraRolloutEngine
+
+    return LoraRolloutEngine(engine, spec, base_identity(cfg, model_cfg))
 
 
 def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transformer) -> TorchRolloutEngine:
@@ -281,4 +289,31 @@ def make_torch_learner(
         from cadence.training.sharding import ShardedLearner
 
         return ShardedLearner(comm, model, model_cfg, tokenizer, **settings)
+    spec = lora_spec(cfg)
+    if spec is not None:
+        from cadence.training.lora_learner import LoraLearner
+
+        path = str(Path(cfg.model.checkpoint).expanduser().resolve()) if cfg.model.checkpoint else None
+        base = base_identity(cfg, model_cfg)
+        return LoraLearner(
+            model, model_cfg, tokenizer, lora=spec, seed=cfg.seed, base=base, base_path=path, **settings
+        )
     return TorchLearner(model, model_cfg, tokenizer, **settings)
+
+
+def lora_spec(cfg: RunConfig) -> LoraSpec | None:
+    """`[trainer.lora]` as the learner and the engines apply it; None without adapters (rank 0)."""
+    lora = cfg.trainer.lora
+    if lora.rank == 0:
+        return None
+    return LoraSpec(lora.rank, lora.alpha, lora.dropout, tuple(lora.targets))
+
+
+def base_identity(cfg: RunConfig, model_cfg: ModelConfig) -> str:
+    """What identifies the model adapters apply to: `model.checkpoint`'s files, or the random model's
+    config and `model.init_seed` (model/lora_files.py)."""
+    from cadence.model.lora_files import checkpoint_identity, init_identity
+
+    if cfg.model.checkpoint:
+        return checkpoint_identity(Path(cfg.model.checkpoint).expanduser())
+    return init_identity(model_cfg, cfg.model.init_seed)
