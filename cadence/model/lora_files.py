@@ -153,3 +153,31 @@ def read_peft(directory: Path) -> tuple[dict[str, Tensor], LoraSpec, dict[str, A
     ordered = tuple(t for t in TARGETS if t in targets)
     spec = LoraSpec(int(config["r"]), float(config["lora_alpha"]), float(config.get("lora_dropout", 0.0)), ordered)
     return adapters, spec, config
+
+
+def merge_folder(adapter_dir: Path, base_dir: Path | None, out: Path) -> Path:
+    """Write into `out` the full model of the PEFT folder `adapter_dir` merged into its base
+    (`base_dir`, else the folder its adapter_config.json names): a checkpoint folder with the base's
+    config, its other files (tokenizer, …) copied, and the merged weights in the base's dtype."""
+    from cadence.model.checkpoint import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint
+    from cadence.model.lora import merge_adapters
+    from cadence.model.transformer import hf_state_dict
+
+    adapters, spec, config = read_peft(adapter_dir)
+    named = config.get("base_model_name_or_path")
+    base = base_dir if base_dir is not None else Path(named) if named else None
+    if base is None:
+        raise CheckpointError(f"{adapter_dir / ADAPTER_CONFIG} names no base_model_name_or_path: give --base")
+    check_checkpoint(base)
+    if out.resolve() in (base.resolve(), adapter_dir.resolve()):
+        raise CheckpointError(f"{out} is the base or adapter folder itself: give another --out")
+    model, model_cfg = load_checkpoint(base, dtype="auto")
+    merged = merge_adapters(hf_state_dict(model), adapters, spec.scale)
+    skip = {"config.json", "model.safetensors.index.json", ADAPTER_CONFIG}
+    extra = {
+        p.name: p.read_text()
+        for p in sorted(base.iterdir())
+        if p.is_file() and p.name not in skip and p.suffix in (".json", ".txt", ".model", ".jinja")
+    }
+    save_checkpoint(merged, model_cfg, out, extra)
+    return out
