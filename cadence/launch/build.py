@@ -317,3 +317,24 @@ def base_identity(cfg: RunConfig, model_cfg: ModelConfig) -> str:
     if cfg.model.checkpoint:
         return checkpoint_identity(Path(cfg.model.checkpoint).expanduser())
     return init_identity(model_cfg, cfg.model.init_seed)
+
+
+def version_figures(cfg: RunConfig) -> tuple[int, int]:
+    """The parameters the optimizer moves and the bytes of a published version (without the small
+    header), counted on a model without storage: every weight in the publish dtype, or the adapters."""
+    from cadence.launch.settings import publish_dtype
+    from cadence.model.lora import adapter_tensors, apply_lora, trainable_count
+    from cadence.model.transformer import hf_state_dict
+
+    if cfg.model.checkpoint:
+        model_cfg = ModelConfig.from_hf_dict(checkpoint_config(cfg))
+    else:
+        model_cfg = make_model_config(cfg, make_tokenizer(cfg))
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    spec = lora_spec(cfg)
+    if spec is not None:
+        apply_lora(model, spec, cfg.seed)
+    published = adapter_tensors(model) if spec is not None else hf_state_dict(model)
+    itemsize = getattr(torch, publish_dtype(cfg) or "float32").itemsize
+    return trainable_count(model), sum(t.numel() for t in published.values()) * itemsize

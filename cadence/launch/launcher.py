@@ -185,7 +185,8 @@ def launch(
         if progress:
             where = f" resumed at period {first}," if resume else ""
             print(
-                f"cadence: run {cfg.run_id} in {out}:{where} {len(procs)} processes, {cfg.mode} mode",
+                f"cadence: run {cfg.run_id} in {out}:{where} {len(procs)} processes, {cfg.mode} mode,"
+                f" {trained_part(cfg)}",
                 flush=True,
             )
         _watch(cfg, out, procs, progress, begin + timeout_s, first)
@@ -193,6 +194,16 @@ def launch(
         _stop_all(procs)
     summary: dict[str, Any] = read_json(out / "summary.json")
     return summary
+
+
+def trained_part(cfg: RunConfig) -> str:
+    """What the first line says the trainer trains and publishes: "LoRA rank 16: 4.88M trainable
+    parameters, 9.8 MB a version", or every weight's."""
+    from cadence.launch.build import version_figures
+
+    params, nbytes = version_figures(cfg)
+    what = f"LoRA rank {cfg.trainer.lora.rank}: " if cfg.trainer.lora.rank else ""
+    return f"{what}{params / 1e6:.2f}M trainable parameters, {nbytes / 1e6:.1f} MB a version"
 
 
 def _check_model_checkpoint(folder: Path) -> None:

@@ -86,6 +86,8 @@ class PeriodMetrics:
     publish_s: float = 0.0  # publishing the next version
     weight_load_s: float = 0.0  # the slowest worker's load of this version
     weight_sync_s: float = 0.0  # publish_s + weight_load_s
+    version_bytes: int = 0  # bytes of the version published at the period's end ([trainer.lora]: adapters)
+    trainable_params: int = 0  # parameters the optimizer moves (every weight, or the adapters alone)
     tokens_per_s: float = 0.0  # tokens_generated / period_s
     samples_per_s: float = 0.0  # samples / period_s
     stale_dropped: int = 0  # groups refused as generated with another version's weights

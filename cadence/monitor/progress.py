@@ -27,6 +27,7 @@ def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
+        f" ({row.version_bytes / 1e6:.1f} MB)"
         f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}{sampling_part(row)}"
         f"{mismatch_part(row)}"
     )
