@@ -20,8 +20,8 @@ from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
 from cadence.model.config import ModelConfig
 from cadence.model.devices import open_device
-from cadence.model.lora import LoraSpec
 from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
+from cadence.model.lora import LoraSpec
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
@@ -222,12 +222,21 @@ def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingP
     at start (and never again: later versions are loaded from memory)."""
     from cadence.model.vllm_engine import VllmEngine  # only a vLLM worker imports vLLM
 
+    def engine(folder: Path, model_cfg: ModelConfig | None = None) -> RolloutEngine:
+        spec = lora_spec(cfg)
+        if spec is None:
+            return VllmEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        from cadence.model.vllm_lora import VllmLoraEngine
+
+        base = base_identity(cfg, model_cfg)
+        return VllmLoraEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed, spec, base)
+
     if cfg.model.checkpoint:
-        folder = Path(cfg.model.checkpoint).expanduser()
-        return VllmEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        return engine(Path(cfg.model.checkpoint).expanduser())
     with tempfile.TemporaryDirectory(prefix="cadence-vllm-") as tmp:
-        save_checkpoint(*make_model(cfg, tokenizer), Path(tmp))
-        return VllmEngine(Path(tmp), tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        model, model_cfg = make_model(cfg, tokenizer)
+        save_checkpoint(model, model_cfg, Path(tmp))
+        return engine(Path(tmp), model_cfg)
 
 
 def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None = None) -> Learner:
@@ -309,13 +318,15 @@ def lora_spec(cfg: RunConfig) -> LoraSpec | None:
     return LoraSpec(lora.rank, lora.alpha, lora.dropout, tuple(lora.targets))
 
 
-def base_identity(cfg: RunConfig, model_cfg: ModelConfig) -> str:
+def base_identity(cfg: RunConfig, model_cfg: ModelConfig | None) -> str:
     """What identifies the model adapters apply to: `model.checkpoint`'s files, or the random model's
-    config and `model.init_seed` (model/lora_files.py)."""
+    config (`model_cfg`, given without a checkpoint) and `model.init_seed` (model/lora_files.py)."""
     from cadence.model.lora_files import checkpoint_identity, init_identity
 
     if cfg.model.checkpoint:
         return checkpoint_identity(Path(cfg.model.checkpoint).expanduser())
+    if model_cfg is None:
+        raise ValueError("a random base's identity needs its model config")
     return init_identity(model_cfg, cfg.model.init_seed)
 
 

@@ -114,18 +114,20 @@ def base_tensors(model: Transformer) -> dict[str, Tensor]:
 def adapter_pairs(adapters: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
     """(A, B) of each adapted module, by its weight's name (`…q_proj.weight`); ValueError when an A
     has no B or the other way round, or a name is no adapter's."""
-    modules = {}
+    modules: dict[str, None] = {}
     for name in adapters:
         if not name.endswith(ADAPTER_PARTS):
             raise ValueError(f"{name!r} is not an adapter's weight (…lora_A.weight or …lora_B.weight)")
         modules.setdefault(name[: -len(".lora_A.weight")], None)
-    pairs = {}
+    pairs: dict[str, tuple[Tensor, Tensor]] = {}
     for module in modules:
         a, b = adapters.get(f"{module}.lora_A.weight"), adapters.get(f"{module}.lora_B.weight")
         if a is None or b is None:
             raise ValueError(f"the adapter of {module} lacks its {'lora_A' if a is None else 'lora_B'}")
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
-            raise ValueError(f"the adapter of {module}: A {tuple(a.shape)} and B {tuple(b.shape)} do not pair")
+            raise ValueError(
+                f"the adapter of {module}: A {tuple(a.shape)} and B {tuple(b.shape)} do not pair"
+            )
         pairs[f"{module}.weight"] = (a, b)
     return pairs
 
@@ -133,7 +135,9 @@ def adapter_pairs(adapters: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Ten
 def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
     """W + scale B A, computed in float32 and returned in W's dtype and device."""
     if weight.shape != (b.shape[0], a.shape[1]):
-        raise ValueError(f"an adapter B {tuple(b.shape)} A {tuple(a.shape)} does not fit W {tuple(weight.shape)}")
+        raise ValueError(
+            f"an adapter B {tuple(b.shape)} A {tuple(a.shape)} does not fit W {tuple(weight.shape)}"
+        )
     delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
     return (weight.float() + scale * delta).to(weight.dtype)
 

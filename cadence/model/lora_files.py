@@ -149,9 +149,13 @@ def read_peft(directory: Path) -> tuple[dict[str, Tensor], LoraSpec, dict[str, A
         targets = [targets]
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
-        raise ValueError(f"{path}: target_modules {unknown} are none of cadence's projections {list(TARGETS)}")
+        raise ValueError(
+            f"{path}: target_modules {unknown} are none of cadence's projections {list(TARGETS)}"
+        )
     ordered = tuple(t for t in TARGETS if t in targets)
-    spec = LoraSpec(int(config["r"]), float(config["lora_alpha"]), float(config.get("lora_dropout", 0.0)), ordered)
+    spec = LoraSpec(
+        int(config["r"]), float(config["lora_alpha"]), float(config.get("lora_dropout", 0.0)), ordered
+    )
     return adapters, spec, config
 
 

@@ -72,7 +72,9 @@ class LoraLearner(TorchLearner):
         own = self.tensors()
         if set(weights) != set(own):
             missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-            raise ValueError(f"a resume state whose adapters differ: missing {missing[:3]}, unexpected {extra[:3]}")
+            raise ValueError(
+                f"a resume state whose adapters differ: missing {missing[:3]}, unexpected {extra[:3]}"
+            )
         with torch.no_grad():
             for name, tensor in own.items():
                 tensor.copy_(weights[name])

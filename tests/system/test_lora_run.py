@@ -43,7 +43,9 @@ def test_sync_and_periodic_lora_runs_agree_and_publish_the_adapters_alone(tmp_pa
     trainable = {r["trainable_params"] for r in rows["periodic"]}
     assert trainable == {payload // 4} and "LoRA rank 4:" in lines["periodic"]
     assert all(payload < r["version_bytes"] < payload + 8192 for r in rows["periodic"])
-    loaded = [e["nbytes"] for e in events(tmp_path / "periodic", "rollout-0") if e["event"] == "weights_loaded"]
+    loaded = [
+        e["nbytes"] for e in events(tmp_path / "periodic", "rollout-0") if e["event"] == "weights_loaded"
+    ]
     assert loaded and all(payload < n < payload + 8192 for n in loaded)
 
 

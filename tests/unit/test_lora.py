@@ -4,11 +4,15 @@ alone, versions of adapters loaded by the built-in engine, the PEFT folder read 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from cadence.config import ConfigError, load_config
+from cadence.launch.build import make_tokenizer, make_torch_learner, version_figures
+from cadence.launch.evaluate import merged_model
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import SamplingParams, TorchEngine
@@ -52,7 +56,7 @@ def adapted(cfg: ModelConfig, spec: LoraSpec = SPEC) -> Transformer:
     return model
 
 
-def merged_model(model: Transformer, spec: LoraSpec = SPEC) -> Transformer:
+def merged_copy(model: Transformer, spec: LoraSpec = SPEC) -> Transformer:
     plain = Transformer(model.cfg)
     load_hf_state_dict(plain, merge_adapters(base_tensors(model), adapter_tensors(model), spec.scale))
     return plain
@@ -64,7 +68,7 @@ def batch() -> list[TrainGroup]:
 
 def lora_learner(packing: str = "shared_prompt", **kw: object) -> LoraLearner:
     cfg = CONFIGS["qwen3"]
-    settings = dict(SETTINGS, packing=packing) | kw
+    settings: dict[str, Any] = dict(SETTINGS, packing=packing) | kw
     return LoraLearner(init_model(cfg, 5), cfg, CharTokenizer(), lora=SPEC, seed=1, base="b0", **settings)
 
 
@@ -73,7 +77,7 @@ def test_the_adapted_forward_equals_the_merged_models(family: str) -> None:
     model = adapted(CONFIGS[family])
     ids = torch.randint(1, 20, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        lora, merged = model(ids), merged_model(model)(ids)
+        lora, merged = model(ids), merged_copy(model)(ids)
         base = init_model(CONFIGS[family], seed=3)(ids)
     assert (lora - base).abs().max() > 1e-3  # the adapters change the logits: the check has teeth
     assert (lora - merged).abs().max() <= 1e-5
@@ -83,15 +87,19 @@ def test_adapters_keep_the_base_names_and_freeze_everything_else() -> None:
     model = init_model(CONFIGS["llama"], seed=3)
     before = hf_state_dict(model)
     apply_lora(model, LoraSpec(2, 4.0, targets=("q_proj", "down_proj")), seed=0)
-    assert isinstance(model.model.layers[0].self_attn.q_proj, LoraLinear)
-    assert not isinstance(model.model.layers[0].self_attn.k_proj, LoraLinear)
+    assert isinstance(model.get_submodule("model.layers.0.self_attn.q_proj"), LoraLinear)
+    assert not isinstance(model.get_submodule("model.layers.0.self_attn.k_proj"), LoraLinear)
     assert set(base_tensors(model)) == set(before)
     names = set(adapter_tensors(model))
     assert "model.layers.1.mlp.down_proj.lora_B.weight" in names and len(names) == 2 * 2 * 2
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == names
     cfg = CONFIGS["llama"]
-    expected = cfg.num_layers * 2 * ((cfg.hidden_size + cfg.num_heads * cfg.head_dim) + cfg.intermediate_size + cfg.hidden_size)
+    expected = (
+        cfg.num_layers
+        * 2
+        * ((cfg.hidden_size + cfg.num_heads * cfg.head_dim) + cfg.intermediate_size + cfg.hidden_size)
+    )
     assert trainable_count(model) == expected
 
 
@@ -124,7 +132,9 @@ def test_a_version_is_the_adapters_with_the_spec_and_the_base_in_its_header() ->
     data = learner.weights(dtype="bfloat16")
     adapters, scale, base = read_adapter_bytes(bytes(data))
     assert base == "b0" and scale == SPEC.scale
-    assert set(adapters) == set(learner.tensors()) and all(t.dtype == torch.bfloat16 for t in adapters.values())
+    assert set(adapters) == set(learner.tensors()) and all(
+        t.dtype == torch.bfloat16 for t in adapters.values()
+    )
     body = sum(t.numel() for t in adapters.values()) * 2
     assert body == trainable_count(learner.model) * 2 and len(data) < body + 4096  # the header is small
     assert body < sum(t.numel() for t in hf_state_dict(learner.model).values()) * 2 / 2
@@ -137,7 +147,9 @@ def test_a_version_is_the_adapters_with_the_spec_and_the_base_in_its_header() ->
 def engines(base: str = "b0") -> tuple[LoraRolloutEngine, TorchEngine]:
     cfg = CONFIGS["qwen3"]
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
-    lora = LoraRolloutEngine(TorchRolloutEngine(TorchEngine(init_model(cfg, 5), eos_id=2), params), SPEC, base)
+    lora = LoraRolloutEngine(
+        TorchRolloutEngine(TorchEngine(init_model(cfg, 5), eos_id=2), params), SPEC, base
+    )
     return lora, TorchEngine(init_model(cfg, 5), eos_id=2)
 
 
@@ -206,3 +218,52 @@ def test_a_peft_folder_cadence_cannot_apply_is_refused_naming_the_key(tmp_path: 
     (tmp_path / "adapter_config.json").write_text(config)
     with pytest.raises(ValueError, match="use_dora"):
         read_peft(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("trainer.sharding='fsdp2'", "trainer.sharding = 'fsdp2'"),
+        ("trainer.learner='simulated'", "trainer.learner = 'torch'"),
+    ],
+)
+def test_adapters_refuse_what_they_cannot_go_with_naming_both_keys(setting: str, named: str) -> None:
+    extra = ["trainer.ranks=2", "trainer.device='cpu'"] if "fsdp2" in setting else []
+    with pytest.raises(ConfigError, match="trainer.lora.rank = 4") as err:
+        load_config(None, ["trainer.lora.rank=4", setting, *extra])
+    assert named in str(err.value)
+
+
+def test_unknown_or_repeated_targets_are_refused() -> None:
+    for targets in ("['q_proj', 'qkv']", "['q_proj', 'q_proj']", "[]"):
+        with pytest.raises(ConfigError, match="trainer.lora.targets"):
+            load_config(None, [f"trainer.lora.targets={targets}"])
+
+
+def test_the_run_counts_the_adapters_and_their_bytes_a_version() -> None:
+    full = load_config(None, ["rollout.dtype='bfloat16'"])
+    lora = load_config(
+        None, ["rollout.dtype='bfloat16'", "trainer.lora.rank=2", "trainer.lora.targets=['q_proj']"]
+    )
+    params, nbytes = version_figures(full)
+    m = full.model
+    assert nbytes == 2 * params  # every weight, bfloat16 (the quickstart's head is not tied)
+    head_dim = m.hidden_size // m.num_heads
+    adapters = m.num_layers * 2 * (m.hidden_size + m.num_heads * head_dim)
+    assert version_figures(lora) == (adapters, 2 * adapters)
+
+
+def test_cadence_eval_reads_a_final_adapter_folder_as_the_merged_model(tmp_path: Path) -> None:
+    cfg = load_config(None, ["trainer.lora.rank=4", "trainer.lora.alpha=8.0", "trainer.lr=0.05"])
+    tokenizer = make_tokenizer(cfg)
+    learner = make_torch_learner(cfg, tokenizer, torch.device("cpu"))
+    assert isinstance(learner, LoraLearner)
+    with torch.no_grad():
+        for name, p in learner.tensors().items():
+            if name.endswith("lora_B.weight"):
+                p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    learner.save(tmp_path / "final")
+    merged = merged_model(cfg, tokenizer, tmp_path / "final")
+    ids = torch.tensor([tokenizer.encode_prompt("37")])
+    with torch.no_grad():
+        assert (merged(ids) - learner.model(ids)).abs().max() <= 1e-5

@@ -24,7 +24,9 @@ from cadence.training.lora_learner import LoraLearner
 transformers = pytest.importorskip("transformers", reason="the PEFT folder is opened with transformers")
 peft = pytest.importorskip("peft", reason="the PEFT folder is opened with peft")
 
-CFG = ModelConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+CFG = ModelConfig(
+    vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+)
 SPEC = LoraSpec(rank=4, alpha=16.0, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
 EOS = 2
 PROMPTS = ([1, 5, 9], [3, 14, 15, 9, 26, 35, 8])
@@ -93,7 +95,9 @@ def test_peft_opens_the_final_folder_and_generates_cadences_greedy_tokens(tmp_pa
     assert (tmp_path / "merged" / "tokenizer.json").is_file()
 
 
-def test_merge_refuses_an_adapter_folder_that_names_no_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_merge_refuses_an_adapter_folder_that_names_no_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = tmp_path / "base"
     save_checkpoint(init_model(CFG, seed=1), CFG, base, CharTokenizer().files())
     learner = trained(base)
