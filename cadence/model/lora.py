@@ -132,25 +132,39 @@ def adapter_pairs(adapters: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Ten
     return pairs
 
 
-def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
-    """W + scale B A, computed in float32 and returned in W's dtype and device."""
+def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+    """W + scale B A, computed in float32 and returned in W's dtype and device; into `out` (W's shape,
+    dtype and device) where given: a buffer written again each version costs no page faults, while a
+    fresh one (a 135M model's 400 MB) costs several times the arithmetic."""
     if weight.shape != (b.shape[0], a.shape[1]):
         raise ValueError(
             f"an adapter B {tuple(b.shape)} A {tuple(a.shape)} does not fit W {tuple(weight.shape)}"
         )
-    delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
-    return (weight.float() + scale * delta).to(weight.dtype)
+    b, a = b.to(weight.device, torch.float32), a.to(weight.device, torch.float32)
+    if weight.dtype == torch.float32:
+        if out is None:
+            return torch.addmm(weight, b, a, alpha=scale)
+        return torch.addmm(weight, b, a, alpha=scale, out=out)
+    merged = torch.addmm(weight.float(), b, a, alpha=scale).to(weight.dtype)
+    return merged if out is None else out.copy_(merged)
 
 
 def merge_adapters(
-    base: Mapping[str, Tensor], adapters: Mapping[str, Tensor], scale: float
+    base: Mapping[str, Tensor],
+    adapters: Mapping[str, Tensor],
+    scale: float,
+    buffers: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
-    """`base`'s tensors (HF-named, shared, not copied), each adapted weight replaced by its merged one."""
+    """`base`'s tensors (HF-named, shared, not copied), each adapted weight replaced by its merged one;
+    with `buffers`, each merged weight written into its buffer there (allocated the first time)."""
     merged = dict(base)
     for name, (a, b) in adapter_pairs(adapters).items():
         if name not in base:
             raise ValueError(f"an adapter for {name}, which the base model does not have")
-        merged[name] = merged_weight(base[name], a, b, scale)
+        out = None if buffers is None else buffers.get(name)
+        if buffers is not None and out is None:
+            out = buffers[name] = torch.empty_like(base[name])
+        merged[name] = merged_weight(base[name], a, b, scale, out)
     return merged
 
 

@@ -6,7 +6,8 @@
                       refused when trained on another base
    load_state(tensors) adapters received by broadcast, at the spec's scale
    ─► each target W = base W + scale B A (float32, then the engine's dtype), recomputed from the base
-      every version, never accumulated; the other tensors are the base's own (no copy)
+      every version, never accumulated, into the same buffer each version (the engine computes with
+      it; no version loads while a batch is made); the other tensors are the base's own (no copy)
    generate, generate_many, max_context: the engine's
 ```
 
@@ -37,6 +38,7 @@ class LoraRolloutEngine:
         self.base = base
         # the engine's own tensors, in its dtype and device: never written (each load assigns new ones)
         self.base_state = {k: t.detach() for k, t in hf_state_dict(engine.engine.model).items()}
+        self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
 
     def load(self, weights: bytes | bytearray) -> None:
         adapters, scale, base = read_adapter_bytes(weights)
@@ -51,7 +53,7 @@ class LoraRolloutEngine:
         self._merge(state, self.spec.scale)
 
     def _merge(self, adapters: Mapping[str, Tensor], scale: float) -> None:
-        merged = merge_adapters(self.base_state, adapters, scale)
+        merged = merge_adapters(self.base_state, adapters, scale, self._merged)
         self.inner.engine.load_state_dict(merged, share=True)  # every tensor the engine's dtype and device
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
