@@ -78,6 +78,12 @@ class LoraConfig:
         "the projections given adapters, by their Hugging Face names: q_proj, k_proj, v_proj, o_proj,"
         " gate_proj, up_proj, down_proj",
     )
+    apply: Literal["merge", "step"] = doc(
+        "merge",
+        "how the built-in engine applies a version: merge (W + alpha/rank x B A into its copy of the base"
+        " on load, then steps at the base's cost) or step (the low-rank products in every step; a load"
+        " copies A and B alone)",
+    )
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
         return engine
     from cadence.model.lora_engine import LoraRolloutEngine
 
-    return LoraRolloutEngine(engine, spec, base_identity(cfg, model_cfg))
+    return LoraRolloutEngine(engine, spec, base_identity(cfg, model_cfg), cfg.trainer.lora.apply)
 
 
 def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transformer) -> TorchRolloutEngine:

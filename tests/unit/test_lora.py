@@ -144,18 +144,17 @@ def test_a_version_is_the_adapters_with_the_spec_and_the_base_in_its_header() ->
         read_adapter_bytes(bytes(tensors_to_bytes(base_tensors(learner.model))))
 
 
-def engines(base: str = "b0") -> tuple[LoraRolloutEngine, TorchEngine]:
+def engines(base: str = "b0", apply: str = "merge") -> tuple[LoraRolloutEngine, TorchEngine]:
     cfg = CONFIGS["qwen3"]
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
-    lora = LoraRolloutEngine(
-        TorchRolloutEngine(TorchEngine(init_model(cfg, 5), eos_id=2), params), SPEC, base
-    )
-    return lora, TorchEngine(init_model(cfg, 5), eos_id=2)
+    inner = TorchRolloutEngine(TorchEngine(init_model(cfg, 5), eos_id=2), params)
+    return LoraRolloutEngine(inner, SPEC, base, apply), TorchEngine(init_model(cfg, 5), eos_id=2)
 
 
-def test_zero_adapters_leave_the_first_versions_samples_unchanged() -> None:
+@pytest.mark.parametrize("apply", ["merge", "step"])
+def test_zero_adapters_leave_the_first_versions_samples_unchanged(apply: str) -> None:
     learner = lora_learner()
-    lora, plain = engines()
+    lora, plain = engines(apply=apply)
     lora.load(learner.weights())
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
     prompt, seeds = [1, 5, 9, 4], [3, 4, 5]
@@ -267,3 +266,26 @@ def test_cadence_eval_reads_a_final_adapter_folder_as_the_merged_model(tmp_path:
     ids = torch.tensor([tokenizer.encode_prompt("37")])
     with torch.no_grad():
         assert (merged(ids) - learner.model(ids)).abs().max() <= 1e-5
+
+
+def test_the_low_rank_products_in_each_step_generate_as_the_merged_weights() -> None:
+    learner = lora_learner()
+    with torch.no_grad():
+        for name, p in learner.tensors().items():
+            if name.endswith("lora_B.weight"):
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(3))
+    merged, _ = engines(apply="merge")
+    stepped, _ = engines(apply="step")
+    for engine in (merged, stepped):
+        engine.load(bytearray(learner.weights()))
+    ids = torch.tensor([[1, 5, 9, 4, 7, 3]])
+    with torch.no_grad():
+        diff = (merged.inner.engine.model(ids) - stepped.inner.engine.model(ids)).abs().max()
+    assert diff <= 1e-5
+    greedy = [([1, 5, 9], [0]), ([4, 4], [1])]
+    ours = [g[0] for g in stepped.generate_many(greedy, temperature=0.0)]
+    theirs = [g[0] for g in merged.generate_many(greedy, temperature=0.0)]
+    assert [c.tokens for c in ours] == [c.tokens for c in theirs]  # the log-probs to float rounding
+    pairs = zip(ours, theirs, strict=True)
+    assert all(abs(x - y) <= 1e-5 for a, b in pairs for x, y in zip(a.logprobs, b.logprobs, strict=True))
+    assert stepped.generate([1, 5, 9], [0, 1]) != engines(apply="step")[0].generate([1, 5, 9], [0, 1])
