@@ -191,9 +191,10 @@ class VllmEngine:
         pending: dict[str, tuple[int, int]] = {}  # request id -> (group, sample), until it finishes
         try:
             inputs = self.llm.renderer.render_cmpl(prompts)
+            adapters = {} if self.lora_request is None else {"lora_request": self.lora_request}
             for engine_input, request, owner in zip(inputs, requests, owners, strict=True):
                 request_id = f"cadence-{next(self._request_ids)}"
-                engine.add_request(request_id, engine_input, request, lora_request=self.lora_request)
+                engine.add_request(request_id, engine_input, request, **adapters)
                 pending[request_id] = owner
             return self._run(pending, [len(seeds) for _, seeds in groups], ended, stopped)
         except BaseException:
