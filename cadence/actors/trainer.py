@@ -39,6 +39,7 @@ them, and the threads each computation takes, are `MicroBatches`' (`actors/train
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -191,7 +192,11 @@ class Trainer:
             await self._period(period, stats)
             publish_start = self.clock()
             end, digest, nbytes = await self._publish(period + 1)
-            metrics = stats.finish(end, end - publish_start)
+            metrics = dataclasses.replace(
+                stats.finish(end, end - publish_start),
+                version_bytes=nbytes,
+                trainable_params=self.settings.trainable_params,
+            )
             log.info(
                 "period_done",
                 period=period,

@@ -15,7 +15,7 @@ from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.config import RunConfig
 from cadence.dispatch.settings import DispatcherSettings
-from cadence.launch.build import model_positions
+from cadence.launch.build import model_positions, version_figures
 from cadence.launch.threads import (
     rollout_threads,
     trainer_threads,
@@ -110,6 +110,7 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         publish_dtype=publish_dtype(cfg),
         sampling=selection_rule(cfg),
         mismatch_warn_kl=t.mismatch.warn_kl,
+        trainable_params=version_figures(cfg)[0],
     )
 
 

@@ -111,11 +111,30 @@ def tensors_to_bytes(
     state: Mapping[str, Tensor],
     alloc: Callable[[int], bytearray] = bytearray,
     dtype: torch.dtype | str | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> bytearray:
     """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes, in `alloc(nbytes)`;
-    with `dtype` (or its name, "bfloat16"), the floating-point ones in it."""
+    with `dtype` (or its name, "bfloat16"), the floating-point ones in it; `metadata`: strings the
+    header carries beside `format`."""
     kind = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    return _safetensors_bytes(state, {"format": "pt"}, alloc, kind)
+    return _safetensors_bytes(state, {"format": "pt", **(metadata or {})}, alloc, kind)
+
+
+def safetensors_metadata(data: bytes | bytearray | memoryview) -> dict[str, str]:
+    """The `__metadata__` strings of safetensors `data`'s header; ValueError when it has no readable one."""
+    if len(data) < 8:
+        raise ValueError("safetensors data shorter than its 8-byte header length")
+    (size,) = struct.unpack("<Q", bytes(data[:8]))
+    if size > len(data) - 8:
+        raise ValueError(f"a safetensors header of {size} bytes in {len(data)} bytes")
+    try:
+        header = json.loads(bytes(data[8 : 8 + size]))
+    except ValueError as err:
+        raise ValueError(f"a safetensors header that is not JSON: {err}") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("a safetensors header whose __metadata__ is not a table of strings")
+    return meta
 
 
 def state_nbytes(state: Mapping[str, Tensor]) -> int:

@@ -90,6 +90,8 @@ class PeriodMetrics:
     weight_sync_s: float = 0.0  # publish_s + weight_load_s
     weights_from: dict[str, str] | None = None  # worker -> how its version came (shm, zmq, gloo...);
     # left out of a row while None (no worker said)
+    version_bytes: int = 0  # bytes of the version published at the period's end ([trainer.lora]: adapters)
+    trainable_params: int = 0  # parameters the optimizer moves (every weight, or the adapters alone)
     tokens_per_s: float = 0.0  # tokens_generated / period_s
     samples_per_s: float = 0.0  # samples / period_s
     stale_dropped: int = 0  # groups refused as generated with another version's weights

@@ -27,7 +27,7 @@ def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
-        f"{transports_part(row)}"
+        f"{transports_part(row)}{version_part(row)}"
         f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}{sampling_part(row)}"
         f"{mismatch_part(row)}"
     )
@@ -38,6 +38,12 @@ def transports_part(row: PeriodMetrics) -> str:
     if not row.weights_from:
         return ""
     return f" ({', '.join(sorted(set(row.weights_from.values())))})"
+
+
+def version_part(row: PeriodMetrics) -> str:
+    """The bytes of the version published (the adapters alone with `[trainer.lora]`), "" for a row
+    without them."""
+    return f" ({row.version_bytes / 1e6:.1f} MB)" if row.version_bytes else ""
 
 
 def mismatch_part(row: PeriodMetrics) -> str:
