@@ -227,8 +227,9 @@ class RolloutConfig:
         "auto",
         "the built-in engine's decode step compiled once a worker (torch.compile: Inductor's C++ on the"
         " CPU, CUDA graphs on a GPU) at its start, the time logged as engine_warmed_up apart from the"
-        " periods; off: eager, the reference it equals; auto: on a GPU, and on the CPU for a model of"
-        " 50M parameters or more. A compile that fails falls back to eager with one log line",
+        " periods; off: eager, the reference it equals; auto: on a GPU (on the CPU a compile of a"
+        " model of SmolLM2's depth takes minutes: say on). A compile that fails falls back to eager with"
+        " one log line",
     )
     threads: int = doc(
         0,

@@ -215,7 +215,7 @@ def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transform
     r = cfg.rollout
     dtype = getattr(torch, r.dtype)
     device = str(open_device(r.device, 0, "rollout.device", "a rollout worker"))
-    compiled = wants_compile(r.compile, model, torch.device(device))
+    compiled = wants_compile(r.compile, torch.device(device))
     rows = r.engine_rows or auto_rows(model.cfg, torch.device(device), dtype)
     engine = TorchEngine(
         model.eval(),
