@@ -61,20 +61,7 @@ def add(sub: Subparsers) -> None:
         help="tail: comma-separated [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt"
         " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
     )
-    bench.add_argument("--models", default="tiny,smollm2", help="generate: tiny, smollm2 (comma-separated)")
-    bench.add_argument(
-        "--rows", default="8,32,128", help="generate: samples decoded together (comma-separated)"
-    )
-    bench.add_argument("--dtypes", default="float32,bfloat16", help="generate: the engines' dtypes")
-    bench.add_argument("--new-tokens", default="64,256", help="generate: token limits (comma-separated)")
-    bench.add_argument(
-        "--gen-engines",
-        default="eager,compiled,transformers,vllm",
-        help="generate: eager, compiled (the built-in engine), transformers, vllm (from .venv-vllm)",
-    )
-    bench.add_argument("--device", default="cpu", help="generate: cpu or cuda")
-    bench.add_argument("--repeats", type=int, default=2, help="generate: timed calls a case")
-    bench.add_argument("--threads", type=int, default=0, help="generate: torch threads (0: torch's own)")
+    _generate_arguments(bench)
     bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
     )
@@ -91,19 +78,7 @@ def bench_handler(args: argparse.Namespace) -> int:
 
         return bench_logs(args.json)
     if args.name == "generate":
-        from cadence.bench.generate import bench_generate
-
-        return bench_generate(
-            args.json,
-            args.models.split(","),
-            [int(n) for n in args.rows.split(",")],
-            args.dtypes.split(","),
-            [int(n) for n in args.new_tokens.split(",")],
-            args.gen_engines.split(","),
-            args.device,
-            args.repeats,
-            args.threads,
-        )
+        return _generate(args)
     if args.name == "weights":
         from cadence.bench.weights import bench_weights
 
@@ -142,3 +117,36 @@ def bench_handler(args: argparse.Namespace) -> int:
     from cadence.bench.pipeline import bench_pipeline
 
     return bench_pipeline(args.overrides, args.out, args.json)
+
+
+def _generate_arguments(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("--models", default="tiny,smollm2", help="generate: tiny, smollm2 (comma-separated)")
+    bench.add_argument(
+        "--rows", default="8,32,128", help="generate: samples decoded together (comma-separated)"
+    )
+    bench.add_argument("--dtypes", default="float32,bfloat16", help="generate: the engines' dtypes")
+    bench.add_argument("--new-tokens", default="64,256", help="generate: token limits (comma-separated)")
+    bench.add_argument(
+        "--gen-engines",
+        default="eager,compiled,transformers,vllm",
+        help="generate: eager, compiled (the built-in engine), transformers, vllm (from .venv-vllm)",
+    )
+    bench.add_argument("--device", default="cpu", help="generate: cpu or cuda")
+    bench.add_argument("--repeats", type=int, default=2, help="generate: timed calls a case")
+    bench.add_argument("--threads", type=int, default=0, help="generate: torch threads (0: torch's own)")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from cadence.bench.generate import bench_generate
+
+    return bench_generate(
+        args.json,
+        args.models.split(","),
+        [int(n) for n in args.rows.split(",")],
+        args.dtypes.split(","),
+        [int(n) for n in args.new_tokens.split(",")],
+        args.gen_engines.split(","),
+        args.device,
+        args.repeats,
+        args.threads,
+    )
