@@ -3,7 +3,9 @@
 Invariant: every event an actor logs reaches `logs/<actor>.jsonl` as one JSON object a line with
 `time` (epoch seconds), `ts`, `actor`, `host`, `pid`, `level` and `event`, whatever the console shows;
 with a `LogStream`, the same line is also queued for the dispatcher (bounded: the oldest lines give
-way and are counted when nobody drains it). An event logged with `exc_info=True` (or `log.exception`)
+way and are counted when nobody drains it). A line the disk refuses (full, or gone) is dropped and
+counted, never raised into the actor: once lines go through again, a `log_lines_dropped` line says how
+many went (`FileSink`), so a full disk costs log lines first, never the actor. An event logged with `exc_info=True` (or `log.exception`)
 carries its traceback as the structured field `exception` (structlog's dict tracebacks: a list of
 exceptions, the one caught first and then those it came from, each with `exc_type`, `exc_value` and `frames` of `filename`,
 `lineno`, `name`); the console shows it short: the last frames and the exception line.
@@ -11,6 +13,7 @@ exceptions, the one caught first and then those it came from, each with `exc_typ
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -20,12 +23,17 @@ import time
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 
 # events a peer can provoke at will: a few a second reach the log, the rest are counted
-THROTTLED = ("unexpected_message", "message_from_unregistered_peer")
+THROTTLED = (
+    "unexpected_message",
+    "message_from_unregistered_peer",
+    "agent_call_refused",
+    "registration_deferred",
+)
 
 # frames of the raised exception the console (and `cadence logs`) shows; the JSON keeps them all
 SHORT_FRAMES = 2
@@ -55,15 +63,73 @@ class LogStream:
         return out, dropped
 
 
+class FileSink:
+    """A JSON-lines log file that never fails its writer: each line is one `os.write` on an appended
+    file; a line the disk refuses is dropped and counted (`dropped`), and once one goes through again
+    a line made by `note(count)` is written first. The first refusal is said once on stderr."""
+
+    def __init__(self, path: Path, note: Callable[[int], str]) -> None:
+        self.path = path
+        self.note = note
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.dropped = 0  # lines refused since the last one that went through
+        self.dropped_total = 0
+        self.torn = False  # a line went out in part: the next one starts on a line of its own
+        self.error = ""
+
+    def write(self, line: str) -> bool:
+        """Append `line` (one JSON object, without its newline); whether it was written."""
+        if self.dropped and not self._put(self.note(self.dropped)):
+            return self._refused()
+        self.dropped = 0
+        return self._put(line) or self._refused()
+
+    def _refused(self) -> bool:
+        if not self.dropped_total:
+            print(f"cadence: {self.path}: cannot write ({self.error}): log lines are dropped and counted"
+                  " until it can", file=sys.stderr)  # fmt: skip
+        self.dropped += 1
+        self.dropped_total += 1
+        return False
+
+    def _put(self, line: str) -> bool:
+        data = (("\n" if self.torn else "") + line + "\n").encode()
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+        except OSError as err:
+            self.error = os.strerror(err.errno or errno.EIO)
+            self.torn = self.torn or done > 0
+            return False
+        self.torn = False
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def dropped_note(static: dict[str, Any]) -> Callable[[int], str]:
+    """The `log_lines_dropped` line of an actor's log file (its fields as every event's)."""
+
+    def note(count: int) -> str:
+        now = time.time()
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e3):03d}Z"
+        event = {"event": "log_lines_dropped", "dropped": count, "level": "warning", "time": now, "ts": ts}
+        return json.dumps({**event, **static})
+
+    return note
+
+
 def configure_logging(
     actor: str, log_dir: Path | None, console_level: str = "info", stream: LogStream | None = None
 ) -> None:
     """Send this process's structlog events to `log_dir/<actor>.jsonl`, to stderr, and to `stream`."""
-    sink: IO[str] | None = None
+    static = {"actor": actor, "host": socket.gethostname(), "pid": os.getpid()}
+    sink: FileSink | None = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        sink = open(log_dir / f"{actor}.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-    static = {"actor": actor, "host": socket.gethostname(), "pid": os.getpid()}
+        sink = FileSink(log_dir / f"{actor}.jsonl", dropped_note(static))
     console_min = _LEVELS[console_level]
     render = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
@@ -80,7 +146,7 @@ def configure_logging(
     def tee(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
         line = json.dumps(event, default=str)
         if sink is not None:
-            sink.write(line + "\n")
+            sink.write(line)
         if stream is not None:
             stream.put(line)
         if _LEVELS.get(event.get("level", "info"), logging.INFO) < console_min:

@@ -19,7 +19,7 @@ step nvidia-smi
 step "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', \
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)"
 step "$py" -m cadence doctor --json --set "trainer.device='$device'" --set "rollout.device='$device'"
-step timeout 240 "$py" -m pytest -q -p no:cacheprovider -x tests/unit/test_engine.py \
+step timeout 400 "$py" -m pytest -q -p no:cacheprovider -x tests/unit/test_engine.py tests/unit/test_engine_slots.py \
   tests/unit/test_parallel.py tests/unit/test_doctor.py tests/system/test_doctor.py
 step timeout 240 "$py" -m cadence bench e2e --json --config configs/quickstart.toml --periods 4 \
   --set "trainer.device='$device'" --set "rollout.device='$device'" --set task.prompts_per_period=4 \

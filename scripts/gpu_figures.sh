@@ -8,6 +8,9 @@
 # Appends one JSON line a bench to OUT/figures.jsonl ({"name": ..., "figures": <the bench's JSON>})
 # and every line the benches print to OUT/bench.log. With SECONDS, no bench starts after that many
 # seconds (the ones done are kept). The benches, most telling first:
+#   generate     `cadence bench generate` on the GPU: the built-in engine eager and compiled (CUDA
+#                graphs) and transformers' generate, SmolLM2, 32-512 rows, bf16 and float32, 256 new
+#                tokens (a JSON line a case in bench.log)
 #   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)
 #   arithmetic-* configs/smollm2-arithmetic.toml: 4 x 4 samples, 8 new tokens
 #   math-*       configs/smollm2-math.toml as it is: 4 x 8 samples, 64 new tokens
@@ -46,6 +49,8 @@ bench() {
   fi
 }
 
+bench generate generate --device cuda --models smollm2 --rows 32,128,256,512 --dtypes bfloat16,float32 \
+  --new-tokens 256 --gen-engines eager,compiled,transformers --repeats 2
 bench e2e heavy-bf16 "${heavy[@]}" "${gpu[@]}" "${bf16[@]}"
 bench e2e arithmetic-bf16 "${gpu[@]}" "${bf16[@]}"
 bench mismatch mismatch "${gpu[@]}" --prompts 8

@@ -5,7 +5,9 @@
                               registered, may a peer of that role send it (wire/roles.py), does it
                               carry the trainer's MAC where it must (roles.SIGNED), and does it make
                               sense (wire/meaning.py)? else refused, logged, and nothing changes
- Register(name) ────────────► refused while a live session holds that name without showing its proof
+ Register(name) ────────────► from a new route beyond the rate (roster.Registrations): deferred,
+                              unanswered (its session sends it again); its own session's again: nothing;
+                              refused while a live session holds that name without showing its proof
                               (roster.claim_problem); a holder whose connection is gone: re-registered
  Register(trainer/publisher) ► refused while another peer holds that role (unless the run waits for
                               a lost trainer); the trainer's key ─► TrainerKey to the publisher
@@ -18,9 +20,13 @@
  worker  ─ EvalResult ──────► the core: answered; a complete round ─► eval.jsonl, samples/
  worker silent > liveness ──► the core: what it held goes back to the front of the queue, reassigned
  an assignment held past the hold (rollout.hold_s) ─► the same for it alone (assignment_expired)
+ nothing queued, a worker idle ─► it takes over what another held past the early hold (4 x the
+                              typical group: assignment_taken_over); the first result wins
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
+ the run folder's disk full (a metrics row, an eval round, the summary refused: DiskFull) ─► disk_full,
+                              the run fails naming it (the row that met it kept whole: monitor/run_dir.py)
  stop() (SIGUSR2) ──────────► summary.json of the periods recorded, Shutdown(stopped) to everyone, stop;
                               a VersionReady still on its way is logged (version_after_end), not recorded
  trainer or publisher lost ─► trainer.on_loss = "fail": fail the run
@@ -49,13 +55,22 @@ from typing import Any, ClassVar
 import structlog
 
 from cadence.dispatch.checks import message_problem
-from cadence.dispatch.core import DispatchCore, Hold, Worker
+from cadence.dispatch.core import DispatchCore, Worker
+from cadence.dispatch.hold import Hold
 from cadence.dispatch.period_row import period_row
-from cadence.dispatch.roster import Peer, WorkerWait, introductions, joined, trainer_key
+from cadence.dispatch.roster import (
+    Peer,
+    Registrations,
+    WorkerWait,
+    introductions,
+    joined,
+    same_session,
+    trainer_key,
+)
 from cadence.dispatch.rounds import EvalRounds
 from cadence.dispatch.settings import DispatcherSettings
 from cadence.monitor.logstream import LogHub
-from cadence.monitor.run_dir import RunRecorder
+from cadence.monitor.run_dir import DiskFull, RunRecorder
 from cadence.tasks.base import Prompt, Task
 from cadence.transport.endpoint import Server
 from cadence.transport.heartbeat import Liveness
@@ -113,7 +128,7 @@ class Dispatcher:
             extra=s.oversample,
             stream=s.stream,
             max_credits=s.max_credits,
-            hold=Hold(s.hold_s, s.hold_floor_s),
+            hold=Hold(s.hold_s, s.hold_floor_s, s.early_floor_s),
         )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
@@ -123,6 +138,8 @@ class Dispatcher:
         self.clock = clock
         self.liveness = liveness
         self.peers: dict[bytes, Peer] = {}
+        self.registrations = Registrations(clock=clock)  # new routes' registrations: rate-limited
+        server.admission.known = self.peers.__contains__  # only a registered route's large frames
         self.reassigned = 0
         self.lost: list[str] = []
         self.done = asyncio.Event()
@@ -152,6 +169,8 @@ class Dispatcher:
             peer, env = await self.server.recv()
             try:
                 await self._take(peer, env.sender, env.message)
+            except DiskFull as exc:  # what the run must keep cannot be: it ends, saying so
+                self._disk_full(exc)
             except Exception as exc:  # one peer's message must not end the run
                 log.error(
                     "message_failed", peer=env.sender, type=env.message.TAG, error=repr(exc), exc_info=True
@@ -206,6 +225,10 @@ class Dispatcher:
             if sender in self.lost:  # declared dead, then woke up: it must not work on unseen
                 self._outbox.append((peer, Shutdown(f"{sender} was declared lost; start it again to rejoin")))
             return
+        if not known and not self.registrations.take():  # more at once than it takes: it asks again
+            log.warning("registration_deferred", peer=sender, deferred=self.registrations.deferred,
+                        per_s=self.registrations.per_s)  # fmt: skip
+            return
         role = self.peers[peer].role if known else "stranger"
         handler = self.HANDLERS.get(type(msg))
         if handler is None:
@@ -255,7 +278,16 @@ class Dispatcher:
             return
         log.warning("run_stopped", period=self.core.period, published=self.core.published)
         self.stopped = True
-        self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        try:
+            self.recorder.finish(self.clock(), self.core.published, "", stopped=True)
+        except DiskFull as exc:
+            self._disk_full(exc)
+        self.done.set()
+
+    def _disk_full(self, exc: DiskFull) -> None:
+        """The run folder's disk is full: the run fails, naming it."""
+        log.error("disk_full", error=str(exc))
+        self.failure = self.failure or str(exc)
         self.done.set()
 
     def _finish(self) -> None:
@@ -276,6 +308,9 @@ class Dispatcher:
     # ------------------------------------------------------------------ roster
 
     def _on_register(self, peer: bytes, sender: str, msg: Register) -> None:
+        now = self.peers.get(peer)
+        if now is not None and now.name == sender and same_session(now, msg):
+            return  # its registration again, sent before it heard the dispatcher: it is registered
         for name in {p.name for k, p in self.peers.items() if k == peer or p.name == sender}:
             self._lost(name, 0.0, reason="re-registered")  # its session again, or its process restarted
             self.liveness.seen(sender)
@@ -321,7 +356,11 @@ class Dispatcher:
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
 
     def _expire(self) -> None:
-        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
+        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding),
+        and an idle worker what one has held past the early hold while nothing is queued."""
+        taken = self.core.take_over(self._workers(), trainer_key(self.peers), self.clock())
+        self.reassigned += len(taken)
+        self._outbox.extend(taken)
         expired = self.core.expire(self.clock())
         for route, ids in expired.items():
             holder = self.peers[route].name if route in self.peers else "a worker gone"
@@ -332,6 +371,10 @@ class Dispatcher:
             self.reassigned += len(ids)
         if expired:
             self._assign()
+
+    def _workers(self) -> list[Worker]:
+        """The rollout workers that may get work, in roster order."""
+        return [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
 
     def _role(self, name: str) -> str:
         return next((p.role for p in self.peers.values() if p.name == name), "")
@@ -373,9 +416,7 @@ class Dispatcher:
             if isinstance(msg, Welcome):  # it drops what it held and asks for work afresh
                 self.core.restart(peer)
             self._outbox.append((peer, msg))
-        key = trainer_key(self.peers)
-        workers = [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
-        self._outbox.extend(self.core.assign(workers, key, self.clock()))
+        self._outbox.extend(self.core.assign(self._workers(), trainer_key(self.peers), self.clock()))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

@@ -8,6 +8,8 @@
                         ─► assembled, verified ─► store[k]; partial uploads: at most
                         weights.max_upload_bytes together, each freed after a liveness of silence
  with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
+ with shared versions: store[k] also written once into shared memory (transport/shared_memory.py),
+                       its slot named in k's WeightMeta for the workers on this host to map
  worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import msgspec
 import structlog
 
 from cadence.transport.endpoint import Server
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from cadence.transport.broadcast import BroadcastRoot
+    from cadence.transport.shared_memory import SharedVersions
 
 log = structlog.get_logger()
 
@@ -72,7 +76,9 @@ class _Partial:
 
 
 class Publisher:
-    """`session`: with the dispatcher, registered as "publisher" at `server`'s address."""
+    """`session`: with the dispatcher, registered as "publisher" at `server`'s address; `shared`:
+    where each version is also written for the workers on this host (None: the host cannot share,
+    or `weights.share_on_host` is off)."""
 
     HANDLERS: ClassVar[Mapping[type[Message], Callable[[Publisher, bytes, str, Any], Awaitable[None]]]]
     """The handler of every message type its server takes (set below the class)."""
@@ -87,8 +93,10 @@ class Publisher:
         broadcaster: BroadcastRoot | None = None,
         settings: PublisherSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shared: SharedVersions | None = None,
     ) -> None:
         self.server = server
+        self.shared = shared
         self.session = session
         self.store = store
         self.broadcaster = broadcaster
@@ -111,12 +119,29 @@ class Publisher:
         them to the members. Its digest (xxh3-128: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""
         stored = self.store.put(version, data)
+        self._share(version, data)
         if self.broadcaster is not None and tensors is not None:
             await self.broadcaster.broadcast(version, tensors)
         return stored.digest
 
+    def _share(self, version: int, data: bytes | bytearray) -> None:
+        """Write `version` for the workers on this host too; where the host has no memory left for
+        it, stop sharing (one line): every worker pulls from then on."""
+        if self.shared is None:
+            return
+        try:
+            self.shared.write(version, data)
+        except OSError as err:
+            log.warning("shared_memory_failed", version=version, error=str(err), fallback="zmq")
+            self.shared.close()
+            self.shared = None
+
     async def run(self) -> None:
-        await self.session.run(self._serve(), self._sweep())
+        try:
+            await self.session.run(self._serve(), self._sweep())
+        finally:
+            if self.shared is not None:
+                self.shared.close()
 
     async def _serve(self) -> None:
         while True:
@@ -139,7 +164,11 @@ class Publisher:
         await handler(self, peer, env.sender, msg)
 
     async def _on_query(self, peer: bytes, sender: str, msg: WeightQuery) -> None:
-        await self.server.send(peer, self.store.meta(msg.version))
+        meta = self.store.meta(msg.version)
+        slot = None if self.shared is None or not meta.available else self.shared.offer(msg.version)
+        if slot is not None:
+            meta = msgspec.structs.replace(meta, shared=slot)
+        await self.server.send(peer, meta)
 
     async def _on_chunk_request(self, peer: bytes, sender: str, msg: WeightChunkRequest) -> None:
         chunk = self.store.chunk(msg.version, msg.index)
@@ -188,6 +217,7 @@ class Publisher:
         except WeightError as err:
             log.error("upload_refused", peer=sender, version=version, reason=str(err))
             return
+        self._share(version, data)
         log.info("version_stored", version=version, nbytes=len(data))
 
     async def _sweep(self) -> None:

@@ -74,6 +74,7 @@ class WorkerSettings:
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
+    share_weights: bool = False  # map the versions a publisher on this host shares (weights.share_on_host)
 
 
 class RolloutWorker:
@@ -257,8 +258,10 @@ class RolloutWorker:
             gen_s = now - (sent[-1] if sent else started)
             sent.append(now)
             keep = is_sampled(self.settings.seed, job.prompt_id, self.settings.samples_fraction)
-            first_load = load_s if len(sent) == 1 else 0.0
-            result = group_result(job, samples, keep, gen_s, first_load, now, following)
+            first = len(sent) == 1
+            first_load = load_s if first else 0.0
+            source = self.weights.source if first else ""
+            result = group_result(job, samples, keep, gen_s, first_load, now, following, source)
             await trainer.send(result)
             self.groups_sent += 1
 

@@ -3,6 +3,10 @@
 ```
  ensure(job) ─► job.version loaded? ─► nothing to do
              ─► this worker in the version's broadcast (weights.transport) ─► its tensors ─► load_state
+             ─► the publisher on this host shares it (transport/shared_memory.py) ─► map its slot,
+                check the digest ─► the engine computes with the mapped tensors; the slot held
+                until the next version is loaded (a slot refused: pulled instead; no sharing
+                possible: one shared_memory_fallback line, pulled from then on)
              ─► else pull (transport/weights.py: checked chunks; the publisher's ipc:// address on its
                 host) into a buffer of the pool ─► load ─► the buffer back to the pool
  turn(v)     ─► the engine to the calling thread alone, with the worker's thread budget; refused
@@ -23,13 +27,20 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from cadence.model.checkpoint import state_nbytes
-from cadence.model.rollout_engine import RolloutEngine
+from cadence.model.checkpoint import state_dict_from_bytes, state_nbytes
+from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.monitor.span import span
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
-from cadence.transport.weights import WeightError, pull_weights
+from cadence.transport.shared_memory import (
+    Mapped,
+    SharedError,
+    SharedReader,
+    SharingImpossible,
+    sharing_problem,
+)
+from cadence.transport.weights import WeightError, pull_weights, query_weights
 from cadence.wire.messages import Assignment, Welcome
 
 if TYPE_CHECKING:
@@ -50,11 +61,34 @@ def pull_address(welcome: Welcome, host: str) -> str:
     return welcome.publisher_address
 
 
+def take_views(engine: RolloutEngine, state: Mapping[str, Tensor]) -> None:
+    """Load `state`, whose tensors stay unchanged until the next load: the built-in engine computes
+    with them themselves where their dtype and device are its own (`TorchEngine.load_state_dict`
+    with `share`), and copies them where not; any other engine copies them."""
+    if isinstance(engine, TorchRolloutEngine):
+        engine.engine.load_state_dict(state, share=True)
+    else:
+        engine.load_state(state)
+
+
+def shared_reader(share: bool) -> SharedReader | None:
+    """A worker's reader of shared versions when it may (`share`) and its host can share (else one
+    log line says why it pulls)."""
+    if not share:
+        return None
+    problem = sharing_problem()
+    if problem is not None:
+        log.warning("shared_memory_fallback", reason=problem, fallback="zmq")
+        return None
+    return SharedReader()
+
+
 class WorkerWeights:
     """`engine`: where versions are loaded; `buffers`: where pulled versions are assembled, each in
     the buffer of one loaded before (the engine may compute with the bytes of the version it holds:
     the pool hands that buffer out only once nothing views it); `member`: the worker's membership of
-    a broadcast weights.transport (set on each Welcome), None with "zmq"."""
+    a broadcast weights.transport (set on each Welcome), None with "zmq"; `shared`: the reader of
+    the versions a publisher on this host shares (None: built from `settings.share_weights`)."""
 
     def __init__(
         self,
@@ -64,6 +98,7 @@ class WorkerWeights:
         clock: Callable[[], float],
         use_threads: Callable[[int], None] | None = None,
         buffers: BufferPool | None = None,
+        shared: SharedReader | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -74,8 +109,11 @@ class WorkerWeights:
         self.buffers = buffers or BufferPool(keep=2)
         self._engine_lock = threading.Lock()  # a cancelled job's thread may still be using the engine
         self.loaded: int | None = None
+        self.source = ""  # how the loaded version came: shm, zmq, or the broadcast's backend
         self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
+        self.shared = shared if shared is not None else shared_reader(settings.share_weights)
+        self._mapped: Mapped | None = None  # the slot of the loaded version, when it was mapped
 
     async def pull(self, publisher: Client, version: int) -> bytearray:
         """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
@@ -115,10 +153,54 @@ class WorkerWeights:
     def _load(self, data: bytearray) -> None:
         with self.computing():
             self.engine.load(data)
+        self._hold(None)
 
     def _load_state(self, state: Mapping[str, Tensor]) -> None:
         with self.computing():
             self.engine.load_state(state)
+        self._hold(None)
+
+    def _load_mapped(self, mapped: Mapped) -> None:
+        try:
+            with self.computing():
+                take_views(self.engine, state_dict_from_bytes(mapped.data))
+        except BaseException:
+            mapped.release()
+            raise
+        self._hold(mapped)
+
+    def _hold(self, mapped: Mapped | None) -> None:
+        """Hold the slot of the version just loaded (if mapped), and let the one before go."""
+        before, self._mapped = self._mapped, mapped
+        if before is not None:
+            before.release()
+
+    def _no_sharing(self, reason: str) -> None:
+        log.warning("shared_memory_fallback", reason=reason, fallback="zmq")
+        self.shared = None
+
+    async def _map(self, publisher: Client, version: int) -> Mapped | None:
+        """`version` mapped from the publisher's shared memory, verified; None when it is not to be
+        had there (then it is pulled)."""
+        reader = self.shared
+        if reader is None:
+            return None
+        try:
+            meta = await query_weights(publisher, version, self.liveness.timeout_s)
+        except WeightError:
+            return None  # the pull meets the same silence, and deals with it
+        if not meta.available:
+            return None
+        if meta.shared is None:
+            self._no_sharing("the publisher does not share its versions")
+            return None
+        try:
+            return await asyncio.to_thread(reader.map, meta)
+        except SharingImpossible as err:
+            self._no_sharing(str(err))
+        except SharedError as err:
+            log.warning("shared_version_refused", version=version, reason=str(err), fallback="zmq")
+        return None
 
     async def fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
         """Load `version`: broadcast tensors when this worker is in that broadcast, else pulled bytes.
@@ -131,6 +213,10 @@ class WorkerWeights:
             if state is not None:
                 await asyncio.to_thread(self._load_state, state)
                 return self.settings.weights_transport, state_nbytes(state)
+        mapped = await self._map(publisher, version)
+        if mapped is not None:
+            await asyncio.to_thread(self._load_mapped, mapped)
+            return "shm", len(mapped.data)
         data = await self.pull(publisher, version)
         await asyncio.to_thread(self._load, data)
         self.buffers.give(data)  # a later version's pages once the engine no longer computes with them
@@ -143,7 +229,7 @@ class WorkerWeights:
             return 0.0
         with span(self.clock, "load", period=job.period, version=version) as loading:
             source, nbytes = await self.fetch_and_load(publisher, version)
-            self.loaded = version
+            self.loaded, self.source = version, source
         load_s = loading.duration
         log.info("weights_loaded", version=version, source=source, nbytes=nbytes, load_s=round(load_s, 4))
         return load_s

@@ -4,6 +4,7 @@
  session (transport/session.py): Register (with the key of the assignment tickets), heartbeats;
    Shutdown before RunDone ─► the run failed
  GroupResult without the ticket of its (period, id, worker), or meaningless (wire/meaning.py) ─► refused
+   (a frame over 64 KiB: its ticket read first, the rest decoded only with it; transport/admission.py)
  (--resume: load checkpoints/resume, k = its version)
  publish version k ─► VersionReady(k) ─► period k:
    GroupResult ─► (period, id) seen before?  duplicates_dropped
@@ -38,6 +39,7 @@ them, and the threads each computation takes, are `MicroBatches`' (`actors/train
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -65,7 +67,16 @@ from cadence.training.trainer_settings import TrainerSettings
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.wire.meaning import group_problem
-from cadence.wire.messages import Consumed, Envelope, GroupResult, Message, RunDone, Shutdown, VersionReady
+from cadence.wire.messages import (
+    Consumed,
+    Envelope,
+    GroupResult,
+    Message,
+    Peek,
+    RunDone,
+    Shutdown,
+    VersionReady,
+)
 from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
@@ -121,6 +132,17 @@ class Trainer:
         self.stopped = asyncio.Event()
         for kind, handler in self.SESSION_HANDLERS.items():
             session.on(kind, functools.partial(handler, self))
+        server.admission.proves = self._proves  # a large frame is decoded only with its ticket
+
+    def _proves(self, route: bytes, seen: Peek) -> str | None:
+        """Why a large frame, of which only `seen` is read, may not be decoded: only a group that shows
+        the ticket of its assignment to its sender is."""
+        if seen.tag != GroupResult.TAG:
+            return f"a stranger may not send {seen.tag} to the trainer"
+        p = seen.proof
+        if not valid_ticket(self.session.key, p.ticket, "assignment", p.period, p.prompt_id, seen.sender):
+            return f"no assignment of prompt {p.prompt_id} of period {p.period} to {seen.sender}"
+        return None
 
     async def run(self) -> None:
         first, row = await self._resume() if self.resume else (0, {})
@@ -170,7 +192,11 @@ class Trainer:
             await self._period(period, stats)
             publish_start = self.clock()
             end, digest, nbytes = await self._publish(period + 1)
-            metrics = stats.finish(end, end - publish_start)
+            metrics = dataclasses.replace(
+                stats.finish(end, end - publish_start),
+                version_bytes=nbytes,
+                trainable_params=self.settings.trainable_params,
+            )
             log.info(
                 "period_done",
                 period=period,

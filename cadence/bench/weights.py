@@ -23,6 +23,10 @@ is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes).
   group first, and the figure is the whole state dict through the formed group (as every period after
   the first), the buckets' sha256 checked by each worker. NCCL and HCCL need their devices: they
   would be entries of their own, with the same keys.
+- `shm`, the same-host transport: a `SharedVersions` (kept for the whole bench, so its slots are
+  written again as in a run) writes the version into a slot, one copy, inside the clock; each worker
+  maps it with a `SharedReader`, the xxh3-128 checked against the publisher's, as a worker on the
+  publisher's host does.
 `load_1min` is the machine's load average at the end: other work on the cores moves every figure.
 
 Invariant: a `zmq` figure counts only pulls whose bytes passed `pull_weights`' sha256 check against
@@ -38,6 +42,7 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -51,9 +56,11 @@ from cadence.log import configure_logging
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.malloc import keep_freed_memory
 from cadence.transport.session import Session
+from cadence.transport.shared_memory import SharedReader, SharedVersions, sharing_problem
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.transport.zmq_socket import ZmqNetwork
-from cadence.wire.messages import Shutdown
+from cadence.wire.digest import digest
+from cadence.wire.messages import Shutdown, WeightMeta, decode, encode
 
 SMOLLM2_135M_FP32_BYTES = 134_515_008 * 4
 CHUNK_BYTES = WeightsConfig().chunk_bytes
@@ -232,10 +239,42 @@ async def _gloo_member(reply: Reply, address: str, name: str) -> None:
         net.close()
 
 
+# ---------------------------------------------------------------- shm: SharedVersions and SharedReader
+
+
+class _SharedBench:
+    """The publisher's shared versions, kept from one repeat to the next (created on first use, in the
+    bench's process after the workers are forked)."""
+
+    def __init__(self) -> None:
+        self.shared: SharedVersions | None = None
+
+    def send(self, data: bytes, version: int, conns: list[Connection]) -> float:
+        if self.shared is None:
+            self.shared = SharedVersions(keep=WeightsConfig().keep_versions)
+        xxh = digest(data)  # as the publisher's store has it before the clock starts
+        begin = time.perf_counter()
+        slot = self.shared.write(version, data)
+        meta = WeightMeta(version, True, len(data), xxh, CHUNK_BYTES, 1, shared=slot)
+        for conn in conns:
+            conn.send(("shm", encode(meta, "bench")))
+        _collect(conns, len(data), "shm")
+        return time.perf_counter() - begin
+
+
+def _shm_receive(reply: Reply, frame: bytes) -> None:
+    msg = decode(frame).message
+    assert isinstance(msg, WeightMeta)
+    mapped = SharedReader().map(msg)  # raises unless the size and the xxh3-128 match
+    reply(len(mapped.data))
+    mapped.release()
+
+
 RAW = Transport(_raw_send, _raw_receive)
 TRANSPORTS: dict[str, Transport] = {
     "zmq": Transport(_zmq_send, _zmq_receive),
     "gloo": Transport(_gloo_send, _gloo_receive),
+    "shm": Transport(_SharedBench().send, _shm_receive),
 }
 
 
@@ -271,12 +310,17 @@ def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: i
         proc.start()
     conns = [parent for parent, _ in pipes]
     raw_s: list[float] = []
-    seconds: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
+    # shm only where this host can share (else, as in a run, nothing but one line says so)
+    shared = sharing_problem()
+    if shared is not None:
+        print(f"cadence: no shm figure: {shared}", file=sys.stderr)
+    seconds: dict[str, list[float]] = {name: [] for name in TRANSPORTS if name != "shm" or shared is None}
     try:
         data = os.urandom(nbytes)
         for version in range(1, repeats + 1):
             raw_s.append(RAW.send(data, version, conns))
-            for name, transport in TRANSPORTS.items():
+            for name in seconds:
+                transport = TRANSPORTS[name]
                 seconds[name].append(transport.send(data, version, conns))
     finally:
         for conn in conns:

@@ -9,6 +9,7 @@ config errors are instant; a `ConfigError` from any handler exits 2 with the mes
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from cadence.cli import actor, bench, config, doctor, evaluate, monitor, prepare, run, slurm
@@ -33,6 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"cadence: configuration error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(
+            f"cadence: the disk is full ({err.strerror}){where}: free some room and run it again",
+            file=sys.stderr,
+        )
+        return 1
     return code
 
 

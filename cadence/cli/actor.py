@@ -83,7 +83,9 @@ def _start(
     from cadence.launch import processes
 
     if args.command == "dispatcher":
-        bind = args.bind or f"tcp://{cfg.transport.host}:*"
+        from cadence.transport.zmq_socket import listen_address
+
+        bind = args.bind or listen_address(cfg.transport.listen, cfg.transport.host)
         return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream, args.resume))
     if args.command == "trainer":
         return processes.run_async(

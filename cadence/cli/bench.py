@@ -24,6 +24,8 @@ def add(sub: Subparsers) -> None:
             "wire",
             "mismatch",
             "agents",
+            "generate",
+            "strangers",
         ],
     )
     bench.add_argument("--json", action="store_true", help="last line: the figures as JSON")
@@ -60,6 +62,7 @@ def add(sub: Subparsers) -> None:
         help="tail: comma-separated [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt"
         " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
     )
+    _generate_arguments(bench)
     _learner_options(bench)
     bench.add_argument(
         "--rounds", type=int, default=2, help="tail: rounds of the variants, every other one reversed"
@@ -70,14 +73,19 @@ def add(sub: Subparsers) -> None:
 def _learner_options(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--tokens", default="1024,4096,16384", help="learner: comma-separated token budgets")
     bench.add_argument("--layers", type=int, default=2, help="learner: SmolLM2-135M's blocks to run (of 30)")
-    bench.add_argument("--repeats", type=int, default=2, help="learner: timed steps after one warm-up")
 
 
 def bench_handler(args: argparse.Namespace) -> int:
+    if args.name == "strangers":
+        from cadence.bench.strangers import bench_strangers
+
+        return bench_strangers(args.json)
     if args.name == "logs":
         from cadence.bench.logs import bench_logs
 
         return bench_logs(args.json)
+    if args.name == "generate":
+        return _generate(args)
     if args.name == "weights":
         from cadence.bench.weights import bench_weights
 
@@ -120,3 +128,41 @@ def bench_handler(args: argparse.Namespace) -> int:
     from cadence.bench.pipeline import bench_pipeline
 
     return bench_pipeline(args.overrides, args.out, args.json)
+
+
+def _generate_arguments(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("--models", default="tiny,smollm2", help="generate: tiny, smollm2 (comma-separated)")
+    bench.add_argument(
+        "--rows", default="8,32,128", help="generate: samples decoded together (comma-separated)"
+    )
+    bench.add_argument("--dtypes", default="float32,bfloat16", help="generate: the engines' dtypes")
+    bench.add_argument("--new-tokens", default="64,256", help="generate: token limits (comma-separated)")
+    bench.add_argument(
+        "--gen-engines",
+        default="eager,compiled,transformers,vllm",
+        help="generate: eager, compiled (the built-in engine), transformers, vllm (from .venv-vllm)",
+    )
+    bench.add_argument("--device", default="cpu", help="generate: cpu or cuda")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="generate: timed calls a case; learner: timed steps after a warm-up",
+    )
+    bench.add_argument("--threads", type=int, default=0, help="generate: torch threads (0: torch's own)")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from cadence.bench.generate import bench_generate
+
+    return bench_generate(
+        args.json,
+        args.models.split(","),
+        [int(n) for n in args.rows.split(",")],
+        args.dtypes.split(","),
+        [int(n) for n in args.new_tokens.split(",")],
+        args.gen_engines.split(","),
+        args.device,
+        args.repeats,
+        args.threads,
+    )

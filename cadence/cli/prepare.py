@@ -28,6 +28,27 @@ def _add_model(sub: Subparsers) -> None:
         "--out", type=Path, default=None, help="folder (default: ~/.cache/cadence/smollm2-135m-instruct)"
     )
     gguf.set_defaults(handler=import_gguf_handler)
+    merge = model_sub.add_parser(
+        "merge", help="a LoRA adapter folder (PEFT's, e.g. RUN/checkpoints/final) merged into its base model"
+    )
+    merge.add_argument("adapter", type=Path, help="the adapter folder (adapter_config.json)")
+    merge.add_argument("--out", type=Path, required=True, help="the folder to write the merged model to")
+    merge.add_argument(
+        "--base", type=Path, default=None, help="the base checkpoint (default: the adapter config's own)"
+    )
+    merge.set_defaults(handler=merge_handler)
+
+
+def merge_handler(args: argparse.Namespace) -> int:
+    from cadence.model.checkpoint import CheckpointError
+    from cadence.model.lora_files import merge_folder
+
+    try:
+        out = merge_folder(args.adapter, args.base, args.out)
+    except (CheckpointError, ValueError, OSError) as err:
+        return refuse(str(err))
+    print(f"cadence: merged model in {out}")
+    return 0
 
 
 def _add_data(sub: Subparsers) -> None:

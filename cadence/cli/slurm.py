@@ -115,7 +115,7 @@ def add_workers_handler(args: argparse.Namespace) -> int:
 
     try:
         add_workers(args.out.resolve(), args.count, args.partition)
-    except SlurmError as err:
+    except (SlurmError, OSError) as err:  # OSError: the run folder unreadable or its disk full
         return refuse(str(err))
     return 0
 
@@ -126,18 +126,27 @@ def status_handler(args: argparse.Namespace) -> int:
 
     try:
         state = status(args.out.resolve())
-    except SlurmError as err:
+    except (SlurmError, OSError) as err:  # OSError: the run folder unreadable or its disk full
         return refuse(str(err))
     if args.json:
         print(json.dumps(state))
         return 0
     for job in state["jobs"]:
         seen = f"  dispatcher: {job['worker']}" if "worker" in job else ""
+        if job.get("weights_from"):
+            seen += f"  weights: {job['weights_from']}"
         print(f"{job['id']:>10}  {job['role']:<8} {job['state']:<12} {job['where']}{seen}")
     row = state["last_period"]
     if row is not None:
         print(f"period {row['period']}  reward {row['reward_mean']:.3f}  workers {row.get('workers', '?')}")
-    print(RUN_STATES[state["run"]].format(out=args.out, periods=state["periods"], **state["control"]))
+    print(
+        RUN_STATES[state["run"]].format(
+            out=args.out,
+            periods=state["periods"],
+            dispatcher_silent_s=state["dispatcher_silent_s"],
+            **state["control"],
+        )
+    )
     return 0
 
 
@@ -145,6 +154,9 @@ RUN_STATES = {
     "going": "run going",
     "ended": "run ended",
     "waiting": "run waiting: its control job {id} is {state}",
+    "silent": "run silent: its control job {id} is {state} to Slurm, but its dispatcher has given no sign of"
+    " life for {dispatcher_silent_s}s (its node or process gone? Slurm notices a dead node after its"
+    " SlurmdTimeout)",
     "dead": "run dead: its control job {id} is {state} and the run did not end (no summary.json);"
     " metrics.jsonl holds {periods} periods; `cadence slurm stop {out}` writes their summary",
 }
@@ -156,6 +168,6 @@ def stop_handler(args: argparse.Namespace) -> int:
 
     try:
         stop(args.out.resolve(), args.timeout)
-    except SlurmError as err:
+    except (SlurmError, OSError) as err:  # OSError: the run folder unreadable or its disk full
         return refuse(str(err))
     return 0

@@ -115,6 +115,33 @@ def sharding_needs_ranks_and_shared_prompt_packing(cfg: RunConfig) -> None:
         )
 
 
+def adapters_are_known_and_unsharded(cfg: RunConfig) -> None:
+    """`trainer.lora.targets` names known projections, each once, at least one; adapters
+    (`trainer.lora.rank > 0`) train the real model, on ranks that each hold all of it (not fsdp2)."""
+    from cadence.config.trainer import LORA_TARGETS
+
+    lora, trainer = cfg.trainer.lora, cfg.trainer
+    unknown = [t for t in lora.targets if t not in LORA_TARGETS]
+    if unknown or not lora.targets or len(set(lora.targets)) != len(lora.targets):
+        raise ConfigError(
+            f"trainer.lora.targets must name each of {list(LORA_TARGETS)} at most once, at least one;"
+            f" got {lora.targets}"
+        )
+    if lora.rank == 0:
+        return
+    if trainer.sharding == "fsdp2":
+        raise ConfigError(
+            f"trainer.lora.rank = {lora.rank} does not go with trainer.sharding = 'fsdp2': the frozen"
+            " base is not split over the ranks; use trainer.sharding = 'none' (the adapters' optimizer"
+            " state is small) or trainer.lora.rank = 0"
+        )
+    if trainer.learner == "simulated":
+        raise ConfigError(
+            f"trainer.lora.rank = {lora.rank} needs trainer.learner = 'torch' (got 'simulated', which"
+            " trains no model)"
+        )
+
+
 def rollout_device_and_dtype_only_for_builtin_engine(cfg: RunConfig) -> None:
     """`rollout.device` other than "cpu" needs `rollout.engine = "torch"`, and `rollout.dtype` other
     than "float32" is not for `rollout.engine = "vllm"` (a vLLM worker has its build's device and
@@ -273,6 +300,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     a_correction_needs_log_probs_at_the_temperature,
     ranks_need_the_torch_learner,
     sharding_needs_ranks_and_shared_prompt_packing,
+    adapters_are_known_and_unsharded,
     rollout_device_and_dtype_only_for_builtin_engine,
     chunks_fit_a_frame,
     evaluation_has_prompts,

@@ -196,7 +196,9 @@ class RolloutConfig:
         "seconds a worker may hold an assignment before it goes back to the queue for another worker"
         " (logged as assignment_expired; the first result to reach the trainer is trained, a later one"
         " dropped as a duplicate); 0: derived from the run, 4 x the slowest group seen so far from its"
-        " assignment to the trainer, and never under 20 liveness timeouts",
+        " assignment to the trainer, and never under 20 liveness timeouts. Sooner, while nothing of the"
+        " period is queued, a worker that asks for work and holds none is also given what another has"
+        " held past 4 x the run's typical group (at least a liveness timeout): assignment_taken_over",
         Rule(ge=0, finite=True, note="0: derived from the run"),
     )
     dtype: Literal["float32", "bfloat16"] = doc(
@@ -212,6 +214,22 @@ class RolloutConfig:
         "where the built-in engine computes: its weights (loaded onto it from the pulled bytes), KV cache,"
         " sampling and log-probs; cuda/npu: the first device the process sees (CUDA_VISIBLE_DEVICES or"
         " ASCEND_RT_VISIBLE_DEVICES choose), which may be the trainer's too. vLLM's is its build's",
+    )
+    engine_rows: int = doc(
+        0,
+        "the built-in engine's rows: the slots of its KV cache, allocated once, the most samples it"
+        " decodes at once (more wait for a slot and join between two steps as others end); 0: automatic,"
+        " 64 on the CPU, and on a GPU as many as a quarter of its free memory holds at the model's"
+        " positions (between 64 and 512). A cache that does not fit the device is refused naming this key",
+        Rule(ge=0, note="0: automatic"),
+    )
+    compile: Literal["auto", "on", "off"] = doc(
+        "auto",
+        "the built-in engine's decode step compiled once a worker (torch.compile: Inductor's C++ on the"
+        " CPU, CUDA graphs on a GPU) at its start, the time logged as engine_warmed_up apart from the"
+        " periods; off: eager, the reference it equals; auto: on a GPU (on the CPU a compile of a"
+        " model of SmolLM2's depth takes minutes: say on). A compile that fails falls back to eager with"
+        " one log line",
     )
     threads: int = doc(
         0,
@@ -314,12 +332,24 @@ class WeightsConfig:
         POSITIVE,
     )
     broadcast_port: int = doc(0, "broadcast: port of the group's rendezvous store on the trainer (0: any)")
+    share_on_host: bool = doc(
+        True,
+        "a worker on the publisher's host (same boot, network and pid namespaces) maps each version from"
+        " shared memory, checked against its digest, instead of pulling it; where the host cannot share"
+        " it pulls (the publisher logs shared_memory_unavailable, the worker shared_memory_fallback)",
+    )
 
 
 @dataclass(frozen=True)
 class TransportConfig:
     """The sockets between the actors, their encryption, and how a silent peer is found."""
 
+    listen: Literal["tcp", "ipc"] = doc(
+        "tcp",
+        "how servers listen: tcp on transport.host; ipc: a Unix socket in a folder only this user can"
+        " open (mode 0700), for a run on one host: no other user of the host can connect, and bulk"
+        " traffic is faster than through TCP loopback (CURVE keys on loopback cost 9x)",
+    )
     host: str = doc(
         "127.0.0.1", "interface servers bind to (0.0.0.0: all) and, unless advertise_host, advertise"
     )

@@ -61,6 +61,31 @@ class MismatchConfig:
     )
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (docs/lora.md): with a rank above 0 the policy's base weights are frozen, each
+    target projection learns W + alpha/rank x B A (B zero at the start, so the first version is the
+    base), the optimizer holds the adapters alone, and a version is the adapters' bytes alone."""
+
+    rank: int = doc(0, "the adapters' rank r; 0: no adapters, every weight is trained", NOT_NEGATIVE)
+    alpha: float = doc(32.0, "the adapters' scale is alpha / rank", Rule(gt=0, finite=True))
+    dropout: float = doc(0.0, "dropout on an adapter's input while training", Rule(ge=0, lt=1))
+    targets: list[str] = doc(
+        list(LORA_TARGETS),
+        "the projections given adapters, by their Hugging Face names: q_proj, k_proj, v_proj, o_proj,"
+        " gate_proj, up_proj, down_proj",
+    )
+    apply: Literal["merge", "step"] = doc(
+        "merge",
+        "how the built-in engine applies a version: merge (W + alpha/rank x B A into its copy of the base"
+        " on load, then steps at the base's cost) or step (the low-rank products in every step; a load"
+        " copies A and B alone)",
+    )
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """The trainer: its optimizer and schedule, the policy loss, how groups are packed, its ranks and
@@ -104,6 +129,7 @@ class TrainerConfig:
         "weights correcting for the gap between the engine's log-probs and the learner's",
     )
     mismatch: MismatchConfig = section(MismatchConfig, "what is reported of the engine-learner gap")
+    lora: LoraConfig = section(LoraConfig, "low-rank adapters instead of training every weight")
     kl_beta: float = doc(
         0.0,
         "weight of the k3 KL penalty to the frozen reference (the starting policy); 0 skips the reference",

@@ -1,18 +1,21 @@
 """The dispatcher's roster: who is registered as what, who may claim a role or a name, what each peer
 is owed once registered (the trainer's key, a Welcome), and how long the run has gone without a
-rollout worker.
+rollout worker, and how many routes may register at once.
 
 Invariant: at most one trainer and one publisher are registered, except while a run that waits for a
 lost trainer (`trainer.on_loss = "wait"`) takes its successor; a worker may always register under a
 name no one holds. A name is held by one route; it passes to another only by a registration that
 shows the holder's proof (the same session on a new connection), or once no connection has the
 holder's route (its process is gone: a restarted actor rejoins at once). A route is never taken from
-a live peer by a claimant that merely presents its name.
+a live peer by a claimant that merely presents its name. A registration from a route not registered
+is taken only within `Registrations`' rate; one beyond it is deferred unanswered (its session sends it
+again with its next heartbeat), so a flood of names costs the dispatcher the reads and nothing more.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +41,41 @@ class Peer:
     proof: str = ""  # the session's secret it registered with
     pid: int = 0
     announced: int = -1  # a trainer's: the last version it announced
+
+
+REGISTRATIONS_PER_S = 20.0
+"""New registrations the dispatcher takes a second, once its burst is spent."""
+REGISTRATIONS_BURST = 64
+"""New registrations it takes at once (a run starting all its workers together)."""
+
+
+class Registrations:
+    """A token bucket over registrations from routes not yet registered: `burst` at once, then
+    `per_s` a second; what is beyond is deferred (counted in `deferred`)."""
+
+    def __init__(
+        self,
+        per_s: float = REGISTRATIONS_PER_S,
+        burst: int = REGISTRATIONS_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_s = per_s
+        self.burst = burst
+        self.clock = clock
+        self.deferred = 0
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def take(self) -> bool:
+        """Whether one more registration may be taken now (False: defer it, and it is counted)."""
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.deferred += 1
+        return False
 
 
 def joined(name: str, msg: Register) -> Peer:
@@ -143,7 +181,8 @@ def _shows(shown: str, secret: str) -> bool:
 
 
 def _loopback(address: str) -> bool:
-    return address.startswith("tcp://") and not beyond_loopback(address)
+    """Whether `address` is reached from its own host alone (tcp on loopback, or a Unix socket)."""
+    return address.startswith("ipc://") or (address.startswith("tcp://") and not beyond_loopback(address))
 
 
 def unreachable_problem(peers: Mapping[bytes, Peer], msg: Register) -> str | None:

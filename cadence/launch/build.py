@@ -18,10 +18,13 @@ from cadence.config import ConfigError, RunConfig
 from cadence.config.checks import engine_log_probs_at_the_temperature
 from cadence.launch.threads import rollout_threads, trainer_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint, save_checkpoint
+from cadence.model.compiled_step import wants_compile
 from cadence.model.config import ModelConfig
 from cadence.model.devices import open_device
 from cadence.model.engine import SamplingParams, TorchEngine, prompt_trunk
+from cadence.model.lora import LoraSpec
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
+from cadence.model.slots import auto_rows
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.ops.correction import CorrectionRule
@@ -196,7 +199,14 @@ def make_engine(cfg: RunConfig, tokenizer: TextTokenizer) -> RolloutEngine:
     use_threads(rollout_threads(cfg))
     if cfg.rollout.engine == "vllm":
         return make_vllm_engine(cfg, tokenizer, sampling_params(cfg))
-    return make_torch_engine(cfg, tokenizer, make_model(cfg, tokenizer)[0])
+    model, model_cfg = make_model(cfg, tokenizer)
+    engine = make_torch_engine(cfg, tokenizer, model)
+    spec = lora_spec(cfg)
+    if spec is None:
+        return engine
+    from cadence.model.lora_engine import LoraRolloutEngine
+
+    return LoraRolloutEngine(engine, spec, base_identity(cfg, model_cfg), cfg.trainer.lora.apply)
 
 
 def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transformer) -> TorchRolloutEngine:
@@ -205,8 +215,25 @@ def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transform
     r = cfg.rollout
     dtype = getattr(torch, r.dtype)
     device = str(open_device(r.device, 0, "rollout.device", "a rollout worker"))
-    engine = TorchEngine(model.eval(), tokenizer.eos_id, device, trunk=prompt_trunk(tokenizer), dtype=dtype)
+    compiled = wants_compile(r.compile, torch.device(device))
+    rows = r.engine_rows or auto_rows(model.cfg, torch.device(device), dtype)
+    engine = TorchEngine(
+        model.eval(),
+        tokenizer.eos_id,
+        device,
+        trunk=prompt_trunk(tokenizer),
+        dtype=dtype,
+        rows=rows,
+        compiled=compiled,
+    )
+    engine.warm_up(prompt_positions(cfg, model.cfg.max_position))
     return TorchRolloutEngine(engine, sampling_params(cfg))
+
+
+def prompt_positions(cfg: RunConfig, max_position: int) -> int:
+    """The positions a row of the engine's cache is first made with: the run's token limit and room
+    for a prompt of a few hundred tokens (a longer call makes it longer)."""
+    return min(max_position, cfg.rollout.max_new_tokens + 256)
 
 
 def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingParams) -> RolloutEngine:
@@ -214,12 +241,21 @@ def make_vllm_engine(cfg: RunConfig, tokenizer: TextTokenizer, params: SamplingP
     at start (and never again: later versions are loaded from memory)."""
     from cadence.model.vllm_engine import VllmEngine  # only a vLLM worker imports vLLM
 
+    def engine(folder: Path, model_cfg: ModelConfig | None = None) -> RolloutEngine:
+        spec = lora_spec(cfg)
+        if spec is None:
+            return VllmEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        from cadence.model.vllm_lora import VllmLoraEngine
+
+        base = base_identity(cfg, model_cfg)
+        return VllmLoraEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed, spec, base)
+
     if cfg.model.checkpoint:
-        folder = Path(cfg.model.checkpoint).expanduser()
-        return VllmEngine(folder, tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        return engine(Path(cfg.model.checkpoint).expanduser())
     with tempfile.TemporaryDirectory(prefix="cadence-vllm-") as tmp:
-        save_checkpoint(*make_model(cfg, tokenizer), Path(tmp))
-        return VllmEngine(Path(tmp), tokenizer.eos_id, params, cfg.vllm, cfg.seed)
+        model, model_cfg = make_model(cfg, tokenizer)
+        save_checkpoint(model, model_cfg, Path(tmp))
+        return engine(Path(tmp), model_cfg)
 
 
 def make_learner(cfg: RunConfig, tokenizer: TextTokenizer, ranks: Ranks | None = None) -> Learner:
@@ -281,4 +317,54 @@ def make_torch_learner(
         from cadence.training.sharding import ShardedLearner
 
         return ShardedLearner(comm, model, model_cfg, tokenizer, **settings)
+    spec = lora_spec(cfg)
+    if spec is not None:
+        from cadence.training.lora_learner import LoraLearner
+
+        path = str(Path(cfg.model.checkpoint).expanduser().resolve()) if cfg.model.checkpoint else None
+        base = base_identity(cfg, model_cfg)
+        return LoraLearner(
+            model, model_cfg, tokenizer, lora=spec, seed=cfg.seed, base=base, base_path=path, **settings
+        )
     return TorchLearner(model, model_cfg, tokenizer, **settings)
+
+
+def lora_spec(cfg: RunConfig) -> LoraSpec | None:
+    """`[trainer.lora]` as the learner and the engines apply it; None without adapters (rank 0)."""
+    lora = cfg.trainer.lora
+    if lora.rank == 0:
+        return None
+    return LoraSpec(lora.rank, lora.alpha, lora.dropout, tuple(lora.targets))
+
+
+def base_identity(cfg: RunConfig, model_cfg: ModelConfig | None) -> str:
+    """What identifies the model adapters apply to: `model.checkpoint`'s files, or the random model's
+    config (`model_cfg`, given without a checkpoint) and `model.init_seed` (model/lora_files.py)."""
+    from cadence.model.lora_files import checkpoint_identity, init_identity
+
+    if cfg.model.checkpoint:
+        return checkpoint_identity(Path(cfg.model.checkpoint).expanduser())
+    if model_cfg is None:
+        raise ValueError("a random base's identity needs its model config")
+    return init_identity(model_cfg, cfg.model.init_seed)
+
+
+def version_figures(cfg: RunConfig) -> tuple[int, int]:
+    """The parameters the optimizer moves and the bytes of a published version (without the small
+    header), counted on a model without storage: every weight in the publish dtype, or the adapters."""
+    from cadence.launch.settings import publish_dtype
+    from cadence.model.lora import adapter_tensors, apply_lora, trainable_count
+    from cadence.model.transformer import hf_state_dict
+
+    if cfg.model.checkpoint:
+        model_cfg = ModelConfig.from_hf_dict(checkpoint_config(cfg))
+    else:
+        model_cfg = make_model_config(cfg, make_tokenizer(cfg))
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    spec = lora_spec(cfg)
+    if spec is not None:
+        apply_lora(model, spec, cfg.seed)
+    published = adapter_tensors(model) if spec is not None else hf_state_dict(model)
+    itemsize = getattr(torch, publish_dtype(cfg) or "float32").itemsize
+    return trainable_count(model), sum(t.numel() for t in published.values()) * itemsize

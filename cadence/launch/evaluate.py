@@ -20,9 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from cadence.config import RunConfig
-from cadence.launch.build import make_episodes, make_group_maker, make_tokenizer, make_torch_engine
+from cadence.launch.build import (
+    make_episodes,
+    make_group_maker,
+    make_model,
+    make_tokenizer,
+    make_torch_engine,
+)
 from cadence.launch.threads import rollout_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint
+from cadence.model.tokenizer import TextTokenizer
+from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
 from cadence.monitor.evaluation import eval_episodes, eval_figures
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.heldout import eval_prompts, held_out
@@ -33,8 +41,9 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[
     """The eval figures of the weights in `checkpoint` (a Hugging Face folder), seeded as version
     `version` of the run of `cfg`: its eval prompts made into groups in batches of a worker's size
     (`rollout.inflight`) by the maker a worker makes them with (`cadence/rollout/`)."""
-    if not (checkpoint / "config.json").is_file():
-        raise ValueError(f"{checkpoint}: no checkpoint folder (no config.json)")
+    adapters = (checkpoint / "adapter_config.json").is_file()  # a LoRA run's final folder
+    if not adapters and not (checkpoint / "config.json").is_file():
+        raise ValueError(f"{checkpoint}: no checkpoint folder (no config.json, no adapter_config.json)")
     task = make_task(cfg.task, cfg.seed, held_out(cfg.task, cfg.eval))
     prompts = eval_prompts(cfg.task, cfg.eval, task)
     if not prompts:
@@ -42,7 +51,11 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[
     tokenizer = make_tokenizer(cfg)
     episodes = make_episodes(cfg, tokenizer)  # a name that does not load: refused before the model loads
     use_threads(rollout_threads(cfg))
-    engine = make_torch_engine(cfg, tokenizer, load_checkpoint(checkpoint)[0])
+    engine = make_torch_engine(
+        cfg,
+        tokenizer,
+        merged_model(cfg, tokenizer, checkpoint) if adapters else load_checkpoint(checkpoint)[0],
+    )
     maker = make_group_maker(cfg, tokenizer, engine, episodes)
     n = 1 if cfg.eval.greedy else cfg.eval.k
     batch = cfg.rollout.inflight
@@ -58,3 +71,15 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path, version: int) -> dict[
     scored = [([s.reward for s in g.scores], [s.correct for s in g.scores]) for g in made]
     extra = eval_episodes([g.episodes for g in made])
     return {"checkpoint": str(checkpoint), "version": version, **eval_figures(scored, n), **extra}
+
+
+def merged_model(cfg: RunConfig, tokenizer: TextTokenizer, folder: Path) -> Transformer:
+    """The run's base model (`model.checkpoint`, or its random init) with the adapters of the PEFT
+    folder `folder` merged in."""
+    from cadence.model.lora import merge_adapters
+    from cadence.model.lora_files import read_peft
+
+    adapters, spec, _ = read_peft(folder)
+    model, _ = make_model(cfg, tokenizer)
+    load_hf_state_dict(model, merge_adapters(hf_state_dict(model), adapters, spec.scale))
+    return model

@@ -33,7 +33,7 @@ from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
 from cadence.transport.keys import make_keys
-from cadence.transport.zmq_socket import beyond_loopback
+from cadence.transport.zmq_socket import beyond_loopback, listen_address
 
 
 class LaunchError(RuntimeError):
@@ -177,22 +177,33 @@ def launch(
 
     begin = time.time()
     try:
-        start("dispatcher", ["dispatcher", "--bind", f"tcp://{cfg.transport.host}:*", *again])
+        bind = listen_address(cfg.transport.listen, cfg.transport.host)
+        start("dispatcher", ["dispatcher", "--bind", bind, *again])
         address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
         start("trainer", ["trainer", "--connect", address, *again], cfg.trainer.ranks)
         for i in range(cfg.rollout.workers):
             start(f"rollout-{i}", ["rollout", "--connect", address, "--name", f"rollout-{i}"])
         if progress:
-            where = f" resumed at period {first}," if resume else ""
-            print(
-                f"cadence: run {cfg.run_id} in {out}:{where} {len(procs)} processes, {cfg.mode} mode",
-                flush=True,
-            )
+            print(first_line(cfg, out, len(procs), first if resume else None), flush=True)
         _watch(cfg, out, procs, progress, begin + timeout_s, first)
     finally:
         _stop_all(procs)
     summary: dict[str, Any] = read_json(out / "summary.json")
     return summary
+
+
+def first_line(cfg: RunConfig, out: Path, processes: int, resumed: int | None) -> str:
+    """The run's first line: where, its processes and mode, and what the trainer trains and publishes
+    ("LoRA rank 16: 4.88M trainable parameters, 19.5 MB a version", or every weight's)."""
+    from cadence.launch.build import version_figures
+
+    params, nbytes = version_figures(cfg)
+    where = f" resumed at period {resumed}," if resumed is not None else ""
+    what = f"LoRA rank {cfg.trainer.lora.rank}: " if cfg.trainer.lora.rank else ""
+    return (
+        f"cadence: run {cfg.run_id} in {out}:{where} {processes} processes, {cfg.mode} mode,"
+        f" {what}{params / 1e6:.2f}M trainable parameters, {nbytes / 1e6:.1f} MB a version"
+    )
 
 
 def _check_model_checkpoint(folder: Path) -> None:

@@ -26,7 +26,7 @@ from cadence.launch.secret import make_run_secret, read_run_secret
 from cadence.monitor.run_dir import write_whole
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
-from cadence.transport.zmq_socket import ZmqNetwork
+from cadence.transport.zmq_socket import ZmqNetwork, listen_address
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from cadence.training.learner import Learner
     from cadence.transport.broadcast import BroadcastRoot
     from cadence.transport.endpoint import Server
+    from cadence.transport.shared_memory import SharedVersions
 
 log = structlog.get_logger()
 
@@ -70,7 +71,7 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _bind_address(cfg: RunConfig, port: int) -> str:
-    return f"tcp://{cfg.transport.host}:{port or '*'}"
+    return listen_address(cfg.transport.listen, cfg.transport.host, port)
 
 
 def _network(cfg: RunConfig) -> ZmqNetwork:
@@ -95,18 +96,21 @@ async def dispatcher_main(
 ) -> None:
     """The dispatcher; with `resume` the periods already in `metrics.jsonl` count in the summary."""
     from cadence.actors.dispatcher import Dispatcher
+    from cadence.launch.alive import keep_alive
     from cadence.launch.settings import dispatcher_settings, liveness, log_bounds
     from cadence.monitor.logstream import LogHub
     from cadence.monitor.run_dir import RunRecorder
     from cadence.monitor.writers import make_writers
     from cadence.tasks.heldout import eval_prompts, held_out
     from cadence.tasks.registry import make_task
+    from cadence.transport.session import first_of
 
     secret = make_run_secret(out)  # before dispatcher.addr: a trainer that finds one finds the other
     net = _network(cfg)
     server = net.bind("dispatcher", bind)
     lease = cfg.transport.liveness_timeout_s
     hub = LogHub(server, out / "logs", time.time, lease, own=stream, bounds=log_bounds(cfg))
+    recorder: RunRecorder | None = None
     try:
         write_whole(out / "dispatcher.addr", server.address + "\n")
         recorder = RunRecorder(out, cfg.mode, make_writers(cfg, out), resume=resume)
@@ -116,8 +120,10 @@ async def dispatcher_main(
         beat = liveness(cfg, time.time)
         dispatcher = Dispatcher(settings, server, task, recorder, beat, time.time, hub, evals)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dispatcher.stop)  # cadence slurm stop
-        await dispatcher.run()
+        await first_of(dispatcher.run(), keep_alive(out))  # DIR/dispatcher.alive while it runs
     finally:
+        if recorder is not None:
+            recorder.close()
         hub.close()
         net.close()
 
@@ -288,7 +294,24 @@ def _publisher(
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),
+        shared=_shared_versions(cfg),
     )
+
+
+def _shared_versions(cfg: RunConfig) -> SharedVersions | None:
+    """Where the publisher writes each version for the workers on its host, when it may and can
+    (else one log line says why not)."""
+    if not cfg.weights.share_on_host:
+        return None
+    from cadence.transport.shared_memory import SharedVersions, sharing_problem
+
+    problem = sharing_problem()
+    if problem is not None:
+        log.warning("shared_memory_unavailable", reason=problem, fallback="zmq")
+        return None
+    shared = SharedVersions(cfg.weights.keep_versions)
+    log.info("weights_shared", slots=shared.prefix, host=shared.host)
+    return shared
 
 
 def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
@@ -299,6 +322,8 @@ def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:
     from cadence.transport.broadcast import BroadcastRoot
 
     host = server.address.removeprefix("tcp://").rsplit(":", 1)[0]  # advertised() already chose it
+    if server.address.startswith("ipc://"):
+        host = cfg.transport.host
     return BroadcastRoot(
         server,
         w.transport,

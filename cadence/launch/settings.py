@@ -15,7 +15,7 @@ from cadence.actors.publisher import PublisherSettings
 from cadence.actors.rollout import WorkerSettings
 from cadence.config import RunConfig
 from cadence.dispatch.settings import DispatcherSettings
-from cadence.launch.build import model_positions
+from cadence.launch.build import model_positions, version_figures
 from cadence.launch.threads import (
     rollout_threads,
     trainer_threads,
@@ -90,6 +90,7 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         max_credits=cfg.rollout.inflight,
         hold_s=cfg.rollout.hold_s,
         hold_floor_s=20 * cfg.transport.liveness_timeout_s,
+        early_floor_s=cfg.transport.liveness_timeout_s,
     )
 
 
@@ -109,6 +110,7 @@ def trainer_settings(cfg: RunConfig, vocab_size: int) -> TrainerSettings:
         publish_dtype=publish_dtype(cfg),
         sampling=selection_rule(cfg),
         mismatch_warn_kl=t.mismatch.warn_kl,
+        trainable_params=version_figures(cfg)[0],
     )
 
 
@@ -186,6 +188,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
         host=socket.gethostname(),
+        share_weights=cfg.weights.share_on_host,
     )
 
 

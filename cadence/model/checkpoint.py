@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -110,11 +111,30 @@ def tensors_to_bytes(
     state: Mapping[str, Tensor],
     alloc: Callable[[int], bytearray] = bytearray,
     dtype: torch.dtype | str | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> bytearray:
     """HF-named tensors (e.g. gathered from a sharded model) as safetensors bytes, in `alloc(nbytes)`;
-    with `dtype` (or its name, "bfloat16"), the floating-point ones in it."""
+    with `dtype` (or its name, "bfloat16"), the floating-point ones in it; `metadata`: strings the
+    header carries beside `format`."""
     kind = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    return _safetensors_bytes(state, {"format": "pt"}, alloc, kind)
+    return _safetensors_bytes(state, {"format": "pt", **(metadata or {})}, alloc, kind)
+
+
+def safetensors_metadata(data: bytes | bytearray | memoryview) -> dict[str, str]:
+    """The `__metadata__` strings of safetensors `data`'s header; ValueError when it has no readable one."""
+    if len(data) < 8:
+        raise ValueError("safetensors data shorter than its 8-byte header length")
+    (size,) = struct.unpack("<Q", bytes(data[:8]))
+    if size > len(data) - 8:
+        raise ValueError(f"a safetensors header of {size} bytes in {len(data)} bytes")
+    try:
+        header = json.loads(bytes(data[8 : 8 + size]))
+    except ValueError as err:
+        raise ValueError(f"a safetensors header that is not JSON: {err}") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("a safetensors header whose __metadata__ is not a table of strings")
+    return meta
 
 
 def state_nbytes(state: Mapping[str, Tensor]) -> int:
@@ -122,15 +142,16 @@ def state_nbytes(state: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def state_dict_from_bytes(data: bytes | bytearray) -> dict[str, Tensor]:
+def state_dict_from_bytes(data: bytes | bytearray | mmap.mmap) -> dict[str, Tensor]:
     """The tensors of safetensors `data`: copies for `bytes` (read by safetensors), views of the buffer
-    for a `bytearray` (as `pull_weights` returns), which must then stay unchanged while they are used."""
+    for a `bytearray` (as `pull_weights` returns) or a writable mapping (a version in shared memory),
+    which must then stay unchanged while they are used."""
     if isinstance(data, bytes):
         return st_load(data)
     return _safetensors_views(data)
 
 
-def _safetensors_views(data: bytearray) -> dict[str, Tensor]:
+def _safetensors_views(data: bytearray | mmap.mmap) -> dict[str, Tensor]:
     """Tensors viewing `data`, laid out per the safetensors format; ValueError on a malformed layout."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors views are implemented for little-endian hosts only")

@@ -19,17 +19,22 @@ prompt's prefill is what it computes alone up to float summation order.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import structlog
 import torch
 from torch import Tensor
 
-from cadence.model.decode_groups import DecodeGroups
+from cadence.model.compiled_step import Compiler, StepRunner
+from cadence.model.decode_loop import DecodeLoop, LoopStats
+from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, row_bucket
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
-from cadence.ops.logprobs import tempered
 from cadence.ops.packing import fill_in_order, shared_trunk
+
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,17 @@ def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
     return first[: shared_trunk([first, tokenizer.encode_prompt("1")])]
 
 
+DEFAULT_ROWS = 64  # the cache's slots when none are asked for: the rows a decode step computes at most
+
+
 class TorchEngine:
     """Generates with a ``Transformer`` in this process, its weights and activations in ``dtype``
-    (a version of another dtype is rounded on load); the logits are sampled in float32."""
+    (a version of another dtype is rounded on load); the logits are sampled in float32.
+
+    ``rows``: the slots of its KV cache, the most samples decoded at once (a call with more admits
+    them as others end); ``compiled``: the decode step compiled (``compiled_step.py``) or eager;
+    ``readback``: the decode steps between two reads of which rows have ended (1 on the CPU, where a
+    read costs nothing; more on a GPU, where each read waits for the device)."""
 
     def __init__(
         self,
@@ -108,23 +121,40 @@ class TorchEngine:
         device: str = "cpu",
         trunk: Sequence[int] = (),
         dtype: torch.dtype = torch.float32,
+        rows: int = DEFAULT_ROWS,
+        compiled: bool = False,
+        readback: int | None = None,
+        compiler: Compiler | None = None,
     ) -> None:
+        if rows < 1:
+            raise ValueError(f"the engine needs at least one row, got {rows}")
         self.model = model.to(device=device, dtype=dtype).eval()
         self.eos_id = eos_id
         self.device = torch.device(device)
+        self.dtype = dtype
+        self.rows = rows
+        self.readback = readback if readback is not None else (1 if self.device.type == "cpu" else 8)
         self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
         self._trunk_kv: KVCache | None = None  # of the weights loaded now
+        self._cache: SlotCache | None = None
+        self.runner = StepRunner(self.model, compiled, compiler)
+        self.last_call = LoopStats()  # what the last generate_many computed
 
     def load_state_dict(self, state: Mapping[str, Tensor], share: bool = False) -> None:
         """Take HF-named weights (strict; a tied head may be absent), copied into the model's own
         tensors. With ``share``, when every tensor has the dtype and device of the weight it replaces,
         the tensors themselves become the weights instead (no copy of the whole model): the caller
-        leaves them unchanged until the next load."""
+        leaves them unchanged until the next load. A compiled engine always copies: its compiled step
+        reads the weights where they were when it was compiled."""
         with torch.no_grad():
             own = self.model.state_dict()
-            fits = share and all(
-                key in own and t.dtype == own[key].dtype and t.device == own[key].device
-                for key, t in state.items()
+            fits = (
+                share
+                and not self.runner.compiled
+                and all(
+                    key in own and t.dtype == own[key].dtype and t.device == own[key].device
+                    for key, t in state.items()
+                )
             )
             load_hf_state_dict(self.model, state, assign=fits)
         self._trunk_kv = None
@@ -209,11 +239,10 @@ class TorchEngine:
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
     ) -> list[list[Completion]]:
-        """For each (prompt, seeds), ``len(seeds)`` samples of the prompt: the prompts' prefill
-        (``_prefill_many``), then one batched step per token over every sample of every prompt (a
-        decode step reads every weight once, however many rows it has). Prompts of different lengths
-        share the cache with gaps after the shorter ones, masked out; each row keeps its own
-        positions.
+        """For each (prompt, seeds), ``len(seeds)`` samples of the prompt, decoded together
+        (``decode_loop.py``): each sample a row in a slot of the engine's cache, admitted as slots free
+        up (its prompt prefilled with the others admitted with it, ``_prefill_many``), one step a token
+        for every row held (a decode step reads every weight once, however many rows it has).
 
         ``ended(i, completions)`` is told each group ``i`` (an index into ``groups``) as soon as
         every sample of it has ended, once, in the order the groups end (ties in index order; a group
@@ -228,8 +257,7 @@ class TorchEngine:
         if ended is not None:
             for i in [i for i, n in enumerate(sizes) if n == 0]:  # ended before any step
                 ended(i, [])
-        groups = [(p, s) for p, s in groups if s]
-        if not groups:
+        if not any(sizes):
             return [[] for _ in sizes]
         seeds = [seed for _, group_seeds in groups for seed in group_seeds]
         uniforms = torch.stack(
@@ -238,19 +266,78 @@ class TorchEngine:
                 for s in seeds
             ]
         ).to(self.device)
-        prefilled = self._prefill_many([prompt for prompt, _ in groups])
-        caches = [cache for cache, _ in prefilled]
-        firsts = [logits.expand(len(s), -1) for (_, logits), (_, s) in zip(prefilled, groups, strict=True)]
-        repeats = [len(s) for _, s in groups]
-        cache = KVCache.stacked(caches, repeats, capacity=max(c.length for c in caches) + steps)
-        lengths = torch.tensor([len(p) for p, s in groups for _ in s], device=self.device)
-        tracked = DecodeGroups(sizes, self.device)
-        tokens, logprobs = self._decode(
-            torch.cat(firsts), cache, lengths, uniforms, params, tracked, ended, stopped
+        cache = self._slots(max(len(p) for p, s in groups if s) + steps)
+        told = None
+        if ended is not None:
+            tell = ended
+
+            def told(g: int, rows: list[tuple[list[int], list[float], bool]]) -> None:
+                tell(g, [Completion(t, lp, f) for t, lp, f in rows])
+
+        loop = DecodeLoop(
+            cache,
+            self._prefill_many,
+            self._run_step,
+            [list(p) for p, _ in groups],
+            sizes,
+            uniforms,
+            self.eos_id,
+            params.temperature,
+            params.top_p,
+            self.readback,
         )
-        done = iter(self._completions(tokens, logprobs))
-        out = [[next(done) for _ in range(n)] for n in sizes]
-        return [[] if i in tracked.stopped else group for i, group in enumerate(out)]
+        done = loop.run(told, stopped)
+        self.last_call = loop.stats
+        return [[Completion(t, lp, f) for t, lp, f in done.get(i, [])] for i in range(len(sizes))]
+
+    def _run_step(self, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int) -> Tensor:
+        assert self._cache is not None
+        return self.runner(self._cache.keys, self._cache.values, tokens, positions, write_at, width)
+
+    def _slots(self, length: int) -> SlotCache:
+        """The cache of ``self.rows`` slots, allocated once; made longer (in steps of
+        ``LENGTH_STEP``, at most the model's positions) when a call needs more positions a row."""
+        if self._cache is not None and self._cache.length >= length:
+            return self._cache
+        length = min(-(-length // LENGTH_STEP) * LENGTH_STEP, self.model.cfg.max_position)
+        self._cache = None  # the old one freed before the new one is made
+        self._cache = self.allocate(length)
+        return self._cache
+
+    def allocate(self, length: int) -> SlotCache:
+        """A slot cache of ``self.rows`` slots of ``length`` positions, or the error naming the rows
+        and positions asked when it does not fit the device."""
+        need = cache_bytes(self.model.cfg, self.rows, length, self.dtype)
+        room = device_room(self.device)
+        if room is not None and need > room:
+            raise ValueError(
+                f"the engine's KV cache of {self.rows} rows x {length} positions needs "
+                f"{need / 2**30:.2f} GiB, more than the {room / 2**30:.2f} GiB free on {self.device}: "
+                "fewer rollout.engine_rows (or shorter prompts and rollout.max_new_tokens)"
+            )
+        cache = SlotCache(self.model.cfg, self.rows, length, self.dtype, self.device)
+        if self.device.type == "cuda":  # written in place by the captured graphs: fixed addresses
+            torch._dynamo.mark_static_address(cache.keys)
+            torch._dynamo.mark_static_address(cache.values)
+        log.info("engine_cache", rows=self.rows, length=length, mib=round(need / 2**20, 1))
+        return cache
+
+    @torch.no_grad()
+    def warm_up(self, length: int = LENGTH_STEP) -> float:
+        """Compile (or record) the decode step for every row bucket now, not in a period: the
+        seconds it took (0 for an eager engine)."""
+        if not self.runner.compiled:
+            return 0.0
+        begin = time.perf_counter()
+        cache = self._slots(min(length, self.model.cfg.max_position))
+        sizes = sorted({row_bucket(n, self.rows) for n in range(1, self.rows + 1)})
+        for b in sizes:
+            zeros = torch.zeros(b, dtype=torch.long, device=self.device)
+            spare = torch.full_like(zeros, cache.spare)
+            self.runner(cache.keys, cache.values, zeros, zeros, spare, WIDTH_STEP)
+        took = time.perf_counter() - begin
+        log.info("engine_warmed_up", seconds=round(took, 2), buckets=sizes, compiled=self.runner.compiled)
+        return took
 
     def _check(self, prompt: Sequence[int], steps: int) -> None:
         max_position = self.model.cfg.max_position
@@ -261,117 +348,18 @@ class TorchEngine:
                 f"prompt length {len(prompt)} + max_new_tokens {steps} exceeds max_position {max_position}"
             )
 
-    def _decode(
-        self,
-        logits: Tensor,
-        cache: KVCache,
-        lengths: Tensor,
-        uniforms: Tensor,
-        params: SamplingParams,
-        groups: DecodeGroups,
-        ended: GroupEnded | None,
-        stopped: StoppedGroups | None,
-    ) -> tuple[Tensor, Tensor]:
-        """Sample every row from its prompt's last logits on, one batched forward a token: each row's
-        tokens and log-probs [n, steps] (-1 and undefined at steps it did not run). Rows whose prompts
-        are shorter than the cache's prompt part attend only their own prompt slots. Once a quarter of
-        the rows still computed have ended on eos, they leave the batch (and the cache): a long sample
-        does not make every finished one compute on to its end. A stopped group's rows leave at once.
-        Each group is told to ``ended`` at the step its last row ends (after the loop when that is the
-        last step, or when every row left has ended)."""
-        n, steps, width = logits.shape[0], params.max_new_tokens, cache.length
-        gaps = bool((lengths != width).any())
-        prompt_slots = torch.arange(width, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)  # [n, W]
-        tokens = torch.full((n, steps), -1, dtype=torch.long, device=self.device)
-        logprobs = torch.empty(n, steps, dtype=torch.float32, device=self.device)
-        live = torch.arange(n, device=self.device)  # the rows still computed, in the batch's order
-        finished = torch.zeros(n, dtype=torch.bool, device=self.device)  # of the live rows: ended on eos
-        for step in range(steps):
-            token = self._sample(logits, uniforms[live, step], params)
-            tokens[live, step] = token
-            picked = torch.log_softmax(tempered(logits, params.temperature), dim=-1).gather(1, token[:, None])
-            logprobs[live, step] = picked.squeeze(1)
-            now = (token == self.eos_id) & ~finished
-            finished |= now
-            if step + 1 == steps or bool(finished.all()):
-                break
-            if ended is not None or stopped is not None:  # a group ended is no longer stopped
-                self._tell(ended, groups, groups.take_ended(live, now), tokens, logprobs)
-            gone = groups.stopped_rows(live) if stopped is not None and groups.stop(stopped()) else None
-            if gone is not None and bool((finished | gone).all()):
-                break  # every row left has ended or stopped
-            keep = _kept_rows(finished, gone)
-            if keep is not None:  # the other rows leave the batch
-                live, token, lengths, prompt_slots = (
-                    live[keep],
-                    token[keep],
-                    lengths[keep],
-                    prompt_slots[keep],
-                )
-                cache.keep_rows(keep)
-                finished = finished[keep]
-            if not gaps:  # every row at the cache's own positions: the plain causal step
-                logits = self.model(token[:, None], cache=cache)[:, -1]
-                continue
-            m = len(live)
-            seen = torch.cat([prompt_slots, prompt_slots.new_ones((m, step + 1))], dim=1)
-            positions = (lengths + step).unsqueeze(1)  # [m, 1]: the row's own next position
-            logits = self.model(token[:, None], positions, seen.view(m, 1, 1, -1), cache)[:, -1]
-        self._tell(ended, groups, groups.take_rest(), tokens, logprobs)
-        return tokens, logprobs
 
-    def _tell(
-        self,
-        ended: GroupEnded | None,
-        groups: DecodeGroups,
-        told: list[int],
-        tokens: Tensor,
-        logprobs: Tensor,
-    ) -> None:
-        """Tell ``ended`` each group of ``told`` with its completions (the final ones: a row's tokens
-        after its eos, sampled while it stays in the batch, are cut)."""
-        if ended is not None:
-            for g in told:
-                ended(g, self._completions(tokens[groups.rows(g)], logprobs[groups.rows(g)]))
-
-    def _completions(self, tokens: Tensor, logprobs: Tensor) -> list[Completion]:
-        """The completions of rows' tokens and log-probs [rows, steps]."""
-        return [self._completion(row, lp) for row, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
-
-    def _completion(self, row: list[int], logprobs: list[float]) -> Completion:
-        # a row may be sampled on after its eos (until it leaves the batch); steps never run hold -1
-        finished = self.eos_id in row
-        length = row.index(self.eos_id) + 1 if finished else len(row)
-        return Completion(tokens=row[:length], logprobs=logprobs[:length], finished=finished)
-
-    @staticmethod
-    def _sample(logits: Tensor, uniforms: Tensor, params: SamplingParams) -> Tensor:
-        """One token per row by inverse CDF over the tempered, nucleus-filtered distribution: in the
-        vocabulary's order without a nucleus (no sort: sorting 49k probabilities a row costs more than
-        the decode step's head), in descending order of probability with one."""
-        if params.temperature == 0.0:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / params.temperature, dim=-1)
-        if params.top_p >= 1.0:
-            return _inverse_cdf(probs, uniforms)
-        probs, order = probs.sort(dim=-1, descending=True, stable=True)
-        keep = (probs > 0) & ((probs.cumsum(dim=-1) - probs) < params.top_p)  # the top token always stays
-        return order.gather(1, _inverse_cdf(probs.masked_fill(~keep, 0.0), uniforms).unsqueeze(1)).squeeze(1)
-
-
-def _kept_rows(finished: Tensor, gone: Tensor | None) -> Tensor | None:
-    """The live rows that stay in the batch, or None when all do: without the ended ones once a quarter
-    of them have ended, and without a stopped group's (`gone`) at once."""
-    drop = finished if 4 * int(finished.sum()) >= len(finished) else None
-    if gone is not None:
-        drop = gone if drop is None else drop | gone
-    return None if drop is None else (~drop).nonzero().squeeze(1)
-
-
-def _inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
-    """The index whose cumulative probability first exceeds ``uniforms`` [n] (in [0, 1)) times the
-    row's total: never an index of probability 0, since the cumulative sum does not rise there."""
-    cdf = probs.double().cumsum(dim=-1)
-    target = (uniforms * cdf[:, -1]).unsqueeze(1)
-    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return torch.minimum(index, (probs > 0).long().cumsum(dim=-1).argmax(dim=-1))
+def device_room(device: torch.device) -> int | None:
+    """The bytes a cache may take on ``device``: nine tenths of a GPU's free memory, half the host's
+    available memory for the CPU; None where it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.9)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as info:
+                fields = dict(line.split(":", 1) for line in info)
+            return int(fields["MemAvailable"].split()[0]) * 1024 // 2
+        except (OSError, KeyError, ValueError):
+            return None
+    return None

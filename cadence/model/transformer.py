@@ -70,23 +70,6 @@ class KVCache:
         """Called once per forward, after every layer stored its ``num_tokens`` new entries."""
         self._length += num_tokens
 
-    @classmethod
-    def stacked(cls, caches: Sequence[KVCache], repeats: Sequence[int], capacity: int) -> KVCache:
-        """One cache of ``capacity`` whose rows are the batch-1 ``caches``, each repeated ``repeats``
-        times, all as long as the longest: a shorter one's slots past its own tokens hold zeros,
-        which the caller masks out (``attn_mask``) in every later forward."""
-        if any(k.shape[0] != 1 for c in caches for k in c._keys):
-            raise ValueError("stacked needs caches of batch size 1")
-        length = max(c.length for c in caches)
-        if length > capacity:
-            raise ValueError(f"KVCache capacity {capacity} exceeded: {length} tokens")
-        merged = cls(capacity)
-        for layer in range(len(caches[0]._keys)):
-            merged._keys.append(_stack_rows([c._keys[layer] for c in caches], caches, repeats, capacity))
-            merged._values.append(_stack_rows([c._values[layer] for c in caches], caches, repeats, capacity))
-        merged._length = length
-        return merged
-
     def fork(self) -> KVCache:
         """A growing cache that starts with this one's entries and leaves them as they are (a later
         ``update`` of the fork concatenates into new tensors)."""
@@ -118,30 +101,12 @@ class KVCache:
             offset += size
         return parts
 
-    def keep_rows(self, rows: Tensor) -> None:
-        """Keep only the batch rows at indices ``rows`` (1-D long), in that order."""
-        self._keys = [k.index_select(0, rows) for k in self._keys]
-        self._values = [v.index_select(0, rows) for v in self._values]
-
     def repeat_batch(self, n: int) -> None:
         """Turn a batch-1 cache into ``n`` identical rows (one prefill shared by ``n`` samples)."""
         if any(k.shape[0] != 1 for k in self._keys):
             raise ValueError("repeat_batch needs a cache of batch size 1")
         self._keys = [k.repeat(n, 1, 1, 1) for k in self._keys]
         self._values = [v.repeat(n, 1, 1, 1) for v in self._values]
-
-
-def _stack_rows(
-    parts: list[Tensor], caches: Sequence[KVCache], repeats: Sequence[int], capacity: int
-) -> Tensor:
-    """[sum(repeats), KV, capacity, D]: each [1, KV, S, D] part's cached entries repeated, zeros after."""
-    _, heads, _, dim = parts[0].shape
-    out = parts[0].new_zeros((sum(repeats), heads, capacity, dim))
-    row = 0
-    for part, cache, n in zip(parts, caches, repeats, strict=True):
-        out[row : row + n, :, : cache.length] = part[:, :, : cache.length]
-        row += n
-    return out
 
 
 class RMSNorm(nn.Module):

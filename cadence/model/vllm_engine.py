@@ -90,8 +90,15 @@ class VllmEngine:
     """A vLLM ``LLM`` serving one model folder (HF Llama/Qwen layout); weights replaced per version."""
 
     def __init__(
-        self, model: Path, eos_id: int, params: SamplingParams, cfg: VllmConfig, seed: int = 0
+        self,
+        model: Path,
+        eos_id: int,
+        params: SamplingParams,
+        cfg: VllmConfig,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        """`options`: more of `vllm.LLM`'s arguments (adapters: vllm_lora.py)."""
         vllm = import_vllm()
         self.eos_id = eos_id
         self.params = params
@@ -108,6 +115,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs" if params.top_p >= 1.0 else "raw_logprobs",
             seed=seed,
             **kv_cache,
+            **(options or {}),
         )
         from vllm.sampling_params import RequestOutputKind
 
@@ -115,6 +123,7 @@ class VllmEngine:
         self._final_only = RequestOutputKind.FINAL_ONLY  # a request's one output: when it finishes
         self._prompt = vllm.TokensPrompt
         self._request_ids = count()  # a request's id, unique in the engine's life
+        self.lora_request: Any = None  # the adapters every request is generated with (vllm_lora.py)
 
     def load(self, weights: bytes | bytearray) -> None:
         """Load published safetensors bytes (HF names)."""
@@ -182,9 +191,10 @@ class VllmEngine:
         pending: dict[str, tuple[int, int]] = {}  # request id -> (group, sample), until it finishes
         try:
             inputs = self.llm.renderer.render_cmpl(prompts)
+            adapters = {} if self.lora_request is None else {"lora_request": self.lora_request}
             for engine_input, request, owner in zip(inputs, requests, owners, strict=True):
                 request_id = f"cadence-{next(self._request_ids)}"
-                engine.add_request(request_id, engine_input, request)
+                engine.add_request(request_id, engine_input, request, **adapters)
                 pending[request_id] = owner
             return self._run(pending, [len(seeds) for _, seeds in groups], ended, stopped)
         except BaseException:

@@ -6,6 +6,7 @@ run's own log folder and passes them on to followers (`cadence logs --connect`).
                                                               ├─► logs/<actor>.jsonl (remote actors)
                                                               ├─► backlog (last N lines)
  follower ─ Subscribe(backlog) every heartbeat ──────────────►└─► LogBatch ─► follower
+                                                         (the backlog's blocks: encoded once for all)
                                           (a renewal) ─► Heartbeat ─► follower
 ```
 
@@ -18,7 +19,8 @@ that stops renewing its subscription is dropped after the liveness timeout. What
 and passes on is bounded in bytes (`LogBounds`, the `monitor.log_*_bytes` settings): a line, a
 batch's lines together, an actor name's lines in all, and the run's; what is beyond is dropped,
 counted, and said once an actor name (`log_lines_refused`). A batch is encoded once for all its
-followers, whose queues share its bytes.
+followers, whose queues share its bytes; so is the backlog (`backlog.py`), bounded in lines and bytes
+(`LogBounds.backlog`): a follower that never reads costs the hub no copy of it.
 """
 
 from __future__ import annotations
@@ -27,15 +29,14 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import structlog
 
-from cadence.log import LogStream
+from cadence.log import FileSink, LogStream, dropped_note
+from cadence.monitor.backlog import Backlog
 from cadence.transport.endpoint import Client, Server
 from cadence.wire.messages import Heartbeat, LogBatch, Subscribe
 
@@ -90,6 +91,8 @@ class LogBounds:
     """What it writes and passes on under one actor name in all."""
     run: int = 8 << 30
     """What it writes and passes on for all actor names together."""
+    backlog: int = 64 << 20
+    """What the backlog for new followers keeps of the last lines (besides its count of lines)."""
 
 
 class LogHub:
@@ -111,10 +114,11 @@ class LogHub:
         self.log_dir = log_dir
         self.clock = clock
         self.lease_s = lease_s
-        self.backlog: deque[str] = deque(maxlen=backlog)
-        self.followers: dict[bytes, float] = {}  # peer -> lease end
-        self.files: dict[str, IO[str] | None] = {}
         self.host = socket.gethostname()
+        self.backlog = Backlog(server.frames_of, self.host, backlog, bounds.backlog, BATCH_LINES)
+        self.followers: dict[bytes, float] = {}  # peer -> lease end
+        self.files: dict[str, FileSink | None] = {}
+        self.unwritable: set[str] = set()
         self._said_full: set[str] = set()
         self.bytes: dict[str, int] = {}  # what each actor name's lines took so far
         self.total = 0  # what all of them took
@@ -142,11 +146,10 @@ class LogHub:
             await self.server.send(peer, Heartbeat("dispatcher"))
             return
         log.info("log_follower_joined", peer=sender, backlog=msg.backlog)
-        lines = list(self.backlog)[-msg.backlog :] if msg.backlog > 0 else []
-        for start in range(0, len(lines), BATCH_LINES):
-            chunk = lines[start : start + BATCH_LINES]
-            await self.server.send(peer, LogBatch("backlog", self.host, "", chunk, 0))
-        if not lines:
+        blocks = self.backlog.frames(msg.backlog)  # each block's frames: the same for every follower
+        for frames in blocks:
+            await self.server.send_frames(peer, frames)
+        if not blocks:
             await self.server.send(peer, Heartbeat("dispatcher"))
 
     async def tick(self) -> None:
@@ -210,8 +213,15 @@ class LogHub:
             if local:
                 self.files[msg.actor] = None
             else:
-                own.parent.mkdir(parents=True, exist_ok=True)
-                self.files[msg.actor] = open(own, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+                try:
+                    own.parent.mkdir(parents=True, exist_ok=True)
+                    note = dropped_note({"actor": msg.actor, "host": msg.host})
+                    self.files[msg.actor] = FileSink(own, note)
+                except OSError as err:  # a full disk: these lines are lost, the next batch tries again
+                    if msg.actor not in self.unwritable:
+                        self.unwritable.add(msg.actor)
+                        log.warning("log_file_unwritable", actor=msg.actor, path=str(own), error=str(err))
+                    return
         sink = self.files[msg.actor]
         if sink is None:
             return
@@ -221,7 +231,7 @@ class LogHub:
             except json.JSONDecodeError:
                 continue
             if isinstance(event, dict):
-                sink.write(json.dumps(event) + "\n")
+                sink.write(json.dumps(event))
 
     def close(self) -> None:
         for sink in self.files.values():

@@ -50,6 +50,7 @@ class PeriodStats:
     load_s: list[float] = field(default_factory=list)
     workers: set[str] = field(default_factory=set)
     busy: dict[str, float] = field(default_factory=dict)  # worker -> seconds generating and loading
+    weights_from: dict[str, str] = field(default_factory=dict)  # worker -> how its version came
     parts: dict[str, list[float]] = field(default_factory=dict)  # reward function -> values
     stale_dropped: int = 0
     duplicates_dropped: int = 0
@@ -71,6 +72,8 @@ class PeriodStats:
         (else `kept`, `filtered_out` or `stopped_after_close` says so once the selection has)."""
         self.arrivals.append(now)
         self.busy[sender] = self.busy.get(sender, 0.0) + group.gen_s + group.load_s
+        if group.weights_from:
+            self.weights_from[sender] = group.weights_from
         for name, values in group.reward_parts.items():
             self.parts.setdefault(name, []).extend(values)
         own = [len(c) for c in group.completions]
@@ -167,6 +170,7 @@ class PeriodStats:
             publish_s=publish_s,
             weight_load_s=max(self.load_s, default=0.0),
             weight_sync_s=publish_s + max(self.load_s, default=0.0),
+            weights_from=dict(sorted(self.weights_from.items())) or None,
             tokens_per_s=tokens / period_s if period_s > 0 else 0.0,
             samples_per_s=n / period_s if period_s > 0 else 0.0,
             stale_dropped=self.stale_dropped,

@@ -52,6 +52,8 @@ _MISMATCH = (
     "correction_weight",
     "correction_zeroed",
 )
+# fields left out of a row while None: which transport each worker's version came by
+_TRANSPORTS = ("weights_from",)
 # fields that are no key of the row themselves
 _NOT_KEYS = ("reward_functions", "endings", "filtered", "extra")
 
@@ -86,6 +88,10 @@ class PeriodMetrics:
     publish_s: float = 0.0  # publishing the next version
     weight_load_s: float = 0.0  # the slowest worker's load of this version
     weight_sync_s: float = 0.0  # publish_s + weight_load_s
+    weights_from: dict[str, str] | None = None  # worker -> how its version came (shm, zmq, gloo...);
+    # left out of a row while None (no worker said)
+    version_bytes: int = 0  # bytes of the version published at the period's end ([trainer.lora]: adapters)
+    trainable_params: int = 0  # parameters the optimizer moves (every weight, or the adapters alone)
     tokens_per_s: float = 0.0  # tokens_generated / period_s
     samples_per_s: float = 0.0  # samples / period_s
     stale_dropped: int = 0  # groups refused as generated with another version's weights
@@ -148,7 +154,7 @@ class PeriodMetrics:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in _NOT_KEYS or (
-                f.name in _RECORDED + _EPISODES + _SAMPLING + _MISMATCH and value is None
+                f.name in _RECORDED + _EPISODES + _SAMPLING + _MISMATCH + _TRANSPORTS and value is None
             ):
                 continue
             row[f.name] = list(value) if f.name in _SEQUENCES else value

@@ -27,9 +27,23 @@ def period_line(row: PeriodMetrics, periods: int) -> str:
     return (
         f"period {row.period + 1:>4}/{periods}  reward {row.reward_mean:.3f}  acc {row.accuracy:.3f}"
         f"  period {row.period_s:.2f}s  overlap {row.overlap_s:.2f}s  sync {row.weight_sync_s * 1e3:.0f}ms"
+        f"{transports_part(row)}{version_part(row)}"
         f"  {row.tokens_per_s:.0f} tok/s  workers {row.workers_active}{episode_part(row)}{sampling_part(row)}"
         f"{mismatch_part(row)}"
     )
+
+
+def transports_part(row: PeriodMetrics) -> str:
+    """How the workers' versions came (`shm`, `zmq`, a broadcast's backend), "" for a row without it."""
+    if not row.weights_from:
+        return ""
+    return f" ({', '.join(sorted(set(row.weights_from.values())))})"
+
+
+def version_part(row: PeriodMetrics) -> str:
+    """The bytes of the version published (the adapters alone with `[trainer.lora]`), "" for a row
+    without them."""
+    return f" ({row.version_bytes / 1e6:.1f} MB)" if row.version_bytes else ""
 
 
 def mismatch_part(row: PeriodMetrics) -> str:
@@ -57,9 +71,10 @@ def sampling_part(row: PeriodMetrics) -> str:
 
 
 def episode_part(row: PeriodMetrics) -> str:
-    """A multi-turn run's episode figures (turns an episode, tool calls and errors, environment
-    timeouts, seconds and tokens; an agent's: sequences an episode, mean and most, and the share of
-    episodes of several), "" for a single-turn run's row."""
+    """A multi-turn run's episode figures (turns an episode, tool calls and errors; the environment's
+    wall seconds, `env_wall_s`, then its seconds summed over the episodes, `env_s`, each after its
+    label; its tokens and timeouts; an agent's: sequences an episode, mean and most, and the share
+    of episodes of several), "" for a single-turn run's row."""
     if row.turns_mean is None:
         return ""
     agents = (
@@ -69,8 +84,8 @@ def episode_part(row: PeriodMetrics) -> str:
     )
     return (
         f"  turns {row.turns_mean:.2f}  tools {row.tool_calls or 0} ({row.tool_errors or 0} err)"
-        f"  env {row.env_wall_s or 0.0:.2f}s wall {row.env_s or 0.0:.2f}s episodes {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
-        + agents
+        f"  env wall {row.env_wall_s or 0.0:.2f}s episodes {row.env_s or 0.0:.2f}s tokens {row.env_tokens or 0}"
+        f"  timeouts {row.env_timeouts or 0}" + agents
     )
 
 

@@ -3,12 +3,17 @@ round, with `samples/eval-period-K.jsonl`), `summary.json`.
 
 Invariant: `metrics.jsonl` gets one line per finished period, flushed at once, and `summary.json`
 is written atomically from those same lines, so the summary never disagrees with the metrics.
+A full disk never tears a metrics line: the recorder keeps a small reserve (`.metrics-reserve`) that
+it gives up for the row the disk refuses, then ends the run with `DiskFull` naming the folder (the
+actors' log lines are dropped and counted before that, `cadence.log.FileSink`). A file written
+whole (`write_whole`) is there whole or not at all, with no temporary file left either way.
 `eval.jsonl` gets one line per completed eval round, keyed by the `period` (= `version`) evaluated,
 written when its last answer comes in (often after that period's metrics line).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Sequence
@@ -25,8 +30,12 @@ def write_whole(path: Path, text: str) -> None:
     """Write `text` to `path` whole or not at all (a temporary file beside it, then a rename): a reader
     polling for the file never sees it empty or half written."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -86,6 +95,30 @@ def check_fresh(out: Path) -> None:
         )
 
 
+class DiskFull(RunDirError):
+    """The run folder's disk refused what the run must keep (its metrics, an eval round)."""
+
+
+def disk_full(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+RESERVE_BYTES = 1 << 16
+"""What the recorder keeps aside for the metrics row a full disk would refuse (rows are ~1 KiB)."""
+
+
+def append_all(fd: int, data: bytes, done: int = 0) -> int:
+    """Write `data[done:]` to `fd` until all of it is there; how much of `data` went out (on
+    `OSError`, the count is on the exception's `written`)."""
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError as err:
+        err.written = done  # type: ignore[attr-defined]
+        raise
+    return done
+
+
 class RunRecorder:
     """Writes the per-period metrics and the run summary of one run directory; with `resume` it
     continues the `metrics.jsonl` already there, whose periods count in the summary; without, it
@@ -103,29 +136,63 @@ class RunRecorder:
         self.rows: list[PeriodMetrics] = [PeriodMetrics.from_row(r) for r in earlier]
         self.started = 0.0
         out.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(out / "metrics.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._metrics = os.open(out / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.reserve = out / ".metrics-reserve"
+        self.reserve.write_bytes(os.urandom(RESERVE_BYTES))  # a disk already full: refused here, at the start
 
     def start(self, now: float) -> None:
         self.started = now
 
     def period(self, metrics: PeriodMetrics) -> None:
         self.rows.append(metrics)
-        self._metrics.write(json.dumps(metrics.to_row(), sort_keys=True) + "\n")
+        self._keep(f"period {metrics.period}", json.dumps(metrics.to_row(), sort_keys=True) + "\n")
         for writer in self.writers:
             writer.write(metrics.period, metrics)
 
+    def _keep(self, what: str, line: str) -> None:
+        """Append `line` to `metrics.jsonl` whole; the disk full: the reserve given up for it, then
+        `DiskFull` (the line is there whole: the run ends with it)."""
+        data = line.encode()
+        try:
+            append_all(self._metrics, data)
+            return
+        except OSError as err:
+            if not disk_full(err):
+                raise
+            done = getattr(err, "written", 0)
+        self.reserve.unlink(missing_ok=True)
+        try:
+            append_all(self._metrics, data, done)
+        except OSError as err:
+            raise DiskFull(f"the disk of {self.out} is full ({os.strerror(err.errno or 0)}): the row of"
+                           f" {what} is not in metrics.jsonl; the run ends") from None  # fmt: skip
+        raise DiskFull(
+            f"the disk of {self.out} is full: the run ends after {what} (its row kept in metrics.jsonl,"
+            f" {len(self.rows)} periods recorded)"
+        )
+
     def evaluation(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         """Record a completed eval round: its `eval.jsonl` line, its samples (every prompt, each
-        response) in `samples/eval-period-K.jsonl`, and its figures to the writers."""
+        response) in `samples/eval-period-K.jsonl`, and its figures to the writers; `DiskFull` when
+        the disk refuses them."""
+        try:
+            self._evaluation(row, samples)
+        except OSError as err:
+            if not disk_full(err):
+                raise
+            raise DiskFull(f"the disk of {self.out} is full: the eval round of period {row['period']}"
+                           " is not kept; the run ends") from None  # fmt: skip
+        figures = {k: float(v) for k, v in row.items() if k.startswith("eval_")}
+        for writer in self.writers:
+            writer.scalars(int(row["period"]), figures)
+
+    def _evaluation(self, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         with (self.out / "eval.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         folder = self.out / "samples"
         folder.mkdir(parents=True, exist_ok=True)
         text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in samples)
         (folder / f"eval-period-{row['period']}.jsonl").write_text(text, encoding="utf-8")
-        figures = {k: float(v) for k, v in row.items() if k.startswith("eval_")}
-        for writer in self.writers:
-            writer.scalars(int(row["period"]), figures)
 
     def rewind(self, version: int) -> int:
         """Forget the periods >= `version` (a trainer continues from it): the lines are dropped from
@@ -137,9 +204,9 @@ class RunRecorder:
             return 0
         dropped, self.rows = len(self.rows) - len(keep), keep
         path = self.out / "metrics.jsonl"
-        self._metrics.close()
-        truncate_metrics(path, version)
-        self._metrics = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        os.close(self._metrics)
+        truncate_metrics(path, version)  # a new file moved into place: opened again
+        self._metrics = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         return dropped
 
     def finish(self, now: float, version: int, sha256: str, stopped: bool = False) -> dict[str, Any]:
@@ -150,11 +217,25 @@ class RunRecorder:
         evals = read_jsonl(self.out / "eval.jsonl")
         if evals:  # the held-out figures before training (or the first round) and of the last round
             summary["eval_first"], summary["eval_last"] = evals[0], evals[-1]
-        write_json(self.out / "summary.json", summary)
-        self._metrics.close()
+        try:
+            write_json(self.out / "summary.json", summary)
+        except OSError as err:
+            if not disk_full(err):
+                raise
+            self.reserve.unlink(missing_ok=True)  # its room is the summary's
+            write_json(self.out / "summary.json", summary)
+        self.close()
+        return summary
+
+    def close(self) -> None:
+        """The metrics file closed, its reserve given back, the writers closed (once)."""
+        if self._metrics < 0:
+            return
+        os.close(self._metrics)
+        self._metrics = -1
+        self.reserve.unlink(missing_ok=True)
         for writer in self.writers:
             writer.close()
-        return summary
 
 
 def summarize(

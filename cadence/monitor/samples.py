@@ -1,6 +1,7 @@
 """Rollout samples for people to read: a share of each period's groups, written to
 `samples/period-K.jsonl` (prompt, answer, every response with its reward and correctness; an
-episode's also with every turn and who wrote it, its figures and why it ended).
+episode's also with every turn and who wrote it, its figures and why it ended). Like log lines, they
+give way on a full disk: a group the disk refuses is dropped and counted, never raised into the trainer.
 
 Invariant: whether a group is kept depends only on (seed, prompt id, fraction), so the worker that
 attaches the texts and anyone re-reading the run agree without talking; a kept group is one line.
@@ -8,13 +9,20 @@ attaches the texts and anyone re-reading the run agree without talking; a kept g
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from cadence.monitor.run_dir import append_all, disk_full
 from cadence.wire.messages import GroupResult
 from cadence.wire.rows import per_sample
+
+log = structlog.get_logger()
 
 
 def is_sampled(seed: int, prompt_id: int, fraction: float) -> bool:
@@ -32,11 +40,33 @@ class SampleWriter:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.dropped = 0  # groups a full disk refused
 
     def write(self, period: int, record: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with (self.directory / f"period-{period}.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        """Append `record` as one line; on a full disk it is dropped and counted (said once), and no
+        part of it stays in the file."""
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                self.directory / f"period-{period}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+            )
+            try:
+                size = os.fstat(fd).st_size
+                try:
+                    append_all(fd, data)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)  # a part of the line: gone again
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as err:
+            if not disk_full(err):
+                raise
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("samples_dropped", directory=str(self.directory), error=str(err))
 
     def drop_from(self, period: int) -> None:
         """Remove the files of periods >= `period` (they are generated again after a resume)."""

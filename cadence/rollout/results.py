@@ -48,8 +48,10 @@ def group_result(
     load_s: float,
     finished_at: float,
     following: int,
+    weights_from: str = "",
 ) -> GroupResult:
-    """The `GroupResult` of `job`'s samples; `keep`: the group is kept as a sample (its texts travel)."""
+    """The `GroupResult` of `job`'s samples; `keep`: the group is kept as a sample (its texts travel);
+    `weights_from`: how the worker's version came (a batch's first group says it)."""
     scores = samples.scores
     names = list(dict.fromkeys(name for s in scores for name in s.parts))  # an error episode's too
     episodes = samples.episodes
@@ -66,6 +68,7 @@ def group_result(
         correct=[s.correct for s in scores],
         gen_s=gen_s,
         load_s=load_s,
+        weights_from=weights_from,
         finished_at=finished_at,
         reward_parts={name: [s.parts.get(name, 0.0) for s in scores] for name in names},
         prompt=job.prompt if keep else "",

@@ -132,7 +132,7 @@ class TorchLearner:
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None
         # the fused kernel: one pass over each parameter, not a chain of whole-model temporaries
         fused = self.device.type in ("cpu", "cuda")
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=lr, weight_decay=weight_decay, fused=fused)
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_beta = kl_beta
         self.max_grad_norm = max_grad_norm
@@ -140,6 +140,10 @@ class TorchLearner:
         # a token ratio beyond [1/bound, bound] counts (ops/mismatch.py); None: the gap is not measured
         self.mismatch_bound = mismatch_bound
         self._sums: dict[str, float] = {}
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer moves (all of them, or only adapters: lora_learner.py)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def train_group(
         self,
@@ -231,7 +235,7 @@ class TorchLearner:
         none was yet), so that the step is the one a computed zero gradient gives (AdamW's moments
         and weight decay still move the weights); a step without any micro-batch still leaves every
         weight alone. A sharded learner overrides this: every rank takes part in each forward."""
-        for p in self.model.parameters():
+        for p in self.trainable():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
@@ -274,7 +278,7 @@ class TorchLearner:
     def _normalise_and_clip(self, normaliser: float) -> Tensor:
         """Divide the gradients by `normaliser` and clip their norm to `max_grad_norm`, in one
         multiply of each (ops/clipping.py); the norm of the divided gradients, before clipping."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.trainable() if p.grad is not None]
         return normalise_and_clip(grads, normaliser, self.max_grad_norm)
 
     def weights(

@@ -27,6 +27,7 @@ class TrainerSettings:
     threads_alone: int = 0  # the period's last micro-batch, step and publish: workers idle (0: the same)
     publish_dtype: str | None = None  # versions published in this dtype (the workers'); None: the learner's
     mismatch_warn_kl: float = 0.0  # a period's engine-learner k3 above it is warned about (0: never)
+    trainable_params: int = 0  # what the optimizer moves (every weight, or the adapters), for the row
 
     sampling: SelectionRule = SelectionRule()
 

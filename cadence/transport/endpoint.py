@@ -2,7 +2,9 @@
 
 Invariant: `recv` returns only valid messages of this run; every refused frame is logged (with
 rate limiting) with who sent it and why, counted in `refused`, and the caller never sees it; a route
-past its budget of refused bytes (`budget.py`) has its frames dropped unread for the rest of the window.
+past its budget of refused bytes (`budget.py`) has its frames dropped unread for the rest of the window;
+a server's frame is sized before it is decoded, and a large one is decoded only where its actor admits
+it (`admission.py`).
 
 - `Server`: bound, many peers; `recv()` gives `(peer, envelope)`, `send(peer, msg)` replies,
   `reachable(peer)` says whether a connection still has that route.
@@ -25,6 +27,7 @@ import secrets
 import structlog
 
 from cadence.log import Throttle
+from cadence.transport.admission import Admission
 from cadence.transport.budget import DEFAULT_REFUSED_BYTES_PER_S, RefusedBudget
 from cadence.wire.messages import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -127,13 +130,19 @@ class Server(_Codec, abc.ABC):
     ) -> None:
         super().__init__(name, run, max_frame_bytes)
         self.budget = RefusedBudget(refused_bytes_per_s)
+        self.admission = Admission(max_bytes=max_frame_bytes)  # its actor says whom it knows
 
     async def recv(self) -> tuple[bytes, Envelope]:
         while True:
             peer, frames = await self._recv_raw()
             if self.budget.muted(peer):  # past its budget of refused bytes: dropped unread
                 continue
-            env = self._decode(frames, shown(peer))
+            undecoded = self.admission.problem(peer, frames[0]) if frames else None
+            if undecoded is not None:
+                self.refusals.refuse(shown(peer), undecoded)
+                env = None
+            else:
+                env = self._decode(frames, shown(peer))
             if env is not None:
                 return peer, env
             if self.budget.charge(peer, sum(memoryview(f).nbytes for f in frames)):
@@ -150,6 +159,14 @@ class Server(_Codec, abc.ABC):
         """Send `msg` to the client whose route is `peer`; dropped, as a ROUTER drops it, when no
         connection has that route or the peer is not reading."""
         await self._send_raw(peer, self._encode(msg))
+
+    def frames_of(self, msg: Message) -> list[Payload]:
+        """`msg` encoded as this server sends it, to be sent (`send_frames`) once or to many peers."""
+        return self._encode(msg)
+
+    async def send_frames(self, peer: bytes, frames: list[Payload]) -> None:
+        """Send frames made by `frames_of` to `peer`: their buffers go out as they are, not copied."""
+        await self._send_raw(peer, frames)
 
     async def send_each(self, peers: list[bytes], msg: Message) -> None:
         """Send `msg` to every route in `peers`, encoded once: their queues share its bytes."""

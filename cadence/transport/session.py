@@ -4,7 +4,8 @@
  run(work…) ─► Register(role, address, pid, host, key, proof) ─► dispatcher seen
             ─► together, until the first ends:
                work…                     the actor's own loops
-               beat:   Heartbeat(role) every interval_s; the dispatcher never heard: waiting_for_dispatcher
+               beat:   Heartbeat(role) every interval_s (the Register again in its place until the
+                       dispatcher is heard: it may have deferred it); never heard: waiting_for_dispatcher
                        every 10 s, NoAnswer after first_contact_s (it may start after this actor);
                        once heard, a peer silent > liveness ─► PeerLost
                        this process itself not run for > liveness (SIGSTOP, a suspended VM)
@@ -140,22 +141,35 @@ class Session:
     async def run(self, *work: Coroutine[Any, Any, Any]) -> Any:
         """Register, then run `work` with the heartbeats and the listener until the first of them ends
         (Shutdown ends the listener); the others are cancelled. What that first one returned."""
-        key = self.key if self.role == "trainer" else ""
-        host = socket.gethostname()
-        pid = os.getpid()
-        await self.send(
-            Register(self.role, self.address, pid, host, key, self.local, self.proof, self.secret)
-        )
+        await self.send(self._register())
         self.liveness.seen(self.peer)
         also = [self.beside()] if self.beside is not None else []
         return await first_of(*work, self.listen(), self.beat(), *also)
+
+    def _register(self) -> Register:
+        key = self.key if self.role == "trainer" else ""
+        return Register(
+            self.role,
+            self.address,
+            os.getpid(),
+            socket.gethostname(),
+            key,
+            self.local,
+            self.proof,
+            self.secret,
+        )
 
     async def beat(self) -> None:
         """Heartbeat the dispatcher forever; raise `PeerLost` once any peer has been silent too long
         while this process ran, `Paused` once this process itself did not run for that long."""
         last = began = said = self.monotonic()
+        first = True
         while True:
-            await self.send(Heartbeat(self.role))
+            # until the dispatcher is heard, the registration goes again in the heartbeat's place: one
+            # it deferred (more registrations at once than it takes: `roster.Registrations`) is retried
+            again = not first and not self.heard
+            await self.send(self._register() if again else Heartbeat(self.role))
+            first = False
             now = self.monotonic()
             if now - last > self.liveness.timeout_s:  # nothing ran here: the peers could not be heard
                 log.warning("process_paused", role=self.role, paused_s=round(now - last, 1))

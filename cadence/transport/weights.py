@@ -90,6 +90,12 @@ class WeightStore:
         return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
+async def query_weights(client: Client, version: int, timeout_s: float) -> WeightMeta:
+    """The publisher's description of `version` (where it holds it, a worker on its host maps it)."""
+    await client.send(WeightQuery(version))
+    return await _expect(client, WeightMeta, version, timeout_s)
+
+
 async def pull_weights(
     client: Client,
     version: int,

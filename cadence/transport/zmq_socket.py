@@ -10,7 +10,9 @@ the wire to the receiver as a view of ZeroMQ's message, without a copy in Python
 a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
 Every receive gives the event loop a turn: a frame already waiting is received without one, so a
 peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
-A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix.
+A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix;
+one bound at `LOCAL` (`transport.listen = "ipc"`) is reachable by this user's processes on this host
+alone.
 What a peer can make a socket hold is bounded in bytes: a connection's queue of at most
 `receive_queue` messages (RCVHWM), each frame of at most `cut_off(max_frame_bytes)` (MAXMSGSIZE); a
 server drops unread what a route sends past its budget of refused bytes (`budget.py`).
@@ -50,6 +52,16 @@ def beyond_loopback(address: str) -> bool:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:  # "*", an interface or host name
         return True
+
+
+LOCAL = "ipc://*"
+"""A server bound here listens on a Unix socket in a folder of its own, mode 0700: only processes of
+this user on this host reach it."""
+
+
+def listen_address(listen: str, host: str, port: int = 0) -> str:
+    """Where a server listens (`transport.listen`): `LOCAL`, or tcp on `host` at `port` (0: any)."""
+    return LOCAL if listen == "ipc" else f"tcp://{host}:{port or '*'}"
 
 
 DEFAULT_RECEIVE_QUEUE = 8
@@ -93,18 +105,25 @@ class ZmqServer(Server):
         self._gate = gate
         if gate is not None:
             gate.guard(self._sock, name)
-        self._sock.bind(address)
+        self._local_dirs: list[str] = []
+        self._sock.bind(self._private() if address == LOCAL else address)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._local_dir: str | None = None
+
+    def _private(self) -> str:
+        """An ipc:// address in a new directory of this process's own (mode 0700)."""
+        folder = tempfile.mkdtemp(prefix="cadence-")
+        self._local_dirs.append(folder)
+        return f"ipc://{folder}/{self.name}.sock"
 
     def bind_local(self) -> str:
         """Serve at an ipc:// address too, a Unix socket in a directory of this process's own (mode
         0700: only this user's processes reach it), for peers on this host: 537 MB through it take
         0.17-0.22 s here, against 0.34-0.39 s through TCP loopback. "" where ipc is not available."""
+        if self.address.startswith("ipc://"):  # it listens there alone already
+            return self.address
         if not zmq.has("ipc"):
             return ""
-        self._local_dir = tempfile.mkdtemp(prefix="cadence-")
-        self._sock.bind(f"ipc://{self._local_dir}/{self.name}.sock")
+        self._sock.bind(self._private())
         return self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def _recv_raw(self) -> tuple[bytes, list[Payload]]:
@@ -135,8 +154,12 @@ class ZmqServer(Server):
         if self._gate is not None:
             self._gate.release(self._sock)
         self._sock.close(linger=0)
-        if self._local_dir is not None:
-            shutil.rmtree(self._local_dir, ignore_errors=True)  # the socket file, if libzmq left it
+        self.remove_folders()
+
+    def remove_folders(self) -> None:
+        """Remove the folders of its ipc:// sockets (with the socket files, if libzmq left them)."""
+        for folder in self._local_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class ZmqClient(Client):
@@ -192,6 +215,7 @@ class ZmqNetwork:
         self.run = run
         self.max_frame_bytes = max_frame_bytes
         self.gate = CurveGate(self.ctx, self.keys) if self.keys is not None else None
+        self._servers: list[ZmqServer] = []
 
     def bind(self, name: str, address: str) -> ZmqServer:
         if self.keys is None and beyond_loopback(address):
@@ -203,7 +227,7 @@ class ZmqNetwork:
                 " run, send it work results and read its weights; nothing is encrypted",
                 fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
             )
-        return ZmqServer(
+        server = ZmqServer(
             self.ctx,
             name,
             address,
@@ -213,6 +237,8 @@ class ZmqNetwork:
             self.receive_queue,
             self.refused_bytes_per_s,
         )
+        self._servers.append(server)
+        return server
 
     def connect(self, name: str, address: str) -> ZmqClient:
         return ZmqClient(
@@ -223,3 +249,5 @@ class ZmqNetwork:
         if self.gate is not None:
             self.gate.close()
         self.ctx.destroy(linger=0)
+        for server in self._servers:  # a server its actor did not close leaves no folder behind
+            server.remove_folders()

@@ -23,10 +23,12 @@ from cadence.wire.codec import (
     Envelope,
     Message,
     Payload,
+    Peek,
     decode,
     decode_frames,
     encode,
     encode_frames,
+    peek,
 )
 
 __all__ = [
@@ -37,10 +39,12 @@ __all__ = [
     "Envelope",
     "Message",
     "Payload",
+    "Peek",
     "decode",
     "decode_frames",
     "encode",
     "encode_frames",
+    "peek",
 ]
 
 Version = Annotated[int, Meta(ge=0)]
@@ -217,6 +221,8 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     is one sample of several rows, `episode_of[i]` the sample of row i, in order, every sample with a
     row (`cadence.wire.rows`)."""
 
+    PROOF: ClassVar[tuple[str, ...]] = ("period", "prompt_id", "ticket")  # what its ticket is checked on
+
     period: Version
     version: Version
     prompt_id: int
@@ -242,6 +248,7 @@ class GroupResult(Message, tag="group_result", omit_defaults=True):
     # than ended (eos, or an episode's own end); empty: none was
     episode_of: list[Count] = field(default_factory=list)  # each row's sample (episode), in order;
     # empty: row i is sample i
+    weights_from: str = ""  # how the worker's version came (shm, zmq, gloo...): a batch's first group
 
 
 class Consumed(Message, tag="consumed"):
@@ -295,9 +302,21 @@ class WeightQuery(Message, tag="weight_query"):
     version: Version
 
 
+class SharedSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a version lies in the publisher's memory (`cadence.transport.shared_memory`): the memfd
+    open as `fd` in process `pid`, named `name`, reachable by a worker whose `host` identity (boot id,
+    network and pid namespaces) is this one."""
+
+    host: str
+    pid: Count
+    fd: Count
+    name: str
+
+
 class WeightMeta(Message, tag="weight_meta"):
     """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
-    xxh3-128, which a puller checks the whole against."""
+    xxh3-128, which a puller checks the whole against. `shared`: where a worker on the publisher's
+    host maps the same bytes instead of pulling them; None where the publisher does not share."""
 
     version: Version
     available: bool
@@ -305,6 +324,7 @@ class WeightMeta(Message, tag="weight_meta"):
     digest: str
     chunk_bytes: Count
     chunks: Count
+    shared: SharedSlot | None = None
 
 
 class WeightChunkRequest(Message, tag="weight_chunk_request"):

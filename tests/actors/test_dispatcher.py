@@ -580,3 +580,35 @@ async def test_a_period_reported_after_a_stop_is_dropped_not_written_to_the_clos
     await asyncio.wait_for(task, 5)
     assert read_jsonl(tmp_path / "metrics.jsonl") == []
     assert json.loads((tmp_path / "summary.json").read_text())["periods"] == 0
+
+
+async def test_registrations_beyond_the_rate_are_deferred_and_taken_when_sent_again(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """A flood of new names: the dispatcher takes a burst of them, defers the rest unanswered (counted,
+    logged within a throttle), and takes a deferred one once its session sends it again with time
+    passed; its session's own Register sent twice changes nothing."""
+    from cadence.dispatch.roster import Registrations
+
+    now = [0.0]
+    dispatcher, task = await start(network, tmp_path)
+    dispatcher.registrations = Registrations(per_s=1.0, burst=4, clock=lambda: now[0])
+    await join(network, "trainer", "trainer", "inproc://trainer")
+    await join(network, "publisher", "publisher", "inproc://publisher")
+    flood = [await join(network, f"name-{i}", "rollout") for i in range(40)]
+    welcomed = [await expect(c, Welcome) for c in flood[:2]]  # 4 taken: the trainer, publisher, 2 names
+    with pytest.raises(TimeoutError):
+        await expect(flood[2], Welcome, timeout=0.3)
+    assert len(welcomed) == 2 and dispatcher.registrations.deferred == 38
+    assert len(dispatcher.peers) == 4
+    late = flood[-1]
+    now[0] = 1.0  # one more a second: the last name's session sends its Register again
+    await late.send(Register("rollout", proof="its-proof"))
+    await expect(late, Welcome)
+    with structlog.testing.capture_logs() as logs:
+        await late.send(Register("rollout", proof="its-proof"))  # sent before it heard the dispatcher
+        await late.send(Heartbeat("rollout"))
+        await asyncio.sleep(0.1)
+    assert not [e for e in logs if e["event"] == "worker_lost"]
+    assert len(dispatcher.peers) == 5 and dispatcher.registrations.deferred == 38
+    task.cancel()

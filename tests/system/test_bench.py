@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cadence.monitor.run_dir import read_jsonl
+from cadence.transport.shared_memory import sharing_problem
 from tests.system.helpers import cadence
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
@@ -89,7 +90,8 @@ def test_bench_weights_reports_each_transport_against_the_raw_wire() -> None:
     figures = json.loads(lines[0])
     assert figures["bytes"] == 8_000_000 and figures["workers"] == 2
     assert figures["raw_seconds"] > 0 and figures["raw_gbps"] > 0 and figures["load_1min"] >= 0
-    assert set(figures["transports"]) == {"zmq", "gloo"}
+    shared = {"shm"} if sharing_problem() is None else set()  # the same-host transport, where it can
+    assert set(figures["transports"]) == {"zmq", "gloo"} | shared
     for entry in figures["transports"].values():
         assert set(entry) == {"seconds", "gbps", "ratio_to_raw"}
         assert entry["seconds"] > 0 and entry["gbps"] > 0
@@ -168,3 +170,19 @@ def test_bench_e2e_names_make_smollm2_when_the_checkpoint_is_missing(tmp_path: P
     proc = cadence("bench", "e2e", "--json", "--set", missing, check=False)
     assert proc.returncode == 2
     assert "make smollm2" in proc.stderr
+
+
+def test_bench_strangers_counts_every_forged_group_refused_undecoded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cadence.bench.strangers import bench_strangers
+
+    assert bench_strangers(True, connections=4, frames=2, transfer_mib=16) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    attack = figures["attack"]
+    assert attack["refused"] == attack["undecoded"] == 4 * 2 and attack["frame_bytes"] > 2 << 20
+    assert figures["transfer_mib"] == 16 and set(figures["transfer_s"]) == {
+        "tcp_loopback",
+        "ipc_0700",
+        "tcp_loopback_curve",
+    }

@@ -176,6 +176,13 @@ def test_actors_on_four_hosts_survive_a_killed_worker_and_take_a_new_one(
     assert [e["peer"] for e in lost] == ["rollout-b"]
     late = [e for e in events(out, "rollout-d") if e["event"] == "worker_stopped"]
     assert late and late[0]["groups_sent"] > 0  # the added worker generated groups that were trained
+    # the publisher shares its versions, but with workers on its own host only: these pulled them
+    assert [e["event"] for e in events(out, "trainer")].count("weights_shared") == 1
+    for name in ("rollout-b", "rollout-c", "rollout-d"):
+        said = events(out, name)
+        assert {e["source"] for e in said if e["event"] == "weights_loaded"} == {"zmq"}, name
+        fallback = [e for e in said if e["event"] == "shared_memory_fallback"]
+        assert len(fallback) == 1 and "another host" in fallback[0]["reason"], name
     rows = read_jsonl(out / "metrics.jsonl")
     # the periods after the loss (recorded once rollout-b was gone) had one worker, the last ones two
     assert (

@@ -55,8 +55,11 @@ def assert_same_end(out: Path, reference: Path) -> None:
     assert [r["period"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(PERIODS))
     ours = [r["samples_sha256"] for r in read_jsonl(out / "metrics.jsonl")]
     assert ours == [r["samples_sha256"] for r in read_jsonl(reference / "metrics.jsonl")]
-    got = load_file(str(out / "checkpoints" / "final" / "model.safetensors"))
-    want = load_file(str(reference / "checkpoints" / "final" / "model.safetensors"))
+    name = "model.safetensors"
+    if (reference / "checkpoints" / "final" / "adapter_model.safetensors").exists():  # [trainer.lora]
+        name = "adapter_model.safetensors"
+    got = load_file(str(out / "checkpoints" / "final" / name))
+    want = load_file(str(reference / "checkpoints" / "final" / name))
     assert got.keys() == want.keys()
     assert max(float((got[k] - want[k]).abs().max()) for k in got) <= 1e-5
 

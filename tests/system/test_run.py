@@ -62,6 +62,19 @@ def test_run_directory_is_complete(quick_run: Path) -> None:
     assert load_file(str(final / "model.safetensors"))
 
 
+def test_workers_on_the_trainers_host_map_each_version_and_leave_nothing_behind(quick_run: Path) -> None:
+    rows = read_jsonl(quick_run / "metrics.jsonl")
+    assert {w: how for r in rows for w, how in r["weights_from"].items()} == {
+        "rollout-0": "shm",
+        "rollout-1": "shm",
+    }
+    loads = [
+        e for w in ("rollout-0", "rollout-1") for e in events(quick_run, w) if e["event"] == "weights_loaded"
+    ]
+    assert {e["source"] for e in loads} == {"shm"} and len(loads) >= 2
+    assert _slots_left(quick_run) == []
+
+
 def test_every_actor_ran_in_its_own_process(quick_run: Path) -> None:
     pids = {
         actor: {e["pid"] for e in events(quick_run, actor)}
@@ -147,6 +160,25 @@ def _wait_up(run_dir: Path, run: Launched, timeout: float = 120, actors: int = 4
     return pids()
 
 
+def _slots_left(run_dir: Path) -> list[str]:
+    """Every trace of the run's shared versions still on this host: a name in /dev/shm, or a process
+    holding a slot (a descriptor or a mapping). The prefix of its slots is in the trainer's log."""
+    (shared,) = [e for e in events(run_dir, "trainer") if e["event"] == "weights_shared"]
+    prefix = shared["slots"]
+    left = [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if prefix in name]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            maps = (proc / "maps").read_text()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        left += [f"{proc.name}: {link}" for link in links if prefix in link]
+        left += [f"{proc.name} maps {prefix}" for _ in range(prefix in maps)]
+    return left
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -189,6 +221,7 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
         proc.kill()
     assert code == 0, err
     assert "rollout-1 exited" in out
+    assert _slots_left(tmp_path) == []
     s = summary(tmp_path)
     assert s["groups_trained"] == periods * 4 and s["stale_dropped"] == 0
     lost = [e for e in events(tmp_path, "dispatcher") if e["event"] == "worker_lost"]
@@ -314,6 +347,7 @@ def test_a_killed_trainer_fails_the_run_and_stops_everything(tmp_path: Path) -> 
         code, out, err = proc.finish(timeout=60)
         assert code == 1 and "trainer exited" in err, (out, err)
         assert not [p for p in children if _alive(p)]  # the launcher waited for each before it exited
+        assert _slots_left(tmp_path) == []  # the publisher was killed: its slots went with the workers
     finally:
         proc.kill()
 
@@ -326,5 +360,6 @@ def test_a_launcher_killed_outright_takes_its_actors_with_it(tmp_path: Path) -> 
         proc.proc.wait(30)
         # each actor notices its launcher is gone by itself
         wait_until(lambda: not [p for p in children if _alive(p)], 60, "every actor gone", interval_s=0.2)
+        assert _slots_left(tmp_path) == []
     finally:
         proc.kill()

@@ -2,7 +2,8 @@
 submission leaves nothing and the same command then works; a rollout job whose control job is
 cancelled before it ever ran gives up instead of holding its node; a control job requeued without a
 resume checkpoint refuses to count the run's periods twice, and `status`, `add-workers` and `stop`
-say what is true of the dead run; the dispatcher's view of a worker on a dead node beside Slurm's.
+say what is true of the dead run; a worker cut off by a network blip rejoins its dispatcher, and the
+dispatcher's view of a worker on a dead node beside Slurm's.
 All share one cluster; the test that kills a node comes last (its teardown removes the rest)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cadence.monitor.run_dir import read_jsonl
 from tests.system.helpers import ROOT, events, wait_until
 from tests.system.slurm_cluster import (
     SlurmCluster,
+    _ip,
     _kill_netns,
     slurm_cluster,
     slurm_unavailable,
@@ -134,6 +136,7 @@ def test_a_control_job_requeued_without_a_checkpoint_never_counts_a_period_twice
     wait_until(lambda: task_events(out, "control", control, "control_cannot_resume"), 300, "the refusal")
     shared.wait_jobs_gone(120, [control, worker])  # the rollout job ends with its control job
     assert shared.job_state(control) == "FAILED"
+    assert not task_events(out, "control", control, "dispatcher_killed")  # the requeue's SIGTERM: no error
     recorded = [r["period"] for r in rows(out)]
     assert recorded == list(range(len(recorded))) and len(recorded) >= 3  # each period once
     assert task_events(out, "rollout", worker, "control_job_gone")
@@ -149,16 +152,32 @@ def test_a_control_job_requeued_without_a_checkpoint_never_counts_a_period_twice
     assert json.loads((out / "summary.json").read_text())["periods"] == len(recorded)
 
 
-def test_status_shows_a_worker_on_a_dead_node_lost_before_slurm_knows(
+def test_a_worker_cut_off_by_a_blip_rejoins_and_one_on_a_dead_node_is_lost_before_slurm_knows(
     shared: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Last in this module: the node it kills stays dead until the cluster is torn down."""
+    """A rollout node's link down past the liveness: its worker is declared lost and ends; its task
+    starts it again against the same dispatcher, which takes it back once the link is up. Then that
+    node dies: `status` shows its worker lost while Slurm says RUNNING. Last in this module: the node
+    it kills stays dead until the cluster is torn down."""
     slurm, out = shared, tmp_path / "run"
     ok(cadence_slurm(slurm, "submit", CONFIG, "--out", str(out), "--rollout-jobs", "2",
                      "--sbatch-arg=--exclusive", *sets("periods=100000")))  # fmt: skip
     _, first, second = (j["id"] for j in jobs(out))
     wait_until(lambda: any(r["workers"] == 2 for r in rows(out)), 300, "a period with 2 workers")
     node = next(j["node"] for j in slurm.squeue_jobs() if j["id"] == second)
+    link = f"slv{slurm.bridge.removeprefix('slbr')}{node}"
+    _ip("link", "set", link, "down")
+    try:  # the link back once the task has started its worker again, which then waits for first contact
+        wait_until(
+            lambda: len(task_events(out, "rollout", second, "rollout_task_joins")) >= 2, 60, "a rejoin"
+        )
+    finally:
+        _ip("link", "set", link, "up")
+    assert task_events(out, "rollout", second, "worker_left_dispatcher")
+    joins = task_events(out, "rollout", second, "rollout_task_joins")
+    assert len({e["dispatcher"] for e in joins}) == 1  # the same dispatcher, no new address waited for
+    before = len(rows(out))
+    wait_until(lambda: any(r["workers"] == 2 for r in rows(out)[before:]), 300, "2 workers again")
     _kill_netns(slurm.namespaces[node])  # the node dies: its slurmd and every process on it
 
     def lost() -> dict[str, Any] | None:

@@ -191,3 +191,37 @@ async def test_the_hub_keeps_writes_and_passes_on_log_lines_within_their_byte_bo
     finally:
         serving.cancel()
         hub.close()
+
+
+async def test_followers_that_never_read_share_one_encoding_of_the_backlog(
+    net: ZmqNetwork, tmp_path: Path
+) -> None:
+    """Eight followers ask for a backlog of 8 MiB and never read: the hub encodes each block of it
+    once, and every follower's queue holds those same frames, not a copy of its own; one that reads
+    gets the lines asked for, in order."""
+    server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    hub = LogHub(server, tmp_path / "logs", Clock(), lease_s=60.0, backlog=1000)
+    lines = [json.dumps({"event": f"e{n}", "pad": "p" * 32_000}) for n in range(256)]
+    hub.backlog.extend(lines)
+    blocks = len(hub.backlog.frames(1000))
+    made = hub.backlog.encodings
+    serving = asyncio.create_task(serve(hub))
+    clients = [net.connect(f"follower-{i}", server.address) for i in range(9)]
+    try:
+        for client in clients[:8]:
+            await client.send(Subscribe(backlog=1000))
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(hub.followers) < 8:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        assert hub.backlog.encodings == made and blocks >= 8  # one encoding a block, for all of them
+        await clients[8].send(Subscribe(backlog=100))
+        got: list[str] = []
+        while len(got) < 100:
+            env = await asyncio.wait_for(clients[8].recv(), WAIT)
+            assert isinstance(env.message, LogBatch)
+            got += env.message.lines
+        assert got == lines[-100:]
+    finally:
+        serving.cancel()
+        hub.close()

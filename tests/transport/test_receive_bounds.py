@@ -130,3 +130,13 @@ def _garbage(address: str, frames: int) -> int:
     sock.close()  # lingers until they are out
     ctx.term()
     return frames
+
+
+def test_many_routes_refused_together_are_muted_past_their_budget_together() -> None:
+    from cadence.transport.budget import TOGETHER, RefusedBudget
+
+    budget = RefusedBudget(100, clock=lambda: 0.0)
+    routes = [f"stranger-{i}".encode() for i in range(TOGETHER * 100 // 40 + 2)]
+    muted = [budget.charge(route, 40) for route in routes]  # each well within its own budget
+    assert muted == [False] * (TOGETHER * 100 // 40) + [True, True]
+    assert budget.muted(routes[-1]) and not budget.muted(b"never-refused")

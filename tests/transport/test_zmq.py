@@ -526,3 +526,38 @@ async def test_upload_then_pull_through_a_real_publisher() -> None:
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)
         network.close()
+
+
+async def test_a_server_listening_locally_is_a_unix_socket_in_a_folder_of_its_own_user(
+    net: ZmqNetwork,
+) -> None:
+    from cadence.transport.zmq_socket import LOCAL, listen_address
+
+    assert (
+        listen_address("ipc", "127.0.0.1") == LOCAL
+        and listen_address("tcp", "127.0.0.1", 5) == "tcp://127.0.0.1:5"
+    )
+    server = net.bind("dispatcher", LOCAL)
+    folder = Path(server.address.removeprefix("ipc://")).parent
+    assert server.address.startswith("ipc://") and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert server.bind_local() == server.address  # already local: nothing more bound
+    client = net.connect("worker-0", server.address)
+    try:
+        await client.send(Heartbeat("rollout"))
+        _, env = await asyncio.wait_for(server.recv(), WAIT)
+        assert env.sender == "worker-0"
+    finally:
+        client.close()
+        server.close()
+    assert not folder.exists()
+
+
+async def test_a_network_closed_with_a_local_server_open_leaves_no_folder() -> None:
+    from cadence.transport.zmq_socket import LOCAL
+
+    network = ZmqNetwork(run=RUN)
+    server = network.bind("trainer", LOCAL)
+    folder = Path(server.address.removeprefix("ipc://")).parent
+    assert folder.exists()
+    network.close()
+    assert not folder.exists()

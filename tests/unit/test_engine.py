@@ -350,10 +350,18 @@ def test_the_engine_generates_on_its_device_what_it_generates_on_the_cpu(device:
 GROUP_PROMPTS = [[1, 5, 9, 4, 7], [1, 8], [3, 3, 6, 1, 5, 9, 12, 4], [6, 3, 8], [9, 9, 4], [5, 7, 3, 1, 6]]
 
 
-def _forward_rows(engine: TorchEngine) -> list[int]:
-    """The rows (batch size) of the model's forwards from now on (a list the caller reads)."""
+def _decode_rows(engine: TorchEngine) -> list[int]:
+    """The rows each decode step computes from now on (its bucket; a list the caller reads)."""
     rows: list[int] = []
-    engine.model.register_forward_pre_hook(lambda _, args: rows.append(args[0].shape[0]))
+    step = engine._run_step
+
+    def counted(
+        tokens: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        rows.append(tokens.shape[0])
+        return step(tokens, positions, write_at, width)
+
+    engine._run_step = counted  # type: ignore[method-assign]
     return rows
 
 
@@ -363,20 +371,20 @@ def test_each_group_is_told_once_at_the_step_its_last_sample_ends() -> None:
     groups = [(p, [sample_seed(0, 0, i, j) for j in range(2)]) for i, p in enumerate(GROUP_PROMPTS)]
     groups.insert(3, (PROMPT, []))
     plain = engine.generate_many(groups, params)
-    forwards = _forward_rows(engine)
-    told: list[tuple[int, list[Completion], int]] = []  # (group, completions, forwards so far)
-    got = engine.generate_many(groups, params, ended=lambda i, c: told.append((i, c, len(forwards))))
+    steps = _decode_rows(engine)
+    told: list[tuple[int, list[Completion], int]] = []  # (group, completions, decode steps so far)
+    got = engine.generate_many(groups, params, ended=lambda i, c: told.append((i, c, len(steps))))
     assert got == plain  # the same tokens and log-probs, bit for bit
     assert sorted(i for i, _, _ in told) == list(range(len(groups)))
     assert all(completions == got[i] for i, completions, _ in told)
     # a group ends at the step its last sample ends (on eos, or at the last step)
     end = {i: max((len(c.tokens) - 1 for c in group), default=-1) for i, group in enumerate(got)}
     assert [i for i, _, _ in told] == sorted(end, key=lambda i: (end[i], i))
-    decoded = max(end.values())  # the decode's forwards: one after every step but the last
-    prefill = len(forwards) - decoded
+    decoded = max(end.values())  # the decode steps: one after every token but the first
+    assert len(steps) == decoded
     assert told[0] == (3, [], 0)  # no seeds: told before anything is computed
     for i, _, seen in told[1:]:
-        assert seen - prefill == end[i]  # told right after its last step, before the next forward
+        assert seen == end[i]  # told right after its last step, before the next one
     assert min(end[i] for i, _, _ in told[1:]) < decoded  # some group was told while others went on
 
 
@@ -409,7 +417,7 @@ def test_a_stopped_group_leaves_the_batch_at_once_and_is_never_told() -> None:
     engine, groups, params = _greedy_groups()
     plain = engine.generate_many(groups, params)
     assert [len(c.tokens) for c in plain[0]] == [1, 1] and all(len(c.tokens) == 10 for c in plain[1])
-    rows = _forward_rows(engine)
+    rows = _decode_rows(engine)
     told: list[int] = []
     stopped, polls = _stopping(after=3, groups={0, 1, 2})  # 0 and 2 have ended already: ignored
     got = engine.generate_many(groups, params, ended=lambda i, _: told.append(i), stopped=stopped)
@@ -418,18 +426,20 @@ def test_a_stopped_group_leaves_the_batch_at_once_and_is_never_told() -> None:
     assert [c.tokens for c in got[3]] == [c.tokens for c in plain[3]]
     for a, b in zip(got[3], plain[3], strict=True):  # fewer rows may round otherwise
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
-    # the decode's forwards: group 0's rows left after the first step, group 1's at the fourth poll
-    assert rows[-(params.max_new_tokens - 1) :] == [5, 5, 5] + [2] * (params.max_new_tokens - 4)
+    # group 0's rows ended on their first token and left before any step, group 1's at the fourth
+    # poll; group 3's two rows then move into the lowest slots: the steps compute two rows, not eight
+    assert engine.last_call.live == [5, 5, 5] + [2] * (params.max_new_tokens - 4)
+    assert rows == [8, 8, 8] + [2] * (params.max_new_tokens - 4)
 
 
 def test_stopping_every_group_left_returns_at_once() -> None:
     engine, groups, params = _greedy_groups()
     rollout = TorchRolloutEngine(engine, params)
-    rows = _forward_rows(engine)
+    rows = _decode_rows(engine)
     plain = rollout.generate_many(groups)
     full = len(rows)
     rows.clear()
     stopped, polls = _stopping(after=2, groups={0, 1, 2, 3})  # 0 and 2 ended already: kept
     got = rollout.generate_many(groups, stopped=stopped)
     assert got == [plain[0], [], [], []] and polls[0] == 3
-    assert len(rows) == full - (params.max_new_tokens - 3)  # two decode forwards of nine
+    assert full == params.max_new_tokens - 1 and len(rows) == 2  # two decode steps of nine

@@ -32,6 +32,7 @@ from cadence.training.sharding import ShardedLearner
 from cadence.training.train_group import sampled_tokens
 from tests.conftest import tiny_config
 from tests.unit.test_learner import REWARDS, learner
+from tests.unit.test_lora import lora_learner
 from tests.unit.test_prefix import CONFIGS, make_groups
 
 pytestmark = pytest.mark.timeout(180)
@@ -92,6 +93,8 @@ def _learner(comm: Collectives, sharding: str) -> TorchLearner:
     """`learner("shared_prompt")` of test_learner, whole or sharded over `comm`."""
     if sharding == "none":
         return learner("shared_prompt")
+    if sharding == "lora":  # whole on every rank, adapters trained (trainer.lora)
+        return lora_learner()
     cfg = CONFIGS["qwen3"]
     return ShardedLearner(comm, init_model(cfg, seed=5), cfg, CharTokenizer(), 1e-3, 0.0, 0.2, 0.28, 0.1, 1.0)
 
@@ -298,3 +301,16 @@ def test_a_rollout_device_torch_cannot_reach_is_named() -> None:
             open_device("cuda", 0, "rollout.device", "a rollout worker")
     with pytest.raises(ConfigError, match="rollout.device = 'cuda' is the built-in engine's"):
         tiny_config("rollout.engine='vllm'", "rollout.device='cuda'")
+
+
+def test_two_ranks_train_adapters_like_one(tmp_path: Path) -> None:
+    """With adapters the ranks sum the adapters' gradients alone and publish the same adapters."""
+    assert _spawn(tmp_path, sharding="lora") == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
+    one = lora_learner()
+    drive(one, tmp_path / "resume-one")
+    expected = load_file(str(tmp_path / "rank0.safetensors"))  # rank 0's adapters, as published
+    single = {k: t.detach() for k, t in one.tensors().items()}
+    start = {k: t.detach() for k, t in lora_learner().tensors().items()}
+    assert expected.keys() == single.keys()
+    assert max(float((single[k] - start[k]).abs().max()) for k in single) > 1e-3  # the steps moved them
+    assert max(float((expected[k] - single[k]).abs().max()) for k in single) <= 1e-5

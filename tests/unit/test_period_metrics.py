@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
+
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.period_metrics import PeriodMetrics
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
@@ -48,10 +50,22 @@ def test_the_row_has_every_field_under_its_old_key() -> None:
         f.name for f in dataclasses.fields(PeriodMetrics) if f.name.startswith(("mismatch_", "correction_"))
     }
     not_keys = {"reward_functions", "extra", "workers", "reassigned"} | episodes | sampling | mismatch
+    not_keys |= {"weights_from"}  # no worker said how its version came
     assert set(row) == declared - not_keys | {"reward_shape"}
     assert row["reward_shape"] == 0.5 and row["group_arrival_s"] == [2.0, 5.0]
     assert isinstance(row["micro_batch_train_s"], list) and row["micro_batches"] == 2
     assert json.loads(json.dumps(row)) == row
+
+
+def test_the_row_says_how_each_workers_version_came() -> None:
+    stats = PeriodStats(period=1, start=0.0)
+    first = msgspec.structs.replace(scored(1, [[1]], [1.0], [1.0], 1.0, 0.2, {}), weights_from="shm")
+    stats.arrived(1.0, "rollout-1", first)
+    stats.arrived(1.5, "rollout-1", scored(2, [[2]], [0.0], [0.0], 1.0, 0.0, {}))  # the batch's second
+    stats.arrived(2.0, "rollout-0", msgspec.structs.replace(first, prompt_id=3, weights_from="zmq"))
+    row = stats.finish(end=3.0, publish_s=0.1).to_row()
+    assert row["weights_from"] == {"rollout-0": "zmq", "rollout-1": "shm"}
+    assert PeriodMetrics.from_row(row).to_row() == row
 
 
 def test_round_trip() -> None:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from cadence.monitor.period_metrics import PeriodMetrics
-from cadence.monitor.progress import Progress, status_line
+from cadence.monitor.progress import Progress, period_line, status_line
 
 ROW = {
     "reward_mean": 0.5,
@@ -45,6 +45,12 @@ def test_without_a_terminal_every_period_is_one_plain_line(tmp_path: Path) -> No
     lines = out.getvalue().splitlines()
     assert [line.split()[1] for line in lines] == ["1/3", "2/3"]
     assert "\r" not in out.getvalue()
+
+
+def test_a_periods_line_says_how_the_workers_versions_came() -> None:
+    row = PeriodMetrics.from_row({**ROW, "weights_from": {"rollout-0": "shm", "rollout-1": "zmq"}})
+    assert "sync 3ms (shm, zmq)  1234 tok/s" in period_line(row, 3)
+    assert "sync 3ms  1234 tok/s" in period_line(PeriodMetrics.from_row(ROW), 3)
 
 
 def test_on_a_terminal_one_line_is_redrawn_with_groups_of_the_current_period(tmp_path: Path) -> None:

@@ -123,3 +123,15 @@ def test_the_run_secret_is_made_once_readable_by_its_owner_only(tmp_path: Path) 
     made = make_run_secret(tmp_path)
     assert len(made) == 32 and read_run_secret(tmp_path) == made == make_run_secret(tmp_path)
     assert (tmp_path / SECRET_FILE).stat().st_mode & 0o777 == 0o600
+
+
+def test_registrations_are_taken_in_a_burst_then_at_their_rate() -> None:
+    from cadence.dispatch.roster import Registrations
+
+    now = [0.0]
+    bucket = Registrations(per_s=2.0, burst=3, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(5)] == [True, True, True, False, False]
+    now[0] = 1.0  # two more a second
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+    now[0] = 100.0  # never more than the burst saved up
+    assert sum(bucket.take() for _ in range(10)) == 3 and bucket.deferred == 3 + 7

@@ -173,6 +173,10 @@ def test_submit_writes_the_run_and_records_every_job_it_submitted(tmp_path: Path
     state = status(out, run=slurm)
     assert [(j["id"], j["state"]) for j in state["jobs"]][:2] == [("101", "RUNNING"), ("102", "PENDING")]
     assert state["last_period"] is None and not state["ended"]
+    row = {"period": 0, "reward_mean": 0.5, "weights_from": {"rollout-102": "shm", "rollout-103": "zmq"}}
+    (out / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    state = status(out, run=slurm)  # how each rollout job's worker had its weights, in the last row
+    assert [j.get("weights_from") for j in state["jobs"]] == [None, "shm", "zmq", ""]
 
 
 def test_submit_gives_the_trainer_a_rank_a_gpu_of_its_nodes_whatever_the_config_says(tmp_path: Path) -> None:

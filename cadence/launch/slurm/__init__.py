@@ -17,11 +17,13 @@
            ends the run (summary.json at the checkpoint's version), everyone stops, every job COMPLETED
  rollout job: cadence slurm task --role rollout DIR ─► wait for DIR/dispatcher.addr ─► cadence rollout
            --name rollout-<job id> (the same name after a requeue); the dispatcher gone before the run
-           ended (its job requeued) ─► start again against the address it writes next; while there is
-           none: the control job ended ─► give up, logged; else wait, logged, at most
-           rollout.wait_for_dispatcher_s
+           ended (its job requeued) ─► start again against the address it writes next; the worker
+           lost while its dispatcher still runs (DIR/dispatcher.alive fresh: a network blip) ─► start
+           again against the same one; while there is none: the control job ended ─► give up, logged
+           (the job FAILED); else wait, logged, at most rollout.wait_for_dispatcher_s
  status / stop / add-workers ─► the jobs' states (squeue, scontrol) and the run folder: a dead control
-           job named; the dispatcher's view of each worker beside Slurm's
+           job named, a silent dispatcher (DIR/dispatcher.alive stale) told from a running one; the
+           dispatcher's view of each worker beside Slurm's
 ```
 
 The sbatch scripts only call `cadence slurm task`; every decision (which node runs what, which

@@ -3,7 +3,9 @@
 Invariant: each command reads the jobs' states from Slurm and the run's folder and says what is
 true. A control job that ended without the run's summary is named with its state: `add-workers`
 refuses, `status` says the run is dead, `stop` cancels what is left and writes the summary of the
-periods `metrics.jsonl` holds. A live run is stopped cleanly: a resume checkpoint, then the summary
+periods `metrics.jsonl` holds (those its resume checkpoint holds, when it has one). A control job
+RUNNING whose dispatcher has gone silent (`cadence.launch.alive`) is said so by `status` and stopped
+as a dead one. A summary the disk refuses is one `SlurmError` and leaves no file behind. A live run is stopped cleanly: a resume checkpoint, then the summary
 of exactly the periods it holds, and its jobs end on their own (COMPLETED); only jobs that never
 started, or any still there after the timeout, are cancelled. `stop` returns once squeue shows none.
 """
@@ -11,11 +13,13 @@ started, or any still there after the timeout, are cancelled. `stop` returns onc
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cadence.launch.alive import STALE_S, alive_age
 from cadence.launch.slurm.allocation import SlurmError
 from cadence.launch.slurm.jobs import (
     ENDED,
@@ -95,28 +99,42 @@ def add_workers(
     return added
 
 
-def status(out: Path, run: Runner = run_command) -> dict[str, Any]:
+def status(
+    out: Path, run: Runner = run_command, alive: Callable[[Path], float | None] = alive_age
+) -> dict[str, Any]:
     """Each job's Slurm state (the last one Slurm knows for a finished job) and, for a rollout job,
-    what the dispatcher says of its worker; the run's last metrics row; whether it is going, waiting
-    for its control job, ended, or dead (its control job ended without its summary)."""
+    what the dispatcher says of its worker while it runs ("no dispatcher" else); the run's last
+    metrics row; whether it is going, silent (its control job RUNNING to Slurm, its dispatcher not:
+    `alive` is the age of its last sign of life, `cadence.launch.alive`), waiting for its control
+    job, ended, or dead (its control job ended without its summary)."""
     jobs = read_jobs(out)
     states = squeue_jobs([j["id"] for j in jobs], run)
-    view = dispatcher_view(out)
     rows = periods_recorded(out)
-    listed = []
-    for j in jobs:
-        entry = {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]}
-        if j["role"] == "rollout":
-            entry["worker"] = view.get(f"rollout-{j['id']}", {}).get("state", "not seen")
-        listed.append(entry)
+    listed = [
+        {**j, "state": job_state(j["id"], states, run), "where": states.get(j["id"], ("", ""))[1]}
+        for j in jobs
+    ]
     control = next((j for j in listed if j["role"] == "control"), {"id": "", "state": "GONE"})
     ended = (out / "summary.json").exists()
+    age = alive(out)
     if ended:
         run_state = "ended"
     elif control["state"] in ENDED or control["state"] == "GONE":
         run_state = "dead"
+    elif control["state"] != "RUNNING":
+        run_state = "waiting"
+    elif age is not None and age >= STALE_S:
+        run_state = "silent"
     else:
-        run_state = "going" if control["state"] == "RUNNING" else "waiting"
+        run_state = "going"
+    view = dispatcher_view(out) if run_state == "going" else {}
+    for entry in listed:
+        if entry["role"] == "rollout":
+            seen = view.get(f"rollout-{entry['id']}", {}).get("state", "not seen")
+            entry["worker"] = seen if run_state == "going" else "no dispatcher"
+            entry["weights_from"] = ((rows[-1] if rows else {}).get("weights_from") or {}).get(
+                f"rollout-{entry['id']}", ""
+            )
     return {
         "jobs": listed,
         "last_period": rows[-1] if rows else None,
@@ -124,6 +142,7 @@ def status(out: Path, run: Runner = run_command) -> dict[str, Any]:
         "ended": ended,
         "run": run_state,
         "control": {"id": control["id"], "state": control["state"]},
+        "dispatcher_silent_s": round(age) if run_state == "silent" and age is not None else None,
     }
 
 
@@ -132,18 +151,22 @@ def stop(
     timeout_s: float = 600.0,
     run: Runner = run_command,
     say: Callable[[str], None] = print,
+    alive: Callable[[Path], float | None] = alive_age,
 ) -> dict[str, Any]:
     """End the run in `out` (see the module's invariant) and wait until squeue shows none of its jobs;
-    the summary."""
+    the summary. A control job RUNNING whose dispatcher is silent (`alive`) is a dead one: its jobs
+    cancelled, the summary written here."""
     jobs = _check_live(out)
     ids = [j["id"] for j in jobs]
     control, state = control_state(out, run)
-    if state == "RUNNING":
-        (out / "slurm" / STOP_FILE).write_text("stop\n")
+    if state == "RUNNING" and not _silent(out, alive):
+        (out / "slurm" / STOP_FILE).touch()  # no byte needed: a full disk takes it
         say("cadence: asked the control job to end the run (a resume checkpoint, then the summary)")
-        _until(lambda: (out / "summary.json").exists() or control_state(out, run)[1] != "RUNNING",
-               timeout_s, "summary.json")  # fmt: skip
+        _until(lambda: (out / "summary.json").exists() or control_state(out, run)[1] != "RUNNING"
+               or _silent(out, alive), timeout_s, "summary.json")  # fmt: skip
         state = control_state(out, run)[1]
+    if state == "RUNNING" and _silent(out, alive) and not (out / "summary.json").exists():
+        state = "RUNNING, its dispatcher silent"
     if (out / "summary.json").exists():
         _let_jobs_end(ids, timeout_s, run, say)
     else:  # no dispatcher to end it: its control job ended, or waits in the queue
@@ -176,12 +199,37 @@ def _let_jobs_end(ids: list[str], timeout_s: float, run: Runner, say: Callable[[
 
 
 def _summary_of_recorded(out: Path, control: str) -> None:
-    """`summary.json` of the periods in `metrics.jsonl`, for a run whose dispatcher is gone."""
+    """`summary.json` of the periods in `metrics.jsonl`, for a run whose dispatcher is gone: with a
+    resume checkpoint, of those it holds (the run continues from there; `after_checkpoint` counts the
+    rows after it), its version the summary's `final_version`."""
     rows = [PeriodMetrics.from_row(r) for r in periods_recorded(out)]
     config = json.loads((out / "config.json").read_text())
+    extra: dict[str, Any] = {"stopped": True, "control_job": control}
+    version = len(rows)
+    try:
+        found = find_resume(out / "checkpoints")
+    except ResumeError:
+        found = None
+    if found is not None:
+        version = int(found[1]["version"])
+        kept = [r for r in rows if r.period < version]
+        if len(kept) < len(rows):
+            extra["after_checkpoint"] = len(rows) - len(kept)
+        rows = kept
     wall_s = sum(r.period_s for r in rows)  # the periods' own; the run's wall time is not known
-    summary = summarize(rows, str(config.get("mode", "")), wall_s, len(rows), "")
-    write_json(out / "summary.json", {**summary, "stopped": True, "control_job": control})
+    summary = summarize(rows, str(config.get("mode", "")), wall_s, version, "")
+    try:
+        write_json(out / "summary.json", {**summary, **extra})
+    except OSError as err:
+        raise SlurmError(
+            f"summary.json not written in {out} ({os.strerror(err.errno or 0)}): metrics.jsonl holds"
+            f" {len(rows)} periods; free some room and run `cadence slurm stop {out}` again"
+        ) from None
+
+
+def _silent(out: Path, alive: Callable[[Path], float | None]) -> bool:
+    age = alive(out)
+    return age is not None and age >= STALE_S
 
 
 def _checkpoint_note(out: Path) -> str:

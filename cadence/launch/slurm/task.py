@@ -81,6 +81,7 @@ class ControlTask:
         self.env = network_env({**env, "PYTHONUNBUFFERED": "1"}, self.ifname)
         self.signals = Signals()
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.requeued = False  # this task asked Slurm to requeue its job
         tag = f"{alloc.job_id}-{alloc.restarts}"
         self.rendezvous = out / "slurm" / f"rendezvous-{tag}"
 
@@ -193,6 +194,7 @@ class ControlTask:
                 self.signals.usr1 = False
                 self._checkpoint(dispatcher)
                 log.info("control_requeue", job=self.alloc.job_id)
+                self.requeued = True
                 run_command(["scontrol", "requeue", self.alloc.job_id])
             if stop.exists() and not stopping:
                 stopping = True
@@ -200,6 +202,10 @@ class ControlTask:
                 self._until_recorded(dispatcher)
                 dispatcher.send_signal(signal.SIGUSR2)  # the run ends now, its summary written
             time.sleep(0.2)
+        if dispatcher.returncode == -signal.SIGTERM and self._job_ends():
+            log.info("dispatcher_stopped", job=self.alloc.job_id, requeued=self.requeued,
+                     reason="Slurm ended the job's processes (requeue, cancel or time limit)")  # fmt: skip
+            return 143
         try:
             trainer.wait(60)
         except subprocess.TimeoutExpired:
@@ -208,6 +214,15 @@ class ControlTask:
             log.error("dispatcher_killed", signal=-dispatcher.returncode)
             return 1
         return dispatcher.returncode
+
+    def _job_ends(self, grace_s: float = 5.0) -> bool:
+        """Whether Slurm is ending this job: Slurm sends SIGTERM to every process of the job at once,
+        so a dispatcher ended by it is soon followed by this task's own signal (or the task requeued
+        the job itself)."""
+        deadline = time.monotonic() + grace_s
+        while not (self.requeued or self.signals.term) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.requeued or self.signals.term
 
     def _until_recorded(self, dispatcher: subprocess.Popen[bytes]) -> None:
         """Wait until the dispatcher has the row of the checkpoint's last period (on its way from the
@@ -222,7 +237,11 @@ class ControlTask:
         """Ask the trainer for a resume checkpoint after its current period (`then_stop`: and no period
         after it) and wait until written."""
         root = self.out / "checkpoints"
-        ask_for_checkpoint(root, then_stop)
+        try:
+            ask_for_checkpoint(root, then_stop)
+        except OSError as err:  # a full disk: the run ends at the checkpoint it has
+            log.warning("checkpoint_not_asked", error=str(err))
+            return
         try:
             wait_for(
                 lambda: not checkpoint_asked(root) or dispatcher.poll() is not None,

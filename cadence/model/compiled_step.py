@@ -1,0 +1,80 @@
+"""The decode step as the engine runs it: ``decode_step`` itself (eager, the reference) or compiled
+once with ``torch.compile`` (Inductor's C++ on the CPU; CUDA graphs on a GPU), over the model's own
+weight tensors, so a version loaded into them keeps every compiled graph valid.
+
+Invariant: a compiled step that fails, at its compile or at any later call, is never retried: the
+step falls back to eager for good, with one ``engine_compile_failed`` log line, and that step is
+computed again eagerly (a failed call has written nothing the eager one does not write the same).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import structlog
+import torch
+from torch import Tensor
+
+from cadence.model.decode_step import decode_step
+from cadence.model.transformer import Transformer
+
+log = structlog.get_logger()
+
+CompileMode = Literal["auto", "on", "off"]
+
+Compiler = Callable[..., Callable[..., Tensor]]
+
+
+def wants_compile(mode: CompileMode, device: torch.device) -> bool:
+    """``on`` and ``off`` as said; ``auto``: on a GPU, where a step's launches are what it costs. On
+    the CPU a compile takes minutes for a model of SmolLM2's depth on two cores and a step's matrix
+    products dominate anyway, so there it is asked for (``on``), not assumed."""
+    if mode != "auto":
+        return mode == "on"
+    return device.type == "cuda"
+
+
+class StepRunner:
+    """Runs the decode step of ``model`` eager or compiled; ``compile_s`` is the time the compiled
+    step's first calls took to compile (0 until one did), ``compiled`` whether it runs compiled now."""
+
+    def __init__(self, model: Transformer, compiled: bool, compiler: Compiler | None = None) -> None:
+        self.model = model
+        self.compiled = compiled
+        self.compile_s = 0.0
+        self._shapes: set[tuple[int, int, int]] = set()
+        self._fn: Callable[..., Tensor] = decode_step
+        if compiled:
+            self._fn = self._compile(compiler or torch.compile)
+
+    def _compile(self, compiler: Compiler) -> Callable[..., Tensor]:
+        """Compiled with symbolic rows and width (one compile serves every bucket); on a GPU each
+        shape's launches recorded once as a CUDA graph and replayed."""
+        if next(self.model.parameters()).device.type == "cuda":
+            return compiler(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=True)
+        return compiler(decode_step, fullgraph=True, dynamic=True)
+
+    def __call__(
+        self, keys: Tensor, values: Tensor, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int
+    ) -> Tensor:
+        if not self.compiled:
+            return decode_step(self.model, keys, values, tokens, positions, write_at, width)
+        shape = (tokens.shape[0], width, keys.shape[3])
+        fresh = shape not in self._shapes
+        begin = time.perf_counter()
+        try:
+            logits = self._fn(self.model, keys, values, tokens, positions, write_at, width)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
+            self.compiled = False
+            log.warning("engine_compile_failed", error=repr(error)[:500], rows=shape[0], width=width)
+            return decode_step(self.model, keys, values, tokens, positions, write_at, width)
+        if fresh:
+            self._shapes.add(shape)
+            took = time.perf_counter() - begin
+            self.compile_s += took
+            log.info(
+                "engine_step_compiled", rows=shape[0], width=width, length=shape[2], seconds=round(took, 3)
+            )
+        return logits

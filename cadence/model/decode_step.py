@@ -1,0 +1,67 @@
+"""One decode step over the engine's slots: a token for each of the first ``B`` slots, written into
+the slot cache in place, attending each slot's own earlier tokens.
+
+Invariant: the arithmetic is the model's own (``transformer.py``: the same norms, projections,
+rotary and attention), so a step gives the logits a full forward gives at that position up to float
+summation order; every shape is fixed by (``B``, ``width``) and the cache's size, and every per-row
+value (token, position, where it writes) is a tensor, so the step can be compiled once and replayed.
+A row whose ``write_at`` is the cache's last position (the spare one no row attends) writes nowhere
+that is read: a padded or ended row changes no other row's result.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cadence.model.rope import rope_cos_sin
+from cadence.model.transformer import DecoderLayer, Transformer, rotate_half
+
+
+def decode_step(
+    model: Transformer,
+    keys: Tensor,
+    values: Tensor,
+    tokens: Tensor,
+    positions: Tensor,
+    write_at: Tensor,
+    width: int,
+) -> Tensor:
+    """Float32 logits [B, V] of the next token of each of the slots 0..B-1.
+
+    ``keys``/``values``: the slot cache [layers, slots, kv heads, length, head dim]; ``tokens`` [B]:
+    each slot's newest token, at position ``positions`` [B] (its cache index too); ``write_at`` [B]:
+    where its keys and values go (its position, or the spare last one for a row that writes nowhere);
+    ``width``: the cache positions attended (every row's position is below it)."""
+    b = tokens.shape[0]
+    cfg = model.cfg
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    rows = torch.arange(b, device=tokens.device)
+    x = model.model.embed_tokens(tokens).unsqueeze(1)  # [B, 1, H]
+    cos, sin = rope_cos_sin(model.inv_freq, positions.unsqueeze(1), x.dtype)  # [B, 1, 1, D]
+    span = torch.arange(width, device=tokens.device)
+    seen = (span.unsqueeze(0) <= positions.unsqueeze(1)).view(b, 1, 1, width)
+    grouped = kv_heads != heads
+    for i, module in enumerate(model.model.layers):
+        layer = cast(DecoderLayer, module)
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(b, 1, heads, head_dim)
+        k = attn.k_proj(h).view(b, 1, kv_heads, head_dim)
+        if attn.q_norm is not None and attn.k_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = attn.v_proj(h).view(b, 1, kv_heads, head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys[i][rows, :, write_at] = k[:, :, 0]
+        values[i][rows, :, write_at] = v[:, :, 0]
+        out = F.scaled_dot_product_attention(
+            q, keys[i, :b, :, :width], values[i, :b, :, :width], attn_mask=seen, enable_gqa=grouped
+        )
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, heads * head_dim))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.lm_head(model.model.norm(x))[:, 0].float()

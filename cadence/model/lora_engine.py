@@ -1,0 +1,105 @@
+"""The built-in engine taking adapter versions: each merged into its own copy of the base on load.
+
+```
+ LoraRolloutEngine(engine, spec, base)   holds the base's tensors as the engine first had them
+   load(bytes)        adapters, scale and base identity from the version's header (lora_files.py);
+                      refused when trained on another base
+   load_state(tensors) adapters received by broadcast, at the spec's scale
+   ─► each target W = base W + scale B A (float32, then the engine's dtype), recomputed from the base
+      every version, never accumulated, into the same buffer each version (the engine computes with
+      it; no version loads while a batch is made); the other tensors are the base's own (no copy)
+   generate, generate_many, max_context: the engine's
+```
+
+With `apply = "step"` the engine's model carries the adapters itself (`LoraLinear`) and a load copies
+the version's A and B into them: no merge, a low-rank product more a projection in every step.
+
+Invariant: after loading a version the engine computes with exactly `merge_adapters(base, adapters,
+scale)` (merge) or the base with those adapters (step, equal to float rounding); zero B leaves the
+base's outputs bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from cadence.model.engine import Completion, GroupEnded, StoppedGroups
+from cadence.model.lora import LoraSpec, adapter_pairs, apply_lora, merge_adapters
+from cadence.model.lora_files import read_adapter_bytes
+from cadence.model.rollout_engine import TorchRolloutEngine
+from cadence.model.transformer import hf_state_dict
+
+APPLY = ("merge", "step")
+
+
+class LoraRolloutEngine:
+    """`engine`: the built-in engine holding the base (as built from `model.checkpoint` or the init
+    seed); `base`: that base's identity, which a version's header must name."""
+
+    def __init__(self, engine: TorchRolloutEngine, spec: LoraSpec, base: str, apply: str = "merge") -> None:
+        if apply not in APPLY:
+            raise ValueError(f"trainer.lora.apply must be one of {list(APPLY)}, got {apply!r}")
+        self.inner = engine
+        self.spec = spec
+        self.base = base
+        self.apply = apply
+        model = engine.engine.model
+        if apply == "step":  # the engine's own model computes W x + scale B A x: adapters of its dtype
+            weight = model.model.embed_tokens.weight
+            apply_lora(model, spec, seed=0)  # A's draw is replaced by the first version's
+            model.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
+        # the engine's own tensors, in its dtype and device: never written (each load assigns new ones)
+        self.base_state = {k: t.detach() for k, t in hf_state_dict(model).items()}
+        self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
+
+    def load(self, weights: bytes | bytearray) -> None:
+        adapters, scale, base = read_adapter_bytes(weights)
+        if base != self.base:
+            raise ValueError(
+                f"a version of adapters trained on base {base}, while this engine holds base {self.base}:"
+                " the trainer and the workers must load the same model.checkpoint"
+            )
+        self._merge(adapters, scale)
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        self._merge(state, self.spec.scale)
+
+    def _merge(self, adapters: Mapping[str, Tensor], scale: float) -> None:
+        if self.apply == "step":
+            if scale != self.spec.scale:
+                raise ValueError(
+                    f"a version of adapters at scale {scale}, the engine's are {self.spec.scale}"
+                )
+            pairs = adapter_pairs(adapters)  # every A with its B
+            if {f"{m.removesuffix('.weight')}.lora_A.weight" for m in pairs} != set(self._adapter_names()):
+                raise ValueError("a version whose adapters are not the engine's (other targets)")
+            state = dict(self.base_state)
+            for name, tensor in adapters.items():
+                state[name] = tensor.to(self.base_state[name].device, self.base_state[name].dtype, copy=True)
+            self.inner.engine.load_state_dict(state, share=True)
+            return
+        merged = merge_adapters(self.base_state, adapters, scale, self._merged)
+        self.inner.engine.load_state_dict(merged, share=True)  # every tensor the engine's dtype and device
+
+    def _adapter_names(self) -> list[str]:
+        return [k for k in self.base_state if k.endswith(".lora_A.weight")]
+
+    def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
+        return self.inner.generate(prompt, seeds)
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def generate_many(
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
+    ) -> list[list[Completion]]:
+        return self.inner.generate_many(groups, temperature, max_new_tokens, ended=ended, stopped=stopped)

@@ -1,0 +1,113 @@
+"""The engine's KV cache: a fixed number of slots, each one sample's keys and values from position 0
+on, allocated once and written in place.
+
+Invariant: a slot is held by at most one row at a time (``take`` hands out the lowest free slots,
+``free`` gives one back, neither touches any tensor); a row's keys and values stay where they were
+written until its slot is given to another row, so no row's cache is ever copied when another ends.
+The last position of every slot is a spare that no row attends: a padded or ended row writes there.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from cadence.model.config import ModelConfig
+
+LENGTH_STEP = 256  # the cache's length grows in steps of this many positions
+WIDTH_STEP = 64  # a step attends the positions of its longest row rounded up to this
+
+
+def row_bucket(rows: int, slots: int) -> int:
+    """The rows a step computes for ``rows`` live ones: 2, 4, 8, then multiples of 16, at most
+    ``slots`` (each bucket one shape for the compiled step; never 1, which a compiler would take as
+    a shape of its own)."""
+    for size in (2, 4, 8):
+        if rows <= size:
+            return min(size, slots)
+    return min(-(-rows // 16) * 16, slots)
+
+
+def width_bucket(positions: int, length: int) -> int:
+    """The cache positions a step attends when its rows' positions are below ``positions``."""
+    return min(-(-positions // WIDTH_STEP) * WIDTH_STEP, length)
+
+
+def cache_bytes(cfg: ModelConfig, slots: int, length: int, dtype: torch.dtype) -> int:
+    """What the keys and values of ``slots`` slots of ``length`` positions take."""
+    per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+    return slots * (length + 1) * per_position * torch.tensor([], dtype=dtype).element_size()
+
+
+def auto_rows(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
+    """The slots when none are asked for: 64 on the CPU; on a GPU as many as a quarter of its free
+    memory holds at the model's positions (at most 4096 a row counted), between 64 and 512."""
+    if device.type != "cuda":
+        return 64
+    free, _ = torch.cuda.mem_get_info(device)
+    per_slot = cache_bytes(cfg, 1, min(cfg.max_position, 4096), dtype)
+    return max(64, min(512, free // 4 // per_slot))
+
+
+class SlotCache:
+    """``keys`` and ``values`` [layers, slots, kv heads, length + 1, head dim]; ``length`` the
+    positions a slot holds (the one after them is the spare)."""
+
+    def __init__(
+        self, cfg: ModelConfig, slots: int, length: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        shape = (cfg.num_layers, slots, cfg.num_kv_heads, length + 1, cfg.head_dim)
+        self.keys: Tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self.values: Tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self.slots, self.length = slots, length
+        self._free = list(range(slots))
+        self._held: set[int] = set()
+
+    @property
+    def spare(self) -> int:
+        """The position a row that writes nowhere writes to."""
+        return self.length
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def highest(self) -> int:
+        """One past the highest slot held (0 when none is)."""
+        return max(self._held) + 1 if self._held else 0
+
+    def take(self, n: int) -> list[int]:
+        """The ``n`` lowest free slots, now held."""
+        if n > len(self._free):
+            raise ValueError(f"{n} slots asked, {len(self._free)} free")
+        taken = [heapq.heappop(self._free) for _ in range(n)]
+        self._held.update(taken)
+        return taken
+
+    def free(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            self._held.remove(slot)
+            heapq.heappush(self._free, slot)
+
+    def lowest_free(self) -> int:
+        return self._free[0] if self._free else self.slots
+
+    def write_prompt(self, slots: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+        """Each of ``slots`` gets one prompt's keys and values (per layer [1, kv heads, n, head dim])
+        at positions 0..n-1."""
+        n = keys[0].shape[2]
+        self.keys[:, slots, :, :n] = torch.stack([k[0] for k in keys]).unsqueeze(1)
+        self.values[:, slots, :, :n] = torch.stack([v[0] for v in values]).unsqueeze(1)
+
+    def move(self, source: int, target: int, width: int) -> None:
+        """Slot ``source``'s first ``width`` positions copied into the free slot ``target``, which is
+        held instead: one row's cache, the only copy a compaction makes."""
+        self.keys[:, target, :, :width] = self.keys[:, source, :, :width]
+        self.values[:, target, :, :width] = self.values[:, source, :, :width]
+        self._free.remove(target)
+        heapq.heapify(self._free)
+        self._held.add(target)
+        self.free([source])

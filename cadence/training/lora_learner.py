@@ -1,0 +1,93 @@
+"""The learner with low-rank adapters (`[trainer.lora]`): the base frozen, the adapters trained.
+
+```
+ LoraLearner(model, …, lora=spec, seed, base) ─► apply_lora: target projections adapted, the rest frozen
+   train_groups, step        as TorchLearner's, AdamW over the adapters alone (TorchLearner.trainable)
+   weights() / tensors()     a version: the adapters alone, with the spec and the base's identity
+   save(final)               a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)
+   save_state / load_state   the adapters, AdamW's state over them, the generators: resume exact
+```
+
+Invariant: the base weights never change; every published version, resume state and final folder
+holds the adapters and names the base they apply to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cadence.model.config import ModelConfig
+from cadence.model.lora import LoraSpec, adapter_tensors, apply_lora, trainable_count
+from cadence.model.lora_files import adapter_bytes, write_peft
+from cadence.model.tokenizer import TextTokenizer
+from cadence.model.transformer import Transformer
+from cadence.training.learner import TorchLearner
+from cadence.training.state import write_state
+from cadence.wire.digest import checksum
+
+
+class LoraLearner(TorchLearner):
+    """`lora`: the adapters' shape; `seed`: their A's draw; `base`: the base's identity
+    (model/lora_files.py); `base_path`: the base checkpoint's folder, for the PEFT folder's config."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        model_cfg: ModelConfig,
+        tokenizer: TextTokenizer,
+        *,
+        lora: LoraSpec,
+        seed: int,
+        base: str,
+        base_path: str | None = None,
+        **settings: Any,
+    ) -> None:
+        apply_lora(model, lora, seed)
+        self.lora = lora
+        self.base = base
+        self.base_path = base_path
+        super().__init__(model, model_cfg, tokenizer, **settings)
+
+    @property
+    def trainable_parameters(self) -> int:
+        return trainable_count(self.model)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return adapter_tensors(self.model)
+
+    def weights(
+        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
+    ) -> bytes | bytearray:
+        return adapter_bytes(self.tensors(), self.lora, self.base, alloc, dtype)
+
+    def load(self, weights: Any, optimizer: dict[str, Any] | None) -> None:
+        """Replace the adapters (exactly the model's adapter names) and AdamW's state."""
+        if weights is None or optimizer is None:
+            raise ValueError("one rank's learner loads the whole state")
+        own = self.tensors()
+        if set(weights) != set(own):
+            missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+            raise ValueError(
+                f"a resume state whose adapters differ: missing {missing[:3]}, unexpected {extra[:3]}"
+            )
+        with torch.no_grad():
+            for name, tensor in own.items():
+                tensor.copy_(weights[name])
+        self.optimizer.load_state_dict(optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sums = {}
+
+    def save(self, directory: Path) -> str:
+        """The PEFT adapter folder; the checksum of its weight file's bytes."""
+        data = write_peft(directory, self.tensors(), self.lora, self.base, self.base_path)
+        for name, text in self.tokenizer.files().items():
+            (directory / name).write_text(text)
+        return checksum(data)
+
+    def save_state(self, directory: Path) -> None:
+        write_state(directory, self.weights(), self.optimizer_state())

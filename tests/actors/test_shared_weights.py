@@ -1,0 +1,142 @@
+"""A worker on the publisher's host takes each version from shared memory: the engine computes with the
+mapped bytes themselves and generates exactly what it does with the pulled ones; a torn slot is
+refused and the version pulled; a publisher that does not share is said once, then pulled from."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+import structlog
+import torch
+
+from cadence.actors.publisher import Publisher
+from cadence.actors.rollout_weights import WorkerWeights
+from cadence.launch.build import make_engine, make_learner, make_tokenizer
+from cadence.launch.settings import publish_dtype, worker_settings
+from cadence.model.rollout_engine import TorchRolloutEngine
+from cadence.transport.endpoint import Client
+from cadence.transport.heartbeat import Liveness
+from cadence.transport.inproc import InprocNetwork
+from cadence.transport.session import Session
+from cadence.transport.shared_memory import SharedVersions, sharing_problem
+from cadence.transport.weights import WeightStore, pull_weights
+from tests.conftest import tiny_config
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(sharing_problem() is not None, reason=f"this host cannot share: {sharing_problem()}"),
+]
+
+CFG = tiny_config("transport.liveness=200")
+
+
+@dataclass
+class Rig:
+    publisher: Publisher
+    client: Client
+    weights: WorkerWeights
+    engine: TorchRolloutEngine
+    versions: list[bytes | bytearray]
+
+
+@asynccontextmanager
+async def rig(network: InprocNetwork, shared: bool = True) -> AsyncIterator[Rig]:
+    """A publisher holding versions 0 and 1 (trained apart by a step of noise), shared unless not
+    `shared`, and a worker's weights on a fresh engine."""
+    tokenizer = make_tokenizer(CFG)
+    learner = make_learner(CFG, tokenizer)
+    network.bind("dispatcher", "inproc://dispatcher")
+    server = network.bind("publisher", "inproc://publisher")
+    session = Session(
+        network.connect("publisher", "inproc://dispatcher"),
+        "publisher",
+        Liveness(1.0, 100, time.time),
+        server.address,
+    )
+    publisher = Publisher(
+        server, session, WeightStore(4096, keep=2), shared=SharedVersions(keep=2) if shared else None
+    )
+    versions = []
+    for version in range(2):
+        with torch.no_grad():
+            for p in learner.model.parameters():  # type: ignore[attr-defined]
+                p.add_(0.01 * torch.randn_like(p))
+        versions.append(learner.weights(dtype=publish_dtype(CFG)))
+        await publisher.publish(version, versions[-1])
+    engine = make_engine(CFG, tokenizer)
+    assert isinstance(engine, TorchRolloutEngine)
+    weights = WorkerWeights(engine, worker_settings(CFG), Liveness(1.0, 100, time.time), time.time)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield Rig(publisher, network.connect("w0", "inproc://publisher"), weights, engine, versions)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _within(tensor: torch.Tensor, buffer: object) -> bool:
+    base = torch.frombuffer(buffer, dtype=torch.uint8)  # type: ignore[call-overload]
+    start = base.data_ptr()
+    return start <= tensor.data_ptr() < start + base.numel()
+
+
+async def test_the_engine_computes_with_the_mapped_version_and_generates_as_with_the_pulled_one(
+    network: InprocNetwork,
+) -> None:
+    async with rig(network) as r:
+        for version in (0, 1):
+            assert (await r.weights.fetch_and_load(r.client, version))[0] == "shm"
+            mapped = r.weights._mapped
+            assert mapped is not None
+            assert all(_within(p, mapped.data) for p in r.engine.engine.model.parameters())  # no copy
+        reference = make_engine(CFG, make_tokenizer(CFG))
+        reference.load(await pull_weights(r.client, 1, 5.0))
+        prompt = [1, 2, 3]
+        assert r.engine.generate(prompt, [7, 8]) == reference.generate(prompt, [7, 8])
+
+
+async def test_a_torn_slot_is_refused_and_the_version_pulled(network: InprocNetwork) -> None:
+    async with rig(network) as r:
+        shared = r.publisher.shared
+        assert shared is not None
+        slot = next(s for s in shared._slots if s.version == 1)
+        slot.view[-64:] = bytes(64)  # torn: its tail is not version 1's
+        with structlog.testing.capture_logs() as logs:
+            source, _ = await r.weights.fetch_and_load(r.client, 1)
+        assert source == "zmq"
+        refused = [e for e in logs if e["event"] == "shared_version_refused"]
+        assert len(refused) == 1 and "checksum" in refused[0]["reason"]
+        assert r.weights.shared is not None  # the next version is mapped again
+        reference = make_engine(CFG, make_tokenizer(CFG))
+        reference.load(r.versions[1])
+        assert r.engine.generate([1, 2], [3]) == reference.generate([1, 2], [3])
+
+
+async def test_a_publisher_that_does_not_share_is_said_once_then_pulled_from(network: InprocNetwork) -> None:
+    async with rig(network, shared=False) as r:
+        with structlog.testing.capture_logs() as logs:
+            sources = [(await r.weights.fetch_and_load(r.client, v))[0] for v in (0, 1)]
+        assert sources == ["zmq", "zmq"]
+        assert [e["event"] for e in logs].count("shared_memory_fallback") == 1
+
+
+async def test_a_host_out_of_memory_for_a_slot_stops_sharing_and_the_versions_are_pulled(
+    network: InprocNetwork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memory(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_memory)
+    with structlog.testing.capture_logs() as logs:
+        async with rig(network) as r:
+            assert r.publisher.shared is None
+            assert (await r.weights.fetch_and_load(r.client, 1))[0] == "zmq"
+    said = [e["event"] for e in logs]
+    assert said.count("shared_memory_failed") == 1 and said.count("shared_memory_fallback") == 1

@@ -1,0 +1,192 @@
+"""The engine's slots, buckets, decode step and loop: the step against the full forward, rows admitted
+mid-decode, reads back every few steps, the compiled step against the eager one, a compile that fails,
+and a cache that does not fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import structlog
+import torch
+from torch import Tensor
+
+from cadence.model.config import ModelConfig
+from cadence.model.decode_step import decode_step
+from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
+from cadence.model.slots import SlotCache, row_bucket, width_bucket
+from cadence.model.transformer import init_model
+
+CFG = ModelConfig(
+    vocab_size=19, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+)
+EOS = 2
+PROMPTS = [[1, 5, 9, 4, 7], [1, 8], [3, 3, 6, 1, 5, 9, 12, 4], [6, 3, 8], [9, 9, 4]]
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(2)
+
+
+def _groups(samples: int = 2) -> list[tuple[list[int], list[int]]]:
+    return [(p, [sample_seed(0, 1, i, j) for j in range(samples)]) for i, p in enumerate(PROMPTS)]
+
+
+def _same(got: list[list[Completion]], want: list[list[Completion]], tol: float = 1e-5) -> None:
+    assert [[c.tokens for c in g] for g in got] == [[c.tokens for c in g] for g in want]
+    assert [[c.finished for c in g] for g in got] == [[c.finished for c in g] for g in want]
+    for ours, theirs in zip(got, want, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=tol)
+
+
+def test_buckets_are_few_and_cover_every_count() -> None:
+    assert [row_bucket(n, 64) for n in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64)] == [
+        2,
+        2,
+        4,
+        8,
+        8,
+        16,
+        16,
+        32,
+        48,
+        64,
+    ]
+    assert row_bucket(40, 20) == 20 and row_bucket(1, 1) == 1  # never more than the slots
+    assert len({row_bucket(n, 512) for n in range(1, 513)}) == 3 + 512 // 16
+    assert [width_bucket(p, 256) for p in (1, 64, 65, 250)] == [64, 64, 128, 256]
+
+
+def test_slots_are_handed_out_lowest_first_and_a_move_copies_one_row() -> None:
+    cache = SlotCache(CFG, slots=4, length=8, dtype=torch.float32, device=torch.device("cpu"))
+    assert cache.take(3) == [0, 1, 2] and cache.highest() == 3
+    cache.keys[:, 2] = 7.0
+    cache.free([0])
+    assert cache.lowest_free() == 0
+    cache.move(2, 0, width=8)
+    assert cache.highest() == 2 and cache.held == 2
+    assert bool((cache.keys[:, 0, :, :8] == 7.0).all())
+    assert cache.take(2) == [2, 3]
+    with pytest.raises(ValueError, match="1 slots asked, 0 free"):
+        cache.take(1)
+
+
+def test_a_decode_step_gives_each_slot_the_full_forwards_logits_at_its_own_position() -> None:
+    """Rows at different positions, one of them padded (writing to the spare position): each row's
+    logits are the full forward's at its position, and the padded row changes nothing read."""
+    model = init_model(CFG, seed=3).eval()
+    prompts = [[1, 5, 9, 4, 7], [3, 8], [6, 3, 8, 1]]
+    cache = SlotCache(CFG, slots=4, length=16, dtype=torch.float32, device=torch.device("cpu"))
+    with torch.no_grad():
+        for slot, prompt in enumerate(prompts):  # each prompt's keys and values but its last token's
+            ids = torch.tensor([prompt[:-1]])
+            for p in range(len(prompt) - 1):
+                decode_step(
+                    model, cache.keys[:, slot : slot + 1], cache.values[:, slot : slot + 1],
+                    ids[:, p], torch.tensor([p]), torch.tensor([p]), 16,
+                )  # fmt: skip
+        tokens = torch.tensor([p[-1] for p in prompts] + [0])
+        positions = torch.tensor([len(p) - 1 for p in prompts] + [3])
+        write_at = torch.cat([positions[:3], torch.tensor([cache.spare])])
+        logits = decode_step(model, cache.keys, cache.values, tokens, positions, write_at, 16)
+        for row, prompt in enumerate(prompts):
+            full = model(torch.tensor([prompt]))[0, -1]
+            torch.testing.assert_close(logits[row], full, atol=1e-5, rtol=1e-5)
+        assert bool((cache.keys[:, 3, :, : cache.spare] == 0).all())  # the padded row wrote nowhere read
+
+
+def test_rows_admitted_as_slots_free_give_every_sample_unchanged() -> None:
+    """Three slots for ten rows: rows join the batch between two steps as others end, and every
+    sample is the one a batch of all of them gives."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    wide = TorchEngine(init_model(CFG, seed=6), eos_id=EOS)
+    narrow = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=3)
+    told: list[int] = []
+    got = narrow.generate_many(_groups(), params, ended=lambda i, _: told.append(i))
+    _same(got, wide.generate_many(_groups(), params))
+    assert sorted(told) == list(range(len(PROMPTS)))
+    assert len(narrow.last_call.admissions) > 1 and sum(narrow.last_call.admissions) == 10
+    assert max(narrow.last_call.live) <= 3
+
+
+@pytest.mark.parametrize("readback", [2, 5])
+def test_reading_back_every_few_steps_changes_no_sample_and_no_order(readback: int) -> None:
+    params = SamplingParams(max_new_tokens=14, temperature=1.0)
+    every = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=4)
+    few = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=4, readback=readback)
+    told_every: list[int] = []
+    told_few: list[int] = []
+    want = every.generate_many(_groups(3), params, ended=lambda i, _: told_every.append(i))
+    got = few.generate_many(_groups(3), params, ended=lambda i, _: told_few.append(i))
+    _same(got, want)
+    assert sorted(told_few) == sorted(told_every)
+
+
+def test_the_compiled_step_samples_what_the_eager_one_does() -> None:
+    params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95)
+    eager = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=2)
+    compiled = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=2, compiled=True)
+    assert compiled.warm_up(length=64) > 0.0 and compiled.runner.compiled
+    _same(compiled.generate_many(_groups(), params), eager.generate_many(_groups(), params))
+    assert compiled.runner.compiled  # no fallback was taken
+
+
+def test_a_compile_that_fails_falls_back_to_eager_with_one_line() -> None:
+    def broken(fn: Callable[..., Tensor], **_: Any) -> Callable[..., Tensor]:
+        def fails(*args: Any) -> Tensor:
+            raise RuntimeError("no compiler here")
+
+        return fails
+
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    eager = TorchEngine(init_model(CFG, seed=8), eos_id=EOS)
+    failing = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, compiled=True, compiler=broken)
+    with structlog.testing.capture_logs() as logs:
+        got = failing.generate_many(_groups(), params)
+    _same(got, eager.generate_many(_groups(), params))
+    assert not failing.runner.compiled
+    assert [e["event"] for e in logs].count("engine_compile_failed") == 1
+
+
+def test_a_cache_that_does_not_fit_is_refused_naming_the_setting() -> None:
+    engine = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=1 << 40)
+    with pytest.raises(ValueError, match="rollout.engine_rows"):
+        engine.generate([1, 5], [1], SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here (scripts/gpu_check.sh runs it)"
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_a_gpu_the_engine_samples_what_it_samples_on_the_cpu(compiled: bool) -> None:
+    """The slots, the step (eager, or compiled with CUDA graphs replayed) and the sampling on the
+    device: the CPU's tokens, log-probs within what the device's kernels round otherwise."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    here = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, device="cuda", rows=4, compiled=compiled)
+    here.warm_up(length=64)
+    cpu = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=4)
+    _same(here.generate_many(_groups(), params), cpu.generate_many(_groups(), params), tol=1e-4)
+    assert here.runner.compiled == compiled
+
+
+def test_a_group_stopped_with_rows_still_waiting_for_a_slot_leaves_nothing_behind() -> None:
+    """One slot, groups of three: a stop names the group decoding and one not yet admitted; the
+    others' samples are the ones a wide batch gives, the stopped groups get []."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    wide = TorchEngine(init_model(CFG, seed=6), eos_id=EOS)
+    one = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=1)
+    polls = [0]
+
+    def stopped() -> set[int]:
+        polls[0] += 1
+        return {0, 3} if polls[0] >= 3 else set()
+
+    told: list[int] = []
+    got = one.generate_many(_groups(3), params, ended=lambda i, _: told.append(i), stopped=stopped)
+    want = wide.generate_many(_groups(3), params)
+    assert got[0] == [] and got[3] == [] and 0 not in told and 3 not in told
+    _same([got[i] for i in (1, 2, 4)], [want[i] for i in (1, 2, 4)])
+    assert sorted(told) == [1, 2, 4] and max(one.last_call.live) == 1
