@@ -10,7 +10,7 @@ computed again eagerly (a failed call has written nothing the eager one does not
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import structlog
@@ -57,11 +57,17 @@ class StepRunner:
         return compiler(decode_step, fullgraph=True, dynamic=True)
 
     def __call__(
-        self, keys: Tensor, values: Tensor, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int
+        self,
+        keys: Sequence[Tensor],
+        values: Sequence[Tensor],
+        tokens: Tensor,
+        positions: Tensor,
+        write_at: Tensor,
+        width: int,
     ) -> Tensor:
         if not self.compiled:
             return decode_step(self.model, keys, values, tokens, positions, write_at, width)
-        shape = (tokens.shape[0], width, keys.shape[3])
+        shape = (tokens.shape[0], width, keys[0].shape[2])
         fresh = shape not in self._shapes
         begin = time.perf_counter()
         try:

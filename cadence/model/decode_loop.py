@@ -75,7 +75,7 @@ class DecodeLoop:
         self.prompts, self.sizes = prompts, list(sizes)
         self.eos, self.temperature, self.top_p = eos, temperature, top_p
         self.readback = max(1, readback)
-        device = cache.keys.device
+        device = cache.device
         n, steps = uniforms.shape
         self.n, self.limit = n, steps
         self.group_of = [g for g, size in enumerate(sizes) for _ in range(size)]
@@ -150,7 +150,7 @@ class DecodeLoop:
             done = self.prefill([self.prompts[g] for g in groups])
             self.prefilled.update(zip(groups, done, strict=True))
         slots = self.cache.take(len(rows))
-        device = self.cache.keys.device
+        device = self.cache.device
         for g in sorted({self.group_of[r] for r in rows}):
             mine = [s for s, r in zip(slots, rows, strict=True) if self.group_of[r] == g]
             kv, _ = self.prefilled[g]
@@ -211,7 +211,7 @@ class DecodeLoop:
         if not self.held:
             return
         slots = list(self.held)
-        index = torch.tensor(slots, device=self.cache.keys.device)
+        index = torch.tensor(slots, device=self.cache.device)
         alive, count, ended_at = torch.stack(
             [self.alive[index].long(), self.count[index], self.ended_at[index]]
         ).tolist()
@@ -258,7 +258,7 @@ class DecodeLoop:
             self.prefilled.pop(g, None)
         slots = [s for s, r in self.held.items() if r in gone]
         if slots:
-            self.alive[torch.tensor(slots, device=self.cache.keys.device)] = False
+            self.alive[torch.tensor(slots, device=self.cache.device)] = False
             for s in slots:
                 del self.held[s], self.admitted[s], self.reach[s]
             self.cache.free(slots)

@@ -11,6 +11,7 @@ that is read: a padded or ended row changes no other row's result.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -23,8 +24,8 @@ from cadence.model.transformer import DecoderLayer, Transformer, rotate_half
 
 def decode_step(
     model: Transformer,
-    keys: Tensor,
-    values: Tensor,
+    keys: Sequence[Tensor],
+    values: Sequence[Tensor],
     tokens: Tensor,
     positions: Tensor,
     write_at: Tensor,
@@ -32,14 +33,18 @@ def decode_step(
 ) -> Tensor:
     """Float32 logits [B, V] of the next token of each of the slots 0..B-1.
 
-    ``keys``/``values``: the slot cache [layers, slots, kv heads, length, head dim]; ``tokens`` [B]:
+    ``keys``/``values``: the slot cache, a tensor a layer [slots, kv heads, length, head dim], each
+    written in place by index (a compiled step then writes only those positions: a view of one
+    tensor of all layers would be copied whole a step); ``tokens`` [B]:
     each slot's newest token, at position ``positions`` [B] (its cache index too); ``write_at`` [B]:
     where its keys and values go (its position, or the spare last one for a row that writes nowhere);
     ``width``: the cache positions attended (every row's position is below it)."""
     b = tokens.shape[0]
     cfg = model.cfg
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    rows = torch.arange(b, device=tokens.device)
+    rows = torch.arange(b, device=tokens.device).unsqueeze(1)  # [B, 1]
+    kv = torch.arange(kv_heads, device=tokens.device).unsqueeze(0)  # [1, KV]
+    at = write_at.unsqueeze(1)  # [B, 1]
     x = model.model.embed_tokens(tokens).unsqueeze(1)  # [B, 1, H]
     cos, sin = rope_cos_sin(model.inv_freq, positions.unsqueeze(1), x.dtype)  # [B, 1, 1, D]
     span = torch.arange(width, device=tokens.device)
@@ -57,10 +62,10 @@ def decode_step(
         v = attn.v_proj(h).view(b, 1, kv_heads, head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys[i][rows, :, write_at] = k[:, :, 0]
-        values[i][rows, :, write_at] = v[:, :, 0]
+        keys[i].index_put_((rows, kv, at), k[:, :, 0])
+        values[i].index_put_((rows, kv, at), v[:, :, 0])
         out = F.scaled_dot_product_attention(
-            q, keys[i, :b, :, :width], values[i, :b, :, :width], attn_mask=seen, enable_gqa=grouped
+            q, keys[i][:b, :, :width], values[i][:b, :, :width], attn_mask=seen, enable_gqa=grouped
         )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, heads * head_dim))
         x = x + layer.mlp(layer.post_attention_layernorm(x))

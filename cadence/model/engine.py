@@ -317,8 +317,8 @@ class TorchEngine:
             )
         cache = SlotCache(self.model.cfg, self.rows, length, self.dtype, self.device)
         if self.device.type == "cuda":  # written in place by the captured graphs: fixed addresses
-            torch._dynamo.mark_static_address(cache.keys)
-            torch._dynamo.mark_static_address(cache.values)
+            for tensor in (*cache.keys, *cache.values):
+                torch._dynamo.mark_static_address(tensor)
         log.info("engine_cache", rows=self.rows, length=length, mib=round(need / 2**20, 1))
         return cache
 

@@ -53,16 +53,17 @@ def auto_rows(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int
 
 
 class SlotCache:
-    """``keys`` and ``values`` [layers, slots, kv heads, length + 1, head dim]; ``length`` the
-    positions a slot holds (the one after them is the spare)."""
+    """``keys`` and ``values``: a tensor a layer, [slots, kv heads, length + 1, head dim]; ``length``
+    the positions a slot holds (the one after them is the spare)."""
 
     def __init__(
         self, cfg: ModelConfig, slots: int, length: int, dtype: torch.dtype, device: torch.device
     ) -> None:
-        shape = (cfg.num_layers, slots, cfg.num_kv_heads, length + 1, cfg.head_dim)
-        self.keys: Tensor = torch.zeros(shape, dtype=dtype, device=device)
-        self.values: Tensor = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (slots, cfg.num_kv_heads, length + 1, cfg.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.slots, self.length = slots, length
+        self.device = device
         self._free = list(range(slots))
         self._held: set[int] = set()
 
@@ -99,14 +100,16 @@ class SlotCache:
         """Each of ``slots`` gets one prompt's keys and values (per layer [1, kv heads, n, head dim])
         at positions 0..n-1."""
         n = keys[0].shape[2]
-        self.keys[:, slots, :, :n] = torch.stack([k[0] for k in keys]).unsqueeze(1)
-        self.values[:, slots, :, :n] = torch.stack([v[0] for v in values]).unsqueeze(1)
+        for own, k in zip(self.keys, keys, strict=True):
+            own[slots, :, :n] = k
+        for own, v in zip(self.values, values, strict=True):
+            own[slots, :, :n] = v
 
     def move(self, source: int, target: int, width: int) -> None:
         """Slot ``source``'s first ``width`` positions copied into the free slot ``target``, which is
         held instead: one row's cache, the only copy a compaction makes."""
-        self.keys[:, target, :, :width] = self.keys[:, source, :, :width]
-        self.values[:, target, :, :width] = self.values[:, source, :, :width]
+        for tensor in (*self.keys, *self.values):
+            tensor[target, :, :width] = tensor[source, :, :width]
         self._free.remove(target)
         heapq.heapify(self._free)
         self._held.add(target)
