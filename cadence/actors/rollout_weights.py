@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -61,14 +62,15 @@ def pull_address(welcome: Welcome, host: str) -> str:
     return welcome.publisher_address
 
 
-def take_views(engine: RolloutEngine, state: Mapping[str, Tensor]) -> None:
-    """Load `state`, whose tensors stay unchanged until the next load: the built-in engine computes
-    with them themselves where their dtype and device are its own (`TorchEngine.load_state_dict`
-    with `share`), and copies them where not; any other engine copies them."""
+def take_views(engine: RolloutEngine, data: mmap.mmap) -> None:
+    """Load a version mapped from shared memory, which stays unchanged until the next load: the
+    built-in engine computes with its tensors themselves where their dtype and device are its own
+    (`TorchEngine.load_state_dict` with `share`), and copies them where not; any other engine (vLLM,
+    LoRA's, the simulated one) is given the version's bytes as a pull would give them."""
     if isinstance(engine, TorchRolloutEngine):
-        engine.engine.load_state_dict(state, share=True)
+        engine.engine.load_state_dict(state_dict_from_bytes(data), share=True)
     else:
-        engine.load_state(state)
+        engine.load(bytearray(data))
 
 
 def shared_reader(share: bool) -> SharedReader | None:
@@ -163,7 +165,7 @@ class WorkerWeights:
     def _load_mapped(self, mapped: Mapped) -> None:
         try:
             with self.computing():
-                take_views(self.engine, state_dict_from_bytes(mapped.data))
+                take_views(self.engine, mapped.data)
         except BaseException:
             mapped.release()
             raise

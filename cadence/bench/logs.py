@@ -44,6 +44,7 @@ def _event(actor: str, n: int) -> str:
 async def _streaming(actors: int, events: int) -> dict[str, float]:
     net = ZmqNetwork("bench-logs")
     server = net.bind("dispatcher", "tcp://127.0.0.1:*")
+    server.admission.known = lambda route: True  # every stream here is the bench's own (no Register)
     with tempfile.TemporaryDirectory() as tmp:
         hub = LogHub(server, Path(tmp), time.time, lease_s=60.0, backlog=10)
         follower = net.connect("follower", server.address)

@@ -16,6 +16,7 @@ from typing import Literal
 import structlog
 import torch
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config
 
 from cadence.model.decode_step import decode_step
 from cadence.model.transformer import Transformer
@@ -71,7 +72,9 @@ class StepRunner:
         fresh = shape not in self._shapes
         begin = time.perf_counter()
         try:
-            logits = self._fn(self.model, keys, values, tokens, positions, write_at, width)
+            # no size taken as another's because they happen to be equal once (rows as kv heads)
+            with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+                logits = self._fn(self.model, keys, values, tokens, positions, write_at, width)
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
             self.compiled = False
             log.warning("engine_compile_failed", error=repr(error)[:500], rows=shape[0], width=width)

@@ -319,7 +319,6 @@ class TorchEngine:
         if self.device.type == "cuda":  # written in place by the captured graphs: fixed addresses
             for tensor in (*cache.keys, *cache.values):
                 torch._dynamo.mark_static_address(tensor)
-        log.info("engine_cache", rows=self.rows, length=length, mib=round(need / 2**20, 1))
         return cache
 
     @torch.no_grad()
@@ -331,10 +330,11 @@ class TorchEngine:
         begin = time.perf_counter()
         cache = self._slots(min(length, self.model.cfg.max_position))
         sizes = sorted({row_bucket(n, self.rows) for n in range(1, self.rows + 1)})
-        for b in sizes:
-            zeros = torch.zeros(b, dtype=torch.long, device=self.device)
-            spare = torch.full_like(zeros, cache.spare)
-            self.runner(cache.keys, cache.values, zeros, zeros, spare, WIDTH_STEP)
+        for b in sizes:  # three tensors apart, as a call passes them (aliases would be guarded on)
+            tokens = torch.zeros(b, dtype=torch.long, device=self.device)
+            positions = torch.zeros_like(tokens)
+            spare = torch.full_like(tokens, cache.spare)
+            self.runner(cache.keys, cache.values, tokens, positions, spare, WIDTH_STEP)
         took = time.perf_counter() - begin
         log.info("engine_warmed_up", seconds=round(took, 2), buckets=sizes, compiled=self.runner.compiled)
         return took
