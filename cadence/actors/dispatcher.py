@@ -20,8 +20,6 @@
  worker  ─ EvalResult ──────► the core: answered; a complete round ─► eval.jsonl, samples/
  worker silent > liveness ──► the core: what it held goes back to the front of the queue, reassigned
  an assignment held past the hold (rollout.hold_s) ─► the same for it alone (assignment_expired)
- nothing queued, a worker idle ─► it takes over what another held past the early hold (4 x the
-                              typical group: assignment_taken_over); the first result wins
  worker welcomed again ─────► the same, and its credits start from 0
  no worker left, prompts pending for rollout.wait_for_workers_s ─► fail the run naming the lost workers
  trainer ─ RunDone ─────────► (after the final eval round) summary.json, Shutdown to everyone, stop
@@ -55,8 +53,7 @@ from typing import Any, ClassVar
 import structlog
 
 from cadence.dispatch.checks import message_problem
-from cadence.dispatch.core import DispatchCore, Worker
-from cadence.dispatch.hold import Hold
+from cadence.dispatch.core import DispatchCore, Hold, Worker
 from cadence.dispatch.period_row import period_row
 from cadence.dispatch.roster import (
     Peer,
@@ -128,7 +125,7 @@ class Dispatcher:
             extra=s.oversample,
             stream=s.stream,
             max_credits=s.max_credits,
-            hold=Hold(s.hold_s, s.hold_floor_s, s.early_floor_s),
+            hold=Hold(s.hold_s, s.hold_floor_s),
         )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
@@ -356,11 +353,7 @@ class Dispatcher:
         log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
 
     def _expire(self) -> None:
-        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding),
-        and an idle worker what one has held past the early hold while nothing is queued."""
-        taken = self.core.take_over(self._workers(), trainer_key(self.peers), self.clock())
-        self.reassigned += len(taken)
-        self._outbox.extend(taken)
+        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
         expired = self.core.expire(self.clock())
         for route, ids in expired.items():
             holder = self.peers[route].name if route in self.peers else "a worker gone"
@@ -371,10 +364,6 @@ class Dispatcher:
             self.reassigned += len(ids)
         if expired:
             self._assign()
-
-    def _workers(self) -> list[Worker]:
-        """The rollout workers that may get work, in roster order."""
-        return [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
 
     def _role(self, name: str) -> str:
         return next((p.role for p in self.peers.values() if p.name == name), "")
@@ -416,7 +405,9 @@ class Dispatcher:
             if isinstance(msg, Welcome):  # it drops what it held and asks for work afresh
                 self.core.restart(peer)
             self._outbox.append((peer, msg))
-        self._outbox.extend(self.core.assign(self._workers(), trainer_key(self.peers), self.clock()))
+        key = trainer_key(self.peers)
+        workers = [Worker(k, p.name) for k, p in self.peers.items() if p.role == "rollout" and p.welcomed]
+        self._outbox.extend(self.core.assign(workers, key, self.clock()))
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

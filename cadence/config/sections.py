@@ -196,9 +196,7 @@ class RolloutConfig:
         "seconds a worker may hold an assignment before it goes back to the queue for another worker"
         " (logged as assignment_expired; the first result to reach the trainer is trained, a later one"
         " dropped as a duplicate); 0: derived from the run, 4 x the slowest group seen so far from its"
-        " assignment to the trainer, and never under 20 liveness timeouts. Sooner, while nothing of the"
-        " period is queued, a worker that asks for work and holds none is also given what another has"
-        " held past 4 x the run's typical group (at least a liveness timeout): assignment_taken_over",
+        " assignment to the trainer, and never under 20 liveness timeouts",
         Rule(ge=0, finite=True, note="0: derived from the run"),
     )
     dtype: Literal["float32", "bfloat16"] = doc(

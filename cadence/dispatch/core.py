@@ -7,13 +7,11 @@ and sends the assignments it returns.
                              sampling.oversample that share of B more; a period announced again
                              starts over with fresh prompts; k = periods: nothing more queued
  announce(v), v % eval.every == 0 or v = periods ─► eval round of v: the eval set pending
- credit(worker, n) ────────► credits += n (at most rollout.inflight)
- assign(workers, key) ─────► the queued prompts shared out by the policy (most_credits_first)
-                             within each worker's room: its credits, but no more than
-                             rollout.inflight less what it holds (asking again does not raise it);
-                             each an Assignment with the ticket HMAC(trainer key, period, prompt id,
-                             worker); the m a worker gets at once say batch=m: it generates them
-                             together
+ credit(worker, n) ────────► credits += n
+ assign(workers, key) ─────► the queued prompts shared out by the policy within the credits
+                             (most_credits_first), each an Assignment with the ticket HMAC(trainer
+                             key, period, prompt id, worker); the m a worker gets at once say
+                             batch=m: it generates them together
  queue empty ──────────────► eval prompts to workers with credits left (a credit: G / eval samples
                              prompts), as batches of their own (Assignment eval=True, version v)
  round v with prompts not handed out at announce(v+1) ─► that rest goes out first, before period
@@ -27,21 +25,15 @@ and sends the assignments it returns.
  leave(worker) / restart ──► what it held back to the front of the queue, in prompt order
  expire(now) ──────────────► what a worker held past the hold (rollout.hold_s, else 4 x the slowest
                              group so far) back to the front of the queue, for another worker
- take_over(workers, key) ──► nothing queued, a worker with room holds nothing: it is given what
-                             another has held past the early hold (4 x the typical group, dispatch/
-                             hold.py) as well, the period's prompts, else (none pending) an eval
-                             round's; the first result to reach the trainer (the dispatcher) wins
  answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
 ```
 
 Invariant: a prompt of period k is held by at most one worker (`Ledger`) until the trainer consumes
 it or the period closes; a period's prompts are the first ones of its stream (`task.prompts(k,
-stream)`, the same whoever asks), in order, so a resumed period issues the same ones; nothing of
-period k+1 is handed out before version k+1 is announced; an eval prompt is handed out only while
-no training prompt is queued, except the rest of an older round, which goes before the new period's
-prompts; a worker never gets more prompts than it has credits, save the eval prompts one
-credit buys (`group_size // eval_samples`), and never holds more than `rollout.inflight` training
-prompts at once, however often it asks.
+stream)`, the same whoever asks), in order, so a resumed period issues the same ones; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
+only while no training prompt is queued, except the rest of an older round, which goes before the new
+period's prompts; a worker never gets more prompts than it has credits, save the eval prompts one
+credit buys (`group_size // eval_samples`), and never holds more credits than `rollout.inflight`.
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ from typing import Any
 
 import structlog
 
-from cadence.dispatch.hold import Hold
 from cadence.dispatch.ledger import Ledger
 from cadence.dispatch.policy import Policy, most_credits_first
 from cadence.dispatch.rounds import EvalRounds
@@ -63,6 +54,23 @@ from cadence.wire.roles import assignment_ticket
 log = structlog.get_logger()
 
 Sends = list[tuple[bytes, Assignment]]
+
+
+class Hold:
+    """How long a worker may hold an assignment: `fixed` seconds (`rollout.hold_s`), or, with 0,
+    derived from the run: 4 x the slowest group seen from its assignment to the trainer, never under
+    `floor` (before any group is seen: `floor`)."""
+
+    def __init__(self, fixed: float = 0.0, floor: float = 60.0) -> None:
+        self.fixed = fixed
+        self.floor = floor
+        self.slowest = 0.0
+
+    def took(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+    def deadline(self) -> float:
+        return self.fixed if self.fixed > 0 else max(4 * self.slowest, self.floor)
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,6 @@ class DispatchCore:
         self.max_credits = max_credits  # the credits a worker may hold (0: no cap)
         self.hold = hold or Hold()
         self.credits: dict[bytes, int] = {}
-        self.sat_on: set[bytes] = set()  # workers whose prompts were taken over this period
         self.period = -1  # the period whose prompts are out
         self.published = -1  # the last version announced
 
@@ -125,7 +132,6 @@ class DispatchCore:
         self.ledger.open(version, stream[:first])
         self._reserve = list(stream[first:])
         self.filtered = set()
-        self.sat_on = set()
         log.info("period_started", period=version, version=version, prompts=self.ledger.queued)
 
     def consume(
@@ -177,77 +183,17 @@ class DispatchCore:
             )
 
     def credit(self, worker: bytes, count: int) -> None:
-        """`worker` grants `count` more credits: at most `max_credits` kept (what a worker can use;
-        what it may be given besides counts what it holds: `room`)."""
+        """`worker` grants `count` more credits: at most `max_credits` held (what a worker can use)."""
         credits = self.credits.get(worker, 0) + count
         if self.max_credits and credits > self.max_credits:
-            log.warning("credits_capped", asked=credits, held=self.max_credits, assigned=self.held(worker))
+            log.warning("credits_capped", asked=credits, held=self.max_credits)
             credits = self.max_credits
         self.credits[worker] = credits
-
-    def held(self, worker: bytes) -> int:
-        """The training prompts `worker` holds. Its eval prompts are not counted: a worker skips an
-        eval batch whose weights are gone without answering it, and must not be held back for that
-        until the round is abandoned; an eval batch is paid for in credits (`_assign_eval`)."""
-        return self.ledger.holding(worker)
-
-    def room(self, worker: bytes) -> int:
-        """How many credits' worth `worker` may be given now: its credits, and with a cap no more
-        than `max_credits` less what it holds, so asking again after each assignment gains nothing."""
-        credits = max(self.credits.get(worker, 0), 0)
-        if not self.max_credits:
-            return credits
-        return max(0, min(credits, self.max_credits - self.held(worker)))
 
     def expire(self, now: float) -> dict[bytes, list[int]]:
         """The training prompts held past the hold deadline go back to the queue (to the front, in
         prompt order): their ids, by the route of the worker that held them."""
         return self.ledger.expire(now - self.hold.deadline())
-
-    def take_over(self, workers: Sequence[Worker], key: str, now: float) -> Sends:
-        """While nothing is queued, each of `workers` that has room, holds no training prompt and had
-        nothing taken over from it this period takes over, as one batch, the prompts another worker
-        has held longest past the early hold (`Hold.early`): the period's, else (none pending) an
-        eval round's (assignment_taken_over). The first holder may still answer: the first result to
-        reach the trainer (an eval answer: the dispatcher) is taken."""
-        early = self.hold.early()
-        if early is None or self.ledger.queued:
-            return []
-        training = self.ledger.overdue(now - early) if self.ledger.period == self.period else []
-        evals = [] if self.rounds.pending else self.rounds.overdue(now - early)
-        per_credit = max(1, self.group_size // self.rounds.samples)
-        names = {w.route: w.name for w in workers}
-        sends: Sends = []
-        for w in workers:
-            room = self.room(w.route)
-            if room <= 0 or self.ledger.holding(w.route) or w.route in self.sat_on:
-                continue  # busy, or one that sat on what it was given: it takes nothing over
-            batch: Sends = []
-            if mine := [(pid, holder) for pid, holder in training if holder != w.route][:room]:
-                training = [o for o in training if o not in mine]
-                prompts = [self.ledger.hand_over(pid, w.route, now) for pid, _ in mine]
-                batch = [(w.route, self._assignment(p, w, key, len(prompts))) for p in prompts]
-            elif others := [(r, pid, h) for r, pid, h in evals if h != w.route]:
-                r = others[0][0]  # one round's, the one held longest
-                picked = [(pid, h) for o, pid, h in others if o is r][: room * per_credit]
-                evals = [o for o in evals if o[0] is not r or o[1] not in {pid for pid, _ in picked}]
-                prompts = [r.hand_over(pid, w.route, now) for pid, _ in picked]
-                batch = [(w.route, self._eval_assignment(r.version, p, len(prompts))) for p in prompts]
-                mine = picked
-            for holder in dict.fromkeys(h for _, h in mine):
-                self.sat_on.add(holder)
-                log.warning(
-                    "assignment_taken_over",
-                    peer=names.get(holder, "a worker gone"),
-                    to=w.name,
-                    period=batch[0][1].period,
-                    eval=batch[0][1].eval,
-                    prompt_ids=[pid for pid, h in mine if h == holder],
-                    held_s=round(early, 1),
-                )
-            self.credits[w.route] = self.credits.get(w.route, 0) - len(batch)
-            sends += batch
-        return sends
 
     def restart(self, worker: bytes) -> int:
         """`worker` (welcomed again) drops what it held and asks afresh: its prompts back to the front
@@ -298,16 +244,16 @@ class DispatchCore:
         eval prompts to the credits left. `key`: the trainer's, which tickets are made with."""
         sends: Sends = []
         if self.rounds.behind(self.published):
-            sends += self._assign_eval(workers, now)
+            sends += self._assign_eval(workers)
         if self.rounds.behind(self.published):  # some of that rest waits for credits
             return sends
-        counts = self.policy([self.room(w.route) for w in workers], self.ledger.queued)
+        counts = self.policy([max(self.credits.get(w.route, 0), 0) for w in workers], self.ledger.queued)
         for worker, count in zip(workers, counts, strict=True):
             prompts = self.ledger.assign(worker.route, count, now)
             self.credits[worker.route] = self.credits.get(worker.route, 0) - len(prompts)
             sends += [(worker.route, self._assignment(p, worker, key, len(prompts))) for p in prompts]
         if not self.ledger.queued and self.rounds.pending:
-            sends += self._assign_eval(workers, now)
+            sends += self._assign_eval(workers)
         return sends
 
     def _assignment(self, prompt: Prompt, worker: Worker, key: str, batch: int) -> Assignment:
@@ -315,7 +261,7 @@ class DispatchCore:
         k = self.period
         return Assignment(k, k, prompt.prompt_id, prompt.text, prompt.answer, self.group_size, ticket, batch)
 
-    def _assign_eval(self, workers: Sequence[Worker], now: float) -> Sends:
+    def _assign_eval(self, workers: Sequence[Worker]) -> Sends:
         """Eval prompts to the workers' credits left, each worker's as one batch of its own (a training
         batch sent before it stays whole). A credit stands for a group of `group_size` samples, so it
         buys group_size / eval samples eval prompts: a batch costs what the training groups of those
@@ -324,11 +270,23 @@ class DispatchCore:
         sends: Sends = []
         for w in workers:
             left = self.credits.get(w.route, 0)
-            batch = self.rounds.give(w.route, self.room(w.route) * per_credit, self.published, now)
+            batch = self.rounds.give(w.route, max(left, 0) * per_credit, self.published)
             self.credits[w.route] = left - len(batch)  # below 0 until the worker's WorkRequest(len(batch))
-            sends += [(w.route, self._eval_assignment(r.version, p, len(batch))) for r, p in batch]
+            for r, p in batch:
+                n = len(batch)
+                sends.append(
+                    (
+                        w.route,
+                        Assignment(
+                            r.version,
+                            r.version,
+                            p.prompt_id,
+                            p.text,
+                            p.answer,
+                            self.rounds.samples,
+                            batch=n,
+                            eval=True,
+                        ),
+                    )
+                )
         return sends
-
-    def _eval_assignment(self, version: int, prompt: Prompt, batch: int) -> Assignment:
-        p, samples = prompt, self.rounds.samples
-        return Assignment(version, version, p.prompt_id, p.text, p.answer, samples, batch=batch, eval=True)

@@ -8,7 +8,6 @@
     └──────────────────────────┘
        requeue(worker): back to the front of the queue, in prompt order
        expire(before): the same for every prompt assigned before then (a worker that held it too long)
-  ASSIGNED ─── hand_over(id, worker) ──► ASSIGNED, held by another worker since now (taken over early)
   QUEUED ─── consume ──► CONSUMED  (a group the trainer took from a worker declared lost meanwhile)
   QUEUED, ASSIGNED ─── stop(period) ──► STOPPED (the period has its groups: the rest is not needed)
 ```
@@ -104,10 +103,6 @@ class Ledger:
         """The ids `worker` holds, in prompt order."""
         return sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.worker == worker)
 
-    def holding(self, worker: bytes) -> int:
-        """How many prompts `worker` holds."""
-        return sum(1 for e in self._entries.values() if e.state is State.ASSIGNED and e.worker == worker)
-
     def assign(self, worker: bytes, count: int, now: float = 0.0) -> list[Prompt]:
         """The first `count` queued prompts (fewer when fewer are queued), now held by `worker` since
         `now`."""
@@ -135,19 +130,6 @@ class Ledger:
             entry.state, entry.worker = State.QUEUED, None
         self._queue.extendleft(reversed(late))
         return held
-
-    def overdue(self, before: float) -> list[tuple[int, bytes]]:
-        """The prompts assigned before `before` and the route holding each, the longest held first."""
-        late = [(e.since, i, e.worker) for i, e in self._entries.items() if e.state is State.ASSIGNED]
-        return [(i, w) for since, i, w in sorted(late) if since < before and w is not None]
-
-    def hand_over(self, prompt_id: int, worker: bytes, now: float) -> Prompt:
-        """The assigned prompt `prompt_id` is now held by `worker`, since `now`."""
-        entry = self._entries[prompt_id]
-        if entry.state is not State.ASSIGNED:
-            raise ValueError(f"prompt {prompt_id} is {entry.state.value}, not assigned")
-        entry.worker, entry.since = worker, now
-        return entry.prompt
 
     def consume(self, period: int, prompt_ids: Iterable[int]) -> int:
         """The trainer took these prompts of `period`: consumed, wherever they were. How many changed."""

@@ -32,39 +32,25 @@ class EvalRound:
     started: float
     outstanding: dict[int, tuple[bytes, Prompt]] = field(default_factory=dict)
     answers: dict[int, tuple[Prompt, EvalResult]] = field(default_factory=dict)
-    since: dict[int, float] = field(default_factory=dict)  # when each outstanding prompt was given
-    former: dict[int, set[bytes]] = field(default_factory=dict)  # who held it before a take-over
 
     @property
     def complete(self) -> bool:
         return not self.pending and not self.outstanding
 
-    def give(self, peer: bytes, count: int, now: float = 0.0) -> list[Prompt]:
-        """Up to `count` pending prompts, now outstanding at `peer`, since `now`."""
+    def give(self, peer: bytes, count: int) -> list[Prompt]:
+        """Up to `count` pending prompts, now outstanding at `peer`."""
         given = [self.pending.popleft() for _ in range(min(count, len(self.pending)))]
         for prompt in given:
             self.outstanding[prompt.prompt_id] = (peer, prompt)
-            self.since[prompt.prompt_id] = now
         return given
 
     def held_by(self, peer: bytes, prompt_id: int) -> bool:
-        """Whether `peer` may answer `prompt_id`: it holds it, or held it before a take-over."""
         owner = self.outstanding.get(prompt_id)
-        return owner is not None and (owner[0] == peer or peer in self.former.get(prompt_id, ()))
-
-    def hand_over(self, prompt_id: int, peer: bytes, now: float) -> Prompt:
-        """The outstanding prompt `prompt_id` is now `peer`'s too, since `now` (the first answer wins)."""
-        holder, prompt = self.outstanding[prompt_id]
-        self.former.setdefault(prompt_id, set()).add(holder)
-        self.outstanding[prompt_id] = (peer, prompt)
-        self.since[prompt_id] = now
-        return prompt
+        return owner is not None and owner[0] == peer
 
     def answer(self, answer: EvalResult) -> None:
         """Take the answer to an outstanding prompt."""
         _, prompt = self.outstanding.pop(answer.prompt_id)
-        self.since.pop(answer.prompt_id, None)
-        self.former.pop(answer.prompt_id, None)
         self.answers[answer.prompt_id] = (prompt, answer)
 
     def requeue(self, peer: bytes) -> int:
@@ -74,7 +60,6 @@ class EvalRound:
         )
         for prompt in back:
             del self.outstanding[prompt.prompt_id]
-            self.former.pop(prompt.prompt_id, None)
         self.pending.extendleft(reversed(back))
         return len(back)
 
@@ -170,24 +155,14 @@ class EvalRounds:
         they go before that period's prompts."""
         return any(r.pending and r.version < newest for r in self.open)
 
-    def give(
-        self, peer: bytes, credits: int, newest: int, now: float = 0.0
-    ) -> list[tuple[EvalRound, Prompt]]:
+    def give(self, peer: bytes, credits: int, newest: int) -> list[tuple[EvalRound, Prompt]]:
         """Up to `credits` pending prompts for `peer`, one batch of one version: the oldest round's
         with prompts left, of version `newest` or before."""
         r = next((r for r in self.open if r.pending and r.version <= newest), None)
-        return [] if r is None else [(r, p) for p in r.give(peer, credits, now)]
-
-    def overdue(self, before: float) -> list[tuple[EvalRound, int, bytes]]:
-        """The outstanding prompts given before `before`, the longest held first: round, id, holder."""
-        late = sorted((r.since.get(i, 0.0), r.version, -i) for r in self.open for i in r.outstanding)
-        rounds = {r.version: r for r in self.open}  # in eval-set order: ids -1, -2, ...
-        return [(rounds[v], -i, rounds[v].outstanding[-i][0]) for since, v, i in late if since < before]
+        return [] if r is None else [(r, p) for p in r.give(peer, credits)]
 
     def problem(self, peer: bytes, version: int, prompt_id: int) -> str | None:
         """Why an answer to eval prompt `prompt_id` of `version` from `peer` may not be taken, or None."""
-        if any(r.version == version and prompt_id in r.answers for r in self.open):
-            return f"eval prompt {prompt_id} of version {version} is answered already (the first answer wins)"
         if not any(r.version == version and r.held_by(peer, prompt_id) for r in self.open):
             return f"no eval prompt {prompt_id} of version {version} was given to this worker"
         return None

@@ -30,5 +30,4 @@ class DispatcherSettings:
     max_credits: int = 0  # the credits a worker may hold (`rollout.inflight`; 0: no cap)
     hold_s: float = 0.0  # how long a worker may hold an assignment (0: derived from the run)
     hold_floor_s: float = 60.0  # the derived hold's least (20 liveness timeouts)
-    early_floor_s: float = 10.0  # the least held before an idle worker takes it over (a liveness timeout)
     run_secret: str = ""  # what a trainer or publisher must show to register (`run.secret`; "": none)

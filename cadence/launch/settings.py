@@ -90,7 +90,6 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         max_credits=cfg.rollout.inflight,
         hold_s=cfg.rollout.hold_s,
         hold_floor_s=20 * cfg.transport.liveness_timeout_s,
-        early_floor_s=cfg.transport.liveness_timeout_s,
     )
 
 

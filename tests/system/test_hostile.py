@@ -255,25 +255,17 @@ def test_a_stranger_that_registers_as_trainer_first_takes_nothing(tmp_path: Path
 
 
 def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_path: Path) -> None:
-    """A worker registers, asks for 65 536 credits on its Welcome and again after every assignment,
-    heartbeats and never answers: it is never given more than `rollout.inflight` prompts of a period,
-    and what it sits on goes to the run's own worker once that one is idle, after a few typical groups
-    (at least a liveness timeout), long before the hold (20 liveness timeouts); the run ends."""
+    """A worker registers, asks for 65 536 credits, heartbeats and never answers: it is given no more
+    than `rollout.inflight` prompts, each goes back to the queue once held past `rollout.hold_s`, and
+    the run's own worker ends the run."""
     from cadence.wire.messages import Assignment, Heartbeat, Register, Welcome, decode_frames, encode_frames
 
     out = tmp_path / "run"
-    settings = (
-        "periods=3",
-        "rollout.workers=1",
-        "rollout.inflight=2",
-        "transport.liveness=10",
-        "run_id='hoard'",
-    )
+    settings = ("periods=3", "rollout.workers=1", "rollout.inflight=2", "rollout.hold_s=3", "run_id='hoard'")
     run = start_run(out, *[x for s in settings for x in ("--set", s)])
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    taken: dict[int, set[int]] = {}
     try:
         wait_until(lambda: (out / "dispatcher.addr").exists(), 120, "dispatcher.addr", run.proc)
         sock.connect((out / "dispatcher.addr").read_text().strip())
@@ -282,28 +274,28 @@ def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_pa
             sock.send_multipart([bytes(f) for f in encode_frames(msg, "hoarder", "hoard")])
 
         send(Register("rollout"))
+        taken: set[int] = set()
         deadline = time.monotonic() + 240
-        while run.proc.poll() is None:  # beat, take what comes, ask for more, answer nothing
+        while run.proc.poll() is None:  # beat, take what comes, answer nothing
             assert time.monotonic() < deadline, "the run did not end"
             send(Heartbeat("rollout"))
             while sock.poll(100):
                 msg = decode_frames(sock.recv_multipart()).message
-                if isinstance(msg, Assignment) and not msg.eval:
-                    taken.setdefault(msg.period, set()).add(msg.prompt_id)
-                if isinstance(msg, Welcome | Assignment):  # welcomed: its credits start from 0
+                if isinstance(msg, Welcome):  # welcomed: its credits start from 0, then it asks
                     send(WorkRequest(65_536))
+                if isinstance(msg, Assignment) and not msg.eval:
+                    taken.add(msg.prompt_id)
         code, _, err = run.finish(timeout=60)
         assert code == 0, err
     finally:
         run.kill()
         ctx.destroy(linger=0)
-    assert taken and all(len(ids) <= 2 for ids in taken.values())  # never more than its in-flight limit
+    # the hoarder's prompts went back (a slow own worker's may too, on a loaded machine)
+    expired = [e for e in events(out, "dispatcher") if e["event"] == "assignment_expired"]
+    hoarded = {i for e in expired if e["peer"] == "hoarder" for i in e["prompt_ids"]}
+    assert hoarded and hoarded <= taken
     capped = [e for e in events(out, "dispatcher") if e["event"] == "credits_capped"]
-    assert any(e["assigned"] == 2 for e in capped)  # it asked again while holding two
-    over = [e for e in events(out, "dispatcher") if e["event"] == "assignment_taken_over"]
-    hoarded = {(e["period"], i) for e in over if e["peer"] == "hoarder" for i in e["prompt_ids"]}
-    assert hoarded and hoarded <= {(k, i) for k, ids in taken.items() for i in ids}
-    assert all(e["to"] == "rollout-0" for e in over if e["peer"] == "hoarder")
+    assert capped and capped[0]["held"] == 2  # never more than its in-flight limit at once
     assert summary(out)["final_version"] == 3 and summary(out)["groups_trained"] == 3 * 4
 
 

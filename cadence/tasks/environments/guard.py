@@ -146,15 +146,15 @@ class WallTime:
 
 
 def truncated(episode: Episode, chars: list[int], limit: int) -> None:
-    """Warn of a reply whose texts were cut at `max_message_chars` (the model reads the marker)."""
-    log.warning(
+    """Log a reply whose texts were cut at `max_message_chars` (the model reads the marker)."""
+    log.info(
         "environment_message_truncated", **_which(episode), turn=episode.model_turns, chars=chars, kept=limit
     )
 
 
 def over_budget(episode: Episode, tokens: int, room: int) -> None:
-    """Warn of a message that was not appended: it would leave no room for the model's next token."""
-    log.warning(
+    """Log a message that was not appended: it would leave no room for the model's next token."""
+    log.info(
         "environment_message_over_budget",
         **_which(episode),
         turn=episode.model_turns,
