@@ -99,7 +99,6 @@ class DecodeLoop:
         self.prefilled: dict[int, tuple[KVCache, Tensor]] = {}
         self.left = list(sizes)  # rows of each group not yet ended
         self.ended_step = [0] * len(sizes)
-        self.stopped: set[int] = set()
         self.open = {g for g, size in enumerate(sizes) if size}
         self.counts = [0] * n
         self.done: dict[int, list[tuple[list[int], list[float], bool]]] = {}
@@ -145,13 +144,13 @@ class DecodeLoop:
         if not self.pending or free == 0:
             return
         rows = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
-        groups = sorted({self.group_of[r] for r in rows} - set(self.prefilled))
-        if groups:
-            done = self.prefill([self.prompts[g] for g in groups])
-            self.prefilled.update(zip(groups, done, strict=True))
+        admitted = sorted({self.group_of[r] for r in rows})
+        fresh = [g for g in admitted if g not in self.prefilled]
+        if fresh:
+            self.prefilled.update(zip(fresh, self.prefill([self.prompts[g] for g in fresh]), strict=True))
         slots = self.cache.take(len(rows))
         device = self.cache.device
-        for g in sorted({self.group_of[r] for r in rows}):
+        for g in admitted:
             mine = [s for s, r in zip(slots, rows, strict=True) if self.group_of[r] == g]
             kv, _ = self.prefilled[g]
             self.cache.write_prompt(torch.tensor(mine, device=device), kv._keys, kv._values)
@@ -251,7 +250,6 @@ class DecodeLoop:
         if not fresh:
             return
         self.open.difference_update(fresh)
-        self.stopped.update(fresh)
         gone = {r for g in fresh for r in self.rows_of[g]}
         self.pending = deque(r for r in self.pending if r not in gone)
         for g in fresh:
