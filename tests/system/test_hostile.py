@@ -7,6 +7,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -14,6 +15,7 @@ import zmq
 
 from cadence.log import THROTTLED, Throttle
 from cadence.wire.messages import PROTOCOL_VERSION, Consumed, WorkRequest, encode
+from tests.system.gate import GATE_ENV, GATE_SETTINGS
 from tests.system.helpers import Launched, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
@@ -42,7 +44,11 @@ def _addresses(run: Launched) -> dict[str, str]:
     def joined() -> dict[str, str]:
         if not (run_dir / "logs" / "dispatcher.jsonl").exists():
             return {}
-        return {e["role"]: e["address"] for e in events(run_dir, "dispatcher") if e["event"] == "peer_joined"}
+        return {
+            e["role"]: e["address"]
+            for e in events(run_dir, "dispatcher")
+            if e["event"] == "peer_joined" and e["role"] in ("trainer", "publisher")  # a worker binds nothing
+        }
 
     wait_until(
         lambda: {"trainer", "publisher"} <= set(joined()), 120, "trainer and publisher joined", run.proc
@@ -327,16 +333,21 @@ def _large_strangers(addresses: dict[str, str], run_id: str, connections: int, f
 
 
 def test_large_well_formed_frames_from_many_strangers_are_not_decoded_and_the_run_completes(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Strangers on 8 connections each to the trainer and to the dispatcher send 4 well-formed frames of
     15 MiB each: the trainer's a group without its ticket, the dispatcher's log lines from a route that
     never registered. None is decoded (each refused, saying so), no heartbeat is missed, the run
-    completes."""
-    out = tmp_path / "run"
-    run = start_run(out, "--set", "periods=4", "--set", "run_id='large'")
+    completes. The run scores nothing until the trainer has refused the strangers' first group (a run
+    that ended first would have read none of them)."""
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    run = start_run(out, "--set", "periods=4", "--set", "run_id='large'", *GATE_SETTINGS)
     try:
         sent = _large_strangers(_addresses(run), "large", connections=8, frames=4)
+        wait_until(lambda: _strangers_refused(out, "trainer"), 120, "the trainer's first refusal", run.proc)
+        wait_until(lambda: _undecoded(out, "dispatcher"), 120, "the dispatcher's first refusal", run.proc)
+        gate.touch()
         code, _, err = run.finish(timeout=240)
     finally:
         run.kill()
@@ -344,14 +355,24 @@ def test_large_well_formed_frames_from_many_strangers_are_not_decoded_and_the_ru
     assert sent == 2 * 8 * 4
     # (those the throttle let be logged) the trainer read a group's ticket and no more; the dispatcher
     # not even that, from a route that never registered: a decoded one would be refused for other reasons
-    refused = {
-        a: [e for e in events(out, a) if e["event"] == "message_refused"] for a in ("trainer", "dispatcher")
-    }
-    groups = [e for e in refused["trainer"] if e["sender"] == "stranger"]
+    groups = _strangers_refused(out, "trainer")
     assert groups and all(e["type"] == "group_result" and e["reason"].endswith("not decoded") for e in groups)
-    assert any(e["reason"].endswith("not decoded") for e in refused["dispatcher"])
-    assert not [e for e in refused["dispatcher"] if e["sender"] == "stranger"]
+    assert _undecoded(out, "dispatcher")
+    assert not _strangers_refused(out, "dispatcher")
     assert summary(out)["final_version"] == 4 and summary(out)["groups_trained"] == 4 * 4
+
+
+def _refused(out: Path, actor: str) -> list[dict[str, Any]]:
+    log = out / "logs" / f"{actor}.jsonl"
+    return [e for e in events(out, actor) if e["event"] == "message_refused"] if log.exists() else []
+
+
+def _strangers_refused(out: Path, actor: str) -> list[dict[str, Any]]:
+    return [e for e in _refused(out, actor) if e["sender"] == "stranger"]
+
+
+def _undecoded(out: Path, actor: str) -> list[dict[str, Any]]:
+    return [e for e in _refused(out, actor) if e["reason"].endswith("not decoded")]
 
 
 def test_a_run_that_listens_locally_is_reached_through_its_own_users_folders(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cadence.monitor.run_dir import read_jsonl
+from tests.system.gate import GATE_ENV, GATE_SETTINGS
 from tests.system.helpers import SMALL, Launched, cadence, events, start_run, summary, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
@@ -64,10 +65,9 @@ def test_run_directory_is_complete(quick_run: Path) -> None:
 
 def test_workers_on_the_trainers_host_map_each_version_and_leave_nothing_behind(quick_run: Path) -> None:
     rows = read_jsonl(quick_run / "metrics.jsonl")
-    assert {w: how for r in rows for w, how in r["weights_from"].items()} == {
-        "rollout-0": "shm",
-        "rollout-1": "shm",
-    }
+    # whose groups a period trained depends on which worker was quicker (one may generate them all)
+    said = {w: how for r in rows for w, how in (r["weights_from"] or {}).items()}
+    assert said and set(said) <= {"rollout-0", "rollout-1"} and set(said.values()) == {"shm"}, said
     loads = [
         e for w in ("rollout-0", "rollout-1") for e in events(quick_run, w) if e["event"] == "weights_loaded"
     ]
@@ -144,15 +144,17 @@ def test_bad_config_names_the_key() -> None:
     assert proc.returncode == 2 and "'periodic'" in proc.stderr and "mode" in proc.stderr
 
 
-def _wait_up(run_dir: Path, run: Launched, timeout: float = 120, actors: int = 4) -> dict[str, int]:
-    """Once every actor has logged and the first period is done: each actor's pid."""
+def _wait_up(
+    run_dir: Path, run: Launched, timeout: float = 120, actors: int = 4, first_period: bool = True
+) -> dict[str, int]:
+    """Once every actor has logged (and the first period is done, with `first_period`): each actor's pid."""
 
     def pids() -> dict[str, int]:
         logs = sorted((run_dir / "logs").glob("*.jsonl")) if (run_dir / "logs").is_dir() else []
         return {p.stem: int(events(run_dir, p.stem)[0]["pid"]) for p in logs if p.stat().st_size}
 
     wait_until(
-        lambda: len(pids()) == actors and read_jsonl(run_dir / "metrics.jsonl"),
+        lambda: len(pids()) == actors and (not first_period or read_jsonl(run_dir / "metrics.jsonl")),
         timeout,
         "first period",
         run.proc,
@@ -231,38 +233,40 @@ def test_a_killed_worker_is_named_and_the_run_completes_without_it(tmp_path: Pat
 
 
 def test_a_worker_stopped_past_its_liveness_says_it_was_paused_not_that_the_dispatcher_was_silent(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proc = start_run(
-        tmp_path,
-        "--set",
-        "periods=40",
-        "--set",
-        "transport.heartbeat_s=0.1",
-        "--set",
-        "transport.liveness=10",
-    )
+    """The run scores nothing until the stopped worker has said it was paused: a run that ended first
+    would have stopped it before it could."""
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    settings = ["periods=40", "transport.heartbeat_s=0.2", "transport.liveness=10"]
+    proc = start_run(out, *[x for s in settings for x in ("--set", s)], *GATE_SETTINGS)
     try:
-        pid = _wait_up(tmp_path, proc)["rollout-1"]
+        pid = _wait_up(out, proc, first_period=False)["rollout-1"]
+        joined = lambda: [e for e in events(out, "dispatcher") if e["event"] == "peer_joined"]  # noqa: E731
+        wait_until(lambda: "rollout-1" in {e["peer"] for e in joined()}, 120, "rollout-1 joined", proc.proc)
         os.kill(pid, signal.SIGSTOP)
         try:
 
             def lost() -> list[dict[str, object]]:
-                return [e for e in events(tmp_path, "dispatcher") if e["event"] == "worker_lost"]
+                return [e for e in events(out, "dispatcher") if e["event"] == "worker_lost"]
 
-            wait_until(lost, 60, "the stopped worker declared lost", proc.proc)
+            wait_until(lost, 120, "the stopped worker declared lost", proc.proc)
         finally:
             os.kill(pid, signal.SIGCONT)
-        code, out, err = proc.finish(timeout=240)
+        said = lambda: [e for e in events(out, "rollout-1") if e["event"] == "process_paused"]  # noqa: E731
+        wait_until(said, 120, "the worker to say it was paused", proc.proc)
+        gate.touch()
+        code, stdout, err = proc.finish(timeout=240)
     finally:
         proc.kill()
     assert code == 0, err
-    assert "rollout-1 exited with status 1; the run goes on without it" in out
-    log = events(tmp_path, "rollout-1")
+    assert "rollout-1 exited with status 1; the run goes on without it" in stdout
+    log = events(out, "rollout-1")
     (paused,) = [e for e in log if e["event"] == "process_paused"]
     (failed,) = [e for e in log if e["event"] == "actor_failed"]
     assert paused["paused_s"] >= 1.0 and failed["error"].startswith("Paused: this rollout was paused for")
-    assert "silent" not in failed["error"] and summary(tmp_path)["groups_trained"] == 40 * 4
+    assert "silent" not in failed["error"] and summary(out)["groups_trained"] == 40 * 4
 
 
 def test_a_run_whose_only_worker_dies_fails_within_wait_for_workers_s_naming_it(tmp_path: Path) -> None:
