@@ -39,11 +39,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import msgspec
 import structlog
 
 from cadence.actors.rollout_weights import WorkerWeights, pull_address
 from cadence.monitor.samples import is_sampled
 from cadence.monitor.span import Overlapping, span
+from cadence.rollout.joining import Joining
 from cadence.rollout.maker import GroupMaker
 from cadence.rollout.results import GroupSamples, eval_result, group_result
 from cadence.rollout.single_turn import Ready
@@ -195,11 +197,13 @@ class RolloutWorker:
             for job in batch:
                 if job not in jobs:
                     log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            owed = len(batch)
             if jobs and jobs[0].eval:
                 await self._evaluate(jobs, publisher)
             elif jobs:
-                await self._train(jobs, publisher, trainer)
-            await self.session.send(WorkRequest(len(batch)))
+                owed = await self._train(jobs, publisher, trainer, owed)
+            if owed:
+                await self.session.send(WorkRequest(owed))
 
     async def _next_batch(self) -> list[Assignment]:
         """The next assignment and the others the dispatcher sent with it (`Assignment.batch`), of the
@@ -240,18 +244,28 @@ class RolloutWorker:
             if samples is not None:
                 await self.session.send(eval_result(job, samples, gen_s))
 
-    async def _train(self, jobs: list[Assignment], publisher: Client, trainer: Client) -> None:
+    async def _train(self, jobs: list[Assignment], publisher: Client, trainer: Client, owed: int) -> int:
         """Make the groups of `jobs` and send each to the trainer as soon as its own samples are made
         and scored; a result's `gen_s` is the generation time since the batch's group before it left
         (the batch's groups together: its generation time), `following` the groups of the batch
-        already made and sent right behind it. Nothing once the period is stopped."""
+        already made and sent right behind it. Nothing once the period is stopped.
+
+        On an engine that joins (`GroupMaker.joins`), the batches of the same version that come while
+        it decodes join the call (`_feed`), and a credit goes back to the dispatcher as each group
+        leaves, so that what it sends for it joins too. The credits still owed, of the `owed` the
+        batch came with and those of the batches that joined."""
         load_s = await self.weights.ensure(jobs[0], publisher)
         sent: list[float] = []
-        waiting = 0  # groups made and not yet sent
+        owing = [owed]
+        joining: Joining[Assignment] | None = Joining(self.maker.tokenizer) if self.maker.joins else None
 
         async def ready(i: int, samples: GroupSamples, following: int) -> None:
-            nonlocal waiting
-            job = jobs[i]
+            if joining is not None:
+                job = jobs[i] if i < len(jobs) else joining.taken[i - len(jobs)].tag
+                owing[0] -= 1
+                await self.session.send(WorkRequest(1))
+            else:
+                job = jobs[i]
             if self._is_stopped(job):
                 return
             now = self.clock()
@@ -266,7 +280,22 @@ class RolloutWorker:
             self.groups_sent += 1
 
         started = self.clock()
-        made, _ = await self._make(jobs, publisher, ready)
+        joined: list[Assignment] = []  # the jobs of the batches that joined, in the order they did
+        feeding = asyncio.ensure_future(self._feed(joining, jobs[0], owing)) if joining else None
+        try:
+            made, _ = await self._make(jobs, publisher, ready, joining)
+        finally:
+            if feeding is not None and joining is not None:
+                feeding.cancel()
+                await asyncio.gather(feeding, return_exceptions=True)
+                joined += [j.tag for j in joining.taken]
+                left = [[j.tag for j in batch] for batch in joining.close()]
+                # first in line for the next call, each a batch of what it offered (its skipped jobs
+                # are owed now), so that the next call's batch is whole
+                self._held_back[:0] = [msgspec.structs.replace(job, batch=len(b)) for b in left for job in b]
+                owing[0] -= sum(len(b) for b in left)
+        if joined:
+            log.info("assignments_joined", period=jobs[0].period, prompt_ids=[j.prompt_id for j in joined])
         dropped = sum(1 for samples in made if samples is None)
         if dropped:
             period = jobs[0].period
@@ -274,9 +303,50 @@ class RolloutWorker:
             # the generation after the stop came: drawn apart on the timeline
             log.debug("span", kind="stopped", start=max(stop_at, started), end=self.clock(), period=period)
             log.info("groups_stopped", period=period, groups=dropped, sent=len(sent))
+        return owing[0]
+
+    async def _feed(self, joining: Joining[Assignment], first: Assignment, owing: list[int]) -> None:
+        """While a call of `first`'s version decodes: each whole batch that comes of that version and
+        group size offered to `joining` (its stale or stopped jobs skipped), and its credits added to
+        `owing`; a batch of anything else ends the feeding, first in line for the next call. Moves
+        jobs from the queue to `_held_back` and whole batches off its front only, so that cancelling
+        it loses none."""
+        key = (first.version, first.group_size, False)
+        while True:
+            while not self._held_back:
+                self._held_back.append(await self.queue.get())
+            while not self.queue.empty():
+                self._held_back.append(self.queue.get_nowait())
+            head = self._held_back[0]
+            batch = self._held_back[: head.batch]
+            if any((job.version, job.group_size, job.eval) != key for job in batch):
+                return
+            if len(batch) < head.batch:  # the rest of it is still on its way
+                self._held_back.append(await self.queue.get())
+                continue
+            del self._held_back[: head.batch]
+            owing[0] += len(batch)
+            fresh = [job for job in batch if job.period >= self.newest_period and not self._is_stopped(job)]
+            for job in batch:
+                if job not in fresh:
+                    log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            offered = [
+                (job, Prompt(job.prompt_id, job.prompt, job.answer), self._seeds(job)) for job in fresh
+            ]
+            if fresh and not joining.offer(offered):
+                self._held_back[:0] = batch  # the call has returned: the next one takes it
+                owing[0] -= len(batch)
+                return
+
+    def _seeds(self, job: Assignment) -> list[int]:
+        return self.maker.seeds(job.period, job.prompt_id, job.group_size)
 
     async def _make(
-        self, jobs: list[Assignment], publisher: Client, ready: Ready | None = None
+        self,
+        jobs: list[Assignment],
+        publisher: Client,
+        ready: Ready | None = None,
+        joining: Joining[Assignment] | None = None,
     ) -> tuple[list[GroupSamples | None], float]:
         """The groups of `jobs` (one version), made together with that version loaded and held (none
         loaded until all are made; with episodes, their environment calls timed), each handed to
@@ -302,6 +372,7 @@ class RolloutWorker:
                     waits,
                     ready,
                     functools.partial(self._is_stopped, first),
+                    joining,
                 )
         finally:
             self.weights.playing = None

@@ -40,6 +40,9 @@ Prefill = Callable[[Sequence[Sequence[int]]], list[tuple[KVCache, Tensor]]]
 Step = Callable[[Tensor, Tensor, Tensor, int], Tensor]  # (tokens, positions, write_at, width) -> logits
 Told = Callable[[int, list[tuple[list[int], list[float], bool]]], None]
 Stopped = Callable[[], Collection[int]]
+Joins = Callable[[int], Sequence[tuple[Sequence[int], Tensor]]]
+"""Asked at a readback, with the longest prompt a row's slot still holds, for groups to join the call:
+each its prompt and its rows' uniforms [rows, steps]; they take the indices after the call's groups."""
 
 
 @dataclass
@@ -106,21 +109,23 @@ class DecodeLoop:
         self.clock = 0  # decode steps taken
 
     def run(
-        self, told: Told | None, stopped: Stopped | None
+        self, told: Told | None, stopped: Stopped | None, joins: Joins | None = None
     ) -> dict[int, list[tuple[list[int], list[float], bool]]]:
         """Decode every row to its end (or its group's stop); each group ended, told to ``told`` as
-        it ends; returns every ended group's (tokens, log-probs, ended on eos) a row."""
+        it ends; returns every ended group's (tokens, log-probs, ended on eos) a row. ``joins`` is
+        asked at every readback for groups to add (``join``), once more before the call returns."""
         begin = time.perf_counter()
         self._admit()
         self.token.sum().item()  # the first tokens are sampled (a device computes asynchronously)
         self.stats.first_token_s = time.perf_counter() - begin
         since = self.readback  # rows that end on their first token are told before any step
-        while self.held or self.pending:
+        while self.held or self.pending or self._joined(joins):
             if since >= self.readback or not self._may_run():
                 since = 0
                 self._retire(told)
                 if stopped is not None and (self.held or self.pending) and self.open:
                     self._stop(stopped())
+                self._joined(joins)
                 self._admit()
                 self._compact()
                 if not self.held:
@@ -131,6 +136,40 @@ class DecodeLoop:
             since += 1
         self._retire(told)
         return self.done
+
+    def _joined(self, joins: Joins | None) -> bool:
+        """Whether ``joins`` gave groups to add (each added)."""
+        if joins is None:
+            return False
+        groups = joins(self.cache.length - self.limit)
+        for prompt, uniforms in groups:
+            self.join(prompt, uniforms)
+        return bool(groups)
+
+    def join(self, prompt: Sequence[int], uniforms: Tensor) -> int:
+        """Add a group to the call: ``prompt`` with a row for each of ``uniforms`` [rows, steps]; its
+        rows wait for free slots behind the others'. Its index (after every group before it)."""
+        m, steps = uniforms.shape
+        if m == 0 or steps != self.limit or len(prompt) + self.limit > self.cache.length:
+            raise ValueError(f"a group of {m} rows, {len(prompt)} prompt tokens and {steps} new ones cannot"
+                             f" join a call of {self.limit} new tokens in {self.cache.length} positions")  # fmt: skip
+        n, g = self.n, len(self.sizes)
+        spare = torch.tensor([n + m], device=self.cache.device)
+        self.uniforms = torch.cat([self.uniforms[:n], uniforms.to(self.uniforms), self.uniforms[n:]])
+        self.out_tokens = torch.cat([self.out_tokens[:n], self.out_tokens.new_full((m + 1, steps + 1), -1)])
+        self.out_logprobs = torch.cat([self.out_logprobs[:n], self.out_logprobs.new_zeros(m + 1, steps + 1)])
+        self.row = torch.where(self.row == n, spare, self.row)
+        self.n = n + m
+        self.prompts = [*self.prompts, prompt]
+        self.sizes.append(m)
+        self.group_of += [g] * m
+        self.rows_of.append(list(range(n, n + m)))
+        self.left.append(m)
+        self.ended_step.append(0)
+        self.counts += [0] * m
+        self.open.add(g)
+        self.pending.extend(range(n, n + m))
+        return g
 
     def _may_run(self) -> bool:
         """Whether some row held may still sample, as the host counts: a row samples its first token

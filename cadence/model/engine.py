@@ -78,6 +78,9 @@ class Completion:
 GroupEnded = Callable[[int, list[Completion]], None]
 # Asked between two decode steps for the indices of the groups to stop now.
 StoppedGroups = Callable[[], Collection[int]]
+# Asked between two decode steps, with the most prompt tokens a group may have to join the call, for
+# (prompt, seeds) groups to join it: they take the indices after the call's groups, in order.
+JoiningGroups = Callable[[int], Sequence[tuple[Sequence[int], Sequence[int]]]]
 
 
 def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
@@ -238,6 +241,7 @@ class TorchEngine:
         *,
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
     ) -> list[list[Completion]]:
         """For each (prompt, seeds), ``len(seeds)`` samples of the prompt, decoded together
         (``decode_loop.py``): each sample a row in a slot of the engine's cache, admitted as slots free
@@ -248,8 +252,12 @@ class TorchEngine:
         every sample of it has ended, once, in the order the groups end (ties in index order; a group
         of no seeds first, with []), with what the call returns for it. ``stopped()`` is asked between
         two decode steps for groups to stop now (one already ended is ignored): a stopped group's rows
-        leave the batch at once, it is never told to ``ended``, and the call returns [] for it. Neither
-        changes any sample."""
+        leave the batch at once, it is never told to ``ended``, and the call returns [] for it.
+        ``joining(room)`` is asked between two decode steps for more groups of at most ``room`` prompt
+        tokens and at least one seed: each joins the call (continuous batching across a worker's
+        assignments), its rows admitted as slots free up, told to ``ended`` and returned like the
+        call's own, at the indices after them in the order they came. None of these changes any
+        sample."""
         steps = params.max_new_tokens
         for prompt, _ in groups:
             self._check(prompt, steps)
@@ -259,13 +267,7 @@ class TorchEngine:
                 ended(i, [])
         if not any(sizes):
             return [[] for _ in sizes]
-        seeds = [seed for _, group_seeds in groups for seed in group_seeds]
-        uniforms = torch.stack(
-            [
-                torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                for s in seeds
-            ]
-        ).to(self.device)
+        uniforms = self._uniforms([seed for _, group_seeds in groups for seed in group_seeds], steps)
         cache = self._slots(max(len(p) for p, s in groups if s) + steps)
         told = None
         if ended is not None:
@@ -286,9 +288,26 @@ class TorchEngine:
             params.top_p,
             self.readback,
         )
-        done = loop.run(told, stopped)
+        joins = None
+        if joining is not None:
+            ask = joining
+
+            def joins(room: int) -> list[tuple[Sequence[int], Tensor]]:
+                more = ask(room)
+                for prompt, _ in more:
+                    self._check(prompt, steps)
+                return [(prompt, self._uniforms(seeds, steps)) for prompt, seeds in more]
+
+        done = loop.run(told, stopped, joins)
         self.last_call = loop.stats
-        return [[Completion(t, lp, f) for t, lp, f in done.get(i, [])] for i in range(len(sizes))]
+        return [[Completion(t, lp, f) for t, lp, f in done.get(i, [])] for i in range(len(loop.sizes))]
+
+    def _uniforms(self, seeds: Sequence[int], steps: int) -> Tensor:
+        """[rows, steps]: the uniforms each seed's generator draws, one a step."""
+        drawn = [
+            torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in seeds
+        ]
+        return (torch.stack(drawn) if drawn else torch.zeros(0, steps, dtype=torch.float64)).to(self.device)
 
     def _run_step(self, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int) -> Tensor:
         assert self._cache is not None

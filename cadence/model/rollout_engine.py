@@ -14,7 +14,14 @@ import torch
 from torch import Tensor
 
 from cadence.model.checkpoint import state_dict_from_bytes
-from cadence.model.engine import Completion, GroupEnded, SamplingParams, StoppedGroups, TorchEngine
+from cadence.model.engine import (
+    Completion,
+    GroupEnded,
+    JoiningGroups,
+    SamplingParams,
+    StoppedGroups,
+    TorchEngine,
+)
 
 
 class RolloutEngine(Protocol):
@@ -78,8 +85,34 @@ class TurnEngine(RolloutEngine, Protocol):
         ...
 
 
+@runtime_checkable
+class JoiningEngine(RolloutEngine, Protocol):
+    """An engine whose calls take groups while they decode (continuous batching across a worker's
+    assignments): the built-in one (`joins`, which a runtime check can see: a signature it cannot)."""
+
+    joins: bool
+
+    def generate_many(
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
+    ) -> list[list[Completion]]:
+        """`RolloutEngine.generate_many`, and `joining(room)`, asked between two of its steps, gives
+        groups (at most `room` prompt tokens, at least one seed) that join the call: told to `ended`
+        and returned like its own, at the indices after them in the order they came."""
+        ...
+
+
 class TorchRolloutEngine:
-    """The built-in engine behind the worker's `RolloutEngine` and `TurnEngine` interfaces."""
+    """The built-in engine behind the worker's `RolloutEngine`, `TurnEngine` and `JoiningEngine`
+    interfaces."""
+
+    joins = True
 
     def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
         self.engine = engine
@@ -107,6 +140,9 @@ class TorchRolloutEngine:
         *,
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
     ) -> list[list[Completion]]:
         params = self.params.overridden(temperature, max_new_tokens)
-        return self.engine.generate_many(groups, params, ended=ended, stopped=stopped)
+        if joining is None:
+            return self.engine.generate_many(groups, params, ended=ended, stopped=stopped)
+        return self.engine.generate_many(groups, params, ended=ended, stopped=stopped, joining=joining)

@@ -7,7 +7,8 @@ scored by the run's reward functions or, with an environment, as whole episodes 
    seeds: sample_seed(seed, period, prompt id, i), i < samples
    temperature: the eval one for an eval batch, else the engine's own
    single turn ─► single_turn.complete: one generate_many, each group scored and handed to `ready`
-                  as soon as its samples end; `stopped()`: the rest dropped mid-decode
+                  as soon as its samples end; `stopped()`: the rest dropped mid-decode; batches
+                  offered to `joining` join the call as it decodes (rollout/joining.py)
    episodes    ─► play.Episodes.run: every episode of the batch turn by turn, scored by its
                   environment (agent.episodes.AgentEpisodes.run: every agent of the batch against the
                   endpoint, scored by its return value); the groups handed to `ready` together at the
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from typing import Any
 
 from cadence.model.engine import sample_seed
-from cadence.model.rollout_engine import RolloutEngine, TurnEngine
+from cadence.model.rollout_engine import JoiningEngine, RolloutEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
+from cadence.rollout.joining import Joining
 from cadence.rollout.play import EngineGenerate, Hold, PlaysEpisodes
 from cadence.rollout.results import GroupSamples
 from cadence.rollout.single_turn import Ready, Scorer, complete
@@ -56,6 +59,12 @@ class GroupMaker:
         self.eval_temperature = eval_temperature
         self.episodes = episodes
 
+    @property
+    def joins(self) -> bool:
+        """Whether a batch's call takes more groups while it decodes (`make`'s `joining`): single-turn
+        groups on an engine that can."""
+        return self.episodes is None and isinstance(self.engine, JoiningEngine)
+
     def seeds(self, period: int, prompt_id: int, samples: int) -> list[int]:
         """The seeds of a group's samples (`sample_seed`)."""
         return [sample_seed(self.seed, period, prompt_id, i) for i in range(samples)]
@@ -70,15 +79,18 @@ class GroupMaker:
         waits: Overlapping | None = None,
         ready: Ready | None = None,
         stopped: Callable[[], bool] | None = None,
+        joining: Joining[Any] | None = None,
     ) -> list[GroupSamples | None]:
         """The groups of `prompts`, `samples` samples each, made together; with episodes, every
         environment call timed in `waits` when given. `ready(i, group, following)`: each group as soon as it
-        is made, and how many are made right behind it; `stopped()`: the batch is no longer wanted (its period closed). None for a group stopped."""
+        is made, and how many are made right behind it; `stopped()`: the batch is no longer wanted (its period closed). None for a group stopped.
+        `joining` (when `joins`): batches offered to it while the call decodes join it, their groups
+        after the batch's own (same period and sample count: their seeds are the offerer's)."""
         temperature = self.eval_temperature if evaluation else None
         seeded = [(prompt, self.seeds(period, prompt.prompt_id, samples)) for prompt in prompts]
         if self.episodes is None:
             return await complete(
-                self.engine, self.tokenizer, self.scorer, seeded, temperature, hold, ready, stopped
+                self.engine, self.tokenizer, self.scorer, seeded, temperature, hold, ready, stopped, joining
             )
         assert isinstance(self.engine, TurnEngine)
         generate = EngineGenerate(self.engine, temperature, hold)

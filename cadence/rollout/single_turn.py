@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 from cadence.model.engine import Completion
-from cadence.model.rollout_engine import RolloutEngine
+from cadence.model.rollout_engine import JoiningEngine, RolloutEngine
 from cadence.model.tokenizer import TextTokenizer
+from cadence.rollout.joining import Joining
 from cadence.rollout.play import Hold
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt, Score
@@ -52,11 +53,15 @@ async def complete(
     hold: Hold = nullcontext,
     ready: Ready | None = None,
     stopped: Callable[[], bool] | None = None,
+    joining: Joining[Any] | None = None,
 ) -> list[GroupSamples | None]:
     """One completion a seed of each (prompt, sample seeds), all decoded in one `generate_many` at
     `temperature` (None: the engine's own), scored by `scorer`; every group handed to `ready` as soon
     as it is scored, while the engine decodes the others. `stopped()`: the batch is no longer wanted:
-    the engine drops what it still decodes. Each group's samples, None for one stopped."""
+    the engine drops what it still decodes. `joining` (an engine that takes groups mid-call,
+    `JoiningEngine`): the batches offered to it join the call, group `len(groups) + j` being
+    `joining.taken[j]`. Each group's samples (the joined ones after the call's own), None for one
+    stopped."""
     prompts = [tokenizer.encode_prompt(prompt.text) for prompt, _ in groups]
     pairs = [(ids, list(seeds)) for ids, (_, seeds) in zip(prompts, groups, strict=True)]
     loop = asyncio.get_running_loop()
@@ -78,27 +83,38 @@ async def complete(
     def generate() -> list[list[Completion]]:
         try:
             with hold():
+                if joining is not None and isinstance(engine, JoiningEngine):
+                    return engine.generate_many(
+                        pairs, temperature, ended=report, stopped=stop_all, joining=joining.take
+                    )
                 if temperature is None:
                     return engine.generate_many(pairs, ended=report, stopped=stop_all)
                 return engine.generate_many(pairs, temperature, ended=report, stopped=stop_all)
         finally:
             loop.call_soon_threadsafe(finish)
 
+    def group(index: int) -> tuple[Prompt, list[int]]:
+        if index < len(groups):
+            return groups[index][0], prompts[index]
+        assert joining is not None
+        joined = joining.taken[index - len(groups)]  # taken before the engine could tell it
+        return joined.prompt, joined.ids
+
     decoding = asyncio.ensure_future(asyncio.to_thread(generate))
-    out: list[GroupSamples | None] = [None] * len(groups)
+    out: dict[int, GroupSamples] = {}
     try:
         while (item := await ended.get()) is not None:
             index, completions = item
-            (prompt, _), ids = groups[index], prompts[index]
+            prompt, ids = group(index)
             samples = await _scored(tokenizer, scorer, prompt, ids, completions)
             out[index] = samples
             if ready is not None and not (stopped is not None and stopped()):
                 await ready(index, samples, ended.qsize() - over[0])
-        await decoding  # its failure, if any, is the batch's
+        made = await decoding  # its failure, if any, is the batch's
     finally:
         if not decoding.done():
             decoding.cancel()
-    return out
+    return [out.get(i) for i in range(len(made))]
 
 
 async def _scored(

@@ -50,8 +50,11 @@ async def test_a_worker_told_to_stop_sends_nothing_of_that_period(network: Inpro
                 assert time.monotonic() < deadline, "the worker never took the stop"
                 await asyncio.sleep(0.01)
             _RELEASE.set()
-            assert (await expect(rig.dispatcher, WorkRequest, timeout=20)).credits == 2  # the batch, done
-            assert (await expect(rig.dispatcher, WorkRequest, timeout=20)).credits == 1  # skipped
+            # the batch's two credits and the skipped one's (which may have joined the stopped call)
+            credits = [(await expect(rig.dispatcher, WorkRequest, timeout=20)).credits]
+            if credits[0] < 3:
+                credits.append((await expect(rig.dispatcher, WorkRequest, timeout=20)).credits)
+            assert credits in ([2, 1], [3])
             assert rig.trainer.inbox.qsize() == 0 and rig.worker.groups_sent == 0  # nothing of period 0
             # an eval prompt of that version is not training work: still answered
             await rig.dispatcher.send(route, Assignment(0, 0, -1, "2+2=", "4", 1, eval=True))

@@ -193,3 +193,38 @@ def test_a_group_stopped_with_rows_still_waiting_for_a_slot_leaves_nothing_behin
     assert got[0] == [] and got[3] == [] and 0 not in told and 3 not in told
     _same([got[i] for i in (1, 2, 4)], [want[i] for i in (1, 2, 4)])
     assert sorted(told) == [1, 2, 4] and max(one.last_call.live) == 1
+
+
+def test_groups_that_join_a_running_call_give_the_samples_they_give_alone() -> None:
+    """Two groups start the call; the other three join it while it decodes, one at each of three
+    readbacks (one too long for the call's positions waits): every sample is the one a batch of all
+    five gives, every group is told once, the joined ones at the indices after the call's own."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    wide = TorchEngine(init_model(CFG, seed=6), eos_id=EOS)
+    narrow = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=4)
+    groups = _groups(3)
+    first, later = groups[:2], [groups[3], groups[2], groups[4]]  # the 8-token prompt second
+    asked: list[int] = []
+
+    def joining(room: int) -> list[tuple[list[int], list[int]]]:
+        asked.append(room)
+        if len(asked) % 3 or not later or len(later[0][0]) > room:
+            return []
+        return [later.pop(0)]
+
+    told: list[int] = []
+    got = narrow.generate_many(first, params, ended=lambda i, _: told.append(i), joining=joining)
+    want = wide.generate_many(groups, params)
+    assert len(got) == 5 and sorted(told) == [0, 1, 2, 3, 4]
+    _same(got, [want[0], want[1], want[3], want[2], want[4]])
+    assert max(narrow.last_call.live) <= 4 and sum(narrow.last_call.admissions) == 15
+
+
+def test_a_group_that_cannot_join_is_refused_with_the_reason() -> None:
+    """A group of no seeds (nothing to decode) may not join; nor a prompt the model cannot hold."""
+    engine = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=2)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="a group of 0 rows, 1 prompt tokens and 4 new ones cannot join"):
+        engine.generate_many(_groups()[:1], params, joining=lambda room: [([1], [])])
+    with pytest.raises(ValueError, match="exceeds max_position"):
+        engine.generate_many(_groups()[:1], params, joining=lambda room: [([1] * (room + 1), [5])])
