@@ -11,7 +11,9 @@ scores, and pushes every finished group to the trainer at once.
                             ─► G samples of each prompt seeded by (seed, k, prompt id, i), all m
                                prompts decoded together ─► each group, as soon as its own G samples
                                have ended: scored ─► GroupResult ─► trainer
-                            ─► WorkRequest(m) ─► dispatcher once the batch is done
+                            ─► WorkRequest(m) ─► dispatcher once the batch is done; on an
+                               engine that joins (the built-in one), WorkRequest(1) as each group
+                               leaves, and the batches of v that come meanwhile join the call
  StopPeriod(k) ────────────► period k closed: its queued assignments skipped, the batch of k being
                             generated dropped between two decode steps (nothing of it sent)
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
