@@ -14,6 +14,7 @@ scores, and pushes every finished group to the trainer at once.
                             ─► WorkRequest(m) ─► dispatcher once the batch is done; on an
                                engine that joins (the built-in one), WorkRequest(1) as each group
                                leaves, and the batches of v that come meanwhile join the call
+                               (rollout.join)
  StopPeriod(k) ────────────► period k closed: its queued assignments skipped, the batch of k being
                             generated dropped between two decode steps (nothing of it sent)
  Assignment(eval, v)  ─────► the same at the eval temperature (0: greedy) ─► m EvalResults ─► dispatcher
@@ -79,6 +80,7 @@ class WorkerSettings:
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
     share_weights: bool = False  # map the versions a publisher on this host shares (weights.share_on_host)
+    join: bool = True  # batches join a running call, a credit back a group (rollout.join; the engine's too)
 
 
 class RolloutWorker:
@@ -252,14 +254,15 @@ class RolloutWorker:
         (the batch's groups together: its generation time), `following` the groups of the batch
         already made and sent right behind it. Nothing once the period is stopped.
 
-        On an engine that joins (`GroupMaker.joins`), the batches of the same version that come while
+        With `settings.join`, on an engine that joins (`GroupMaker.joins`), the batches of the same version that come while
         it decodes join the call (`_feed`), and a credit goes back to the dispatcher as each group
         leaves, so that what it sends for it joins too. The credits still owed, of the `owed` the
         batch came with and those of the batches that joined."""
         load_s = await self.weights.ensure(jobs[0], publisher)
         sent: list[float] = []
         owing = [owed]
-        joining: Joining[Assignment] | None = Joining(self.maker.tokenizer) if self.maker.joins else None
+        joins = self.settings.join and self.maker.joins
+        joining: Joining[Assignment] | None = Joining(self.maker.tokenizer) if joins else None
 
         async def ready(i: int, samples: GroupSamples, following: int) -> None:
             if joining is not None:

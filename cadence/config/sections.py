@@ -191,6 +191,15 @@ class RolloutConfig:
         " (one decode step for all their samples)",
         POSITIVE,
     )
+    join: Literal["auto", "on", "off"] = doc(
+        "auto",
+        "continuous batching across a worker's assignments (the built-in engine, single-turn groups): the"
+        " batches of the version it decodes that come meanwhile join the running call, and a credit goes"
+        " back as each group leaves; off: a batch's credits go back once it is done. Samples are the same"
+        " either way, but with it on the order groups reach the trainer, and so the float order of its"
+        " sums, depends on timing: auto is on when the run starts more than one worker (whose groups"
+        " interleave by timing anyway) and off with one, which then trains the same weights bit for bit",
+    )
     hold_s: float = doc(
         0.0,
         "seconds a worker may hold an assignment before it goes back to the queue for another worker"

@@ -188,6 +188,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         threads=rollout_threads(cfg),
         host=socket.gethostname(),
         share_weights=cfg.weights.share_on_host,
+        join=cfg.rollout.join == "on" or (cfg.rollout.join == "auto" and cfg.rollout.workers > 1),
     )
 
 

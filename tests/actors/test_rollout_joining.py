@@ -61,7 +61,7 @@ class HeldOpen(TorchRolloutEngine):
 
 
 async def test_a_batch_that_comes_while_the_call_decodes_joins_it(network: InprocNetwork) -> None:
-    cfg = tiny_config("transport.liveness=400", "rollout.max_new_tokens=12")
+    cfg = tiny_config("transport.liveness=400", "rollout.max_new_tokens=12", "rollout.join='on'")
     tokenizer = make_tokenizer(cfg)
     weights = make_learner(cfg, tokenizer).weights()
     built = make_engine(cfg, tokenizer)
