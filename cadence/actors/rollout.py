@@ -291,14 +291,7 @@ class RolloutWorker:
             made, _ = await self._make(jobs, publisher, ready, joining)
         finally:
             if feeding is not None and joining is not None:
-                feeding.cancel()
-                await asyncio.gather(feeding, return_exceptions=True)
-                joined += [j.tag for j in joining.taken]
-                left = [[j.tag for j in batch] for batch in joining.close()]
-                # first in line for the next call, each a batch of what it offered (its skipped jobs
-                # are owed now), so that the next call's batch is whole
-                self._held_back[:0] = [msgspec.structs.replace(job, batch=len(b)) for b in left for job in b]
-                owing[0] -= sum(len(b) for b in left)
+                joined += await self._joined(feeding, joining, owing)
         if joined:
             log.info("assignments_joined", period=jobs[0].period, prompt_ids=[j.prompt_id for j in joined])
         dropped = sum(1 for samples in made if samples is None)
@@ -309,6 +302,19 @@ class RolloutWorker:
             log.debug("span", kind="stopped", start=max(stop_at, started), end=self.clock(), period=period)
             log.info("groups_stopped", period=period, groups=dropped, sent=len(sent))
         return owing[0]
+
+    async def _joined(
+        self, feeding: asyncio.Future[None], joining: Joining[Assignment], owing: list[int]
+    ) -> list[Assignment]:
+        """The call has returned: the feeding stopped, and the jobs that joined it. What was offered
+        and not taken is first in line for the next call, each batch of what it offered (its skipped
+        jobs owed now) so that the next call's batch is whole."""
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        left = [[j.tag for j in batch] for batch in joining.close()]
+        self._held_back[:0] = [msgspec.structs.replace(job, batch=len(b)) for b in left for job in b]
+        owing[0] -= sum(len(b) for b in left)
+        return [j.tag for j in joining.taken]
 
     async def _feed(self, joining: Joining[Assignment], first: Assignment, owing: list[int]) -> None:
         """While a call of `first`'s version decodes: each whole batch that comes of that version and

@@ -18,6 +18,7 @@ prompt's prefill is what it computes alone up to float summation order.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -269,13 +270,6 @@ class TorchEngine:
             return [[] for _ in sizes]
         uniforms = self._uniforms([seed for _, group_seeds in groups for seed in group_seeds], steps)
         cache = self._slots(max(len(p) for p, s in groups if s) + steps)
-        told = None
-        if ended is not None:
-            tell = ended
-
-            def told(g: int, rows: list[tuple[list[int], list[float], bool]]) -> None:
-                tell(g, [Completion(t, lp, f) for t, lp, f in rows])
-
         loop = DecodeLoop(
             cache,
             self._prefill_many,
@@ -288,19 +282,18 @@ class TorchEngine:
             params.top_p,
             self.readback,
         )
-        joins = None
-        if joining is not None:
-            ask = joining
-
-            def joins(room: int) -> list[tuple[Sequence[int], Tensor]]:
-                more = ask(room)
-                for prompt, _ in more:
-                    self._check(prompt, steps)
-                return [(prompt, self._uniforms(seeds, steps)) for prompt, seeds in more]
-
+        told = None if ended is None else functools.partial(_tell, ended)
+        joins = None if joining is None else functools.partial(self._joins, joining, steps)
         done = loop.run(told, stopped, joins)
         self.last_call = loop.stats
         return [[Completion(t, lp, f) for t, lp, f in done.get(i, [])] for i in range(len(loop.sizes))]
+
+    def _joins(self, joining: JoiningGroups, steps: int, room: int) -> list[tuple[Sequence[int], Tensor]]:
+        """The groups `joining` gives, each with its rows' uniforms, for a call of `steps` new tokens."""
+        more = joining(room)
+        for prompt, _ in more:
+            self._check(prompt, steps)
+        return [(prompt, self._uniforms(seeds, steps)) for prompt, seeds in more]
 
     def _uniforms(self, seeds: Sequence[int], steps: int) -> Tensor:
         """[rows, steps]: the uniforms each seed's generator draws, one a step."""
@@ -366,6 +359,10 @@ class TorchEngine:
             raise ValueError(
                 f"prompt length {len(prompt)} + max_new_tokens {steps} exceeds max_position {max_position}"
             )
+
+
+def _tell(ended: GroupEnded, group: int, rows: list[tuple[list[int], list[float], bool]]) -> None:
+    ended(group, [Completion(t, lp, f) for t, lp, f in rows])
 
 
 def device_room(device: torch.device) -> int | None:

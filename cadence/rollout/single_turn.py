@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import nullcontext
 from typing import Any, Protocol
 
-from cadence.model.engine import Completion
+from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.model.rollout_engine import JoiningEngine, RolloutEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.rollout.joining import Joining
@@ -58,21 +58,18 @@ async def complete(
     """One completion a seed of each (prompt, sample seeds), all decoded in one `generate_many` at
     `temperature` (None: the engine's own), scored by `scorer`; every group handed to `ready` as soon
     as it is scored, while the engine decodes the others. `stopped()`: the batch is no longer wanted:
-    the engine drops what it still decodes. `joining` (an engine that takes groups mid-call,
-    `JoiningEngine`): the batches offered to it join the call, group `len(groups) + j` being
-    `joining.taken[j]`. Each group's samples (the joined ones after the call's own), None for one
-    stopped."""
+    the engine drops what it still decodes. `joining` (a `JoiningEngine`): the batches offered join
+    the call, its group `len(groups) + j` is `joining.taken[j]`. Each group's samples, None if stopped."""
     prompts = [tokenizer.encode_prompt(prompt.text) for prompt, _ in groups]
     pairs = [(ids, list(seeds)) for ids, (_, seeds) in zip(prompts, groups, strict=True)]
     loop = asyncio.get_running_loop()
     ended: asyncio.Queue[tuple[int, list[Completion]] | None] = asyncio.Queue()
-    everything = range(len(groups))
 
     def report(index: int, completions: list[Completion]) -> None:
         loop.call_soon_threadsafe(ended.put_nowait, (index, completions))
 
-    def stop_all() -> Collection[int]:
-        return everything if stopped is not None and stopped() else ()
+    def stop_all() -> Collection[int]:  # a joined group's index too
+        return range(len(groups) + len(joining.taken if joining else ())) if stopped and stopped() else ()
 
     over = [False]  # the engine has returned: the queue's last item is None
 
@@ -83,29 +80,16 @@ async def complete(
     def generate() -> list[list[Completion]]:
         try:
             with hold():
-                if joining is not None and isinstance(engine, JoiningEngine):
-                    return engine.generate_many(
-                        pairs, temperature, ended=report, stopped=stop_all, joining=joining.take
-                    )
-                if temperature is None:
-                    return engine.generate_many(pairs, ended=report, stopped=stop_all)
-                return engine.generate_many(pairs, temperature, ended=report, stopped=stop_all)
+                return _generate_many(engine, pairs, temperature, report, stop_all, joining)
         finally:
             loop.call_soon_threadsafe(finish)
-
-    def group(index: int) -> tuple[Prompt, list[int]]:
-        if index < len(groups):
-            return groups[index][0], prompts[index]
-        assert joining is not None
-        joined = joining.taken[index - len(groups)]  # taken before the engine could tell it
-        return joined.prompt, joined.ids
 
     decoding = asyncio.ensure_future(asyncio.to_thread(generate))
     out: dict[int, GroupSamples] = {}
     try:
         while (item := await ended.get()) is not None:
             index, completions = item
-            prompt, ids = group(index)
+            prompt, ids = _group(groups, prompts, joining, index)
             samples = await _scored(tokenizer, scorer, prompt, ids, completions)
             out[index] = samples
             if ready is not None and not (stopped is not None and stopped()):
@@ -115,6 +99,36 @@ async def complete(
         if not decoding.done():
             decoding.cancel()
     return [out.get(i) for i in range(len(made))]
+
+
+def _group(
+    groups: Sequence[tuple[Prompt, list[int]]],
+    prompts: list[list[int]],
+    joining: Joining[Any] | None,
+    index: int,
+) -> tuple[Prompt, list[int]]:
+    """Group `index` of a call: its prompt and the prompt's ids (a joined one's taken before it was told)."""
+    if index < len(groups):
+        return groups[index][0], prompts[index]
+    assert joining is not None
+    joined = joining.taken[index - len(groups)]
+    return joined.prompt, joined.ids
+
+
+def _generate_many(
+    engine: RolloutEngine,
+    pairs: list[tuple[list[int], list[int]]],
+    temperature: float | None,
+    report: GroupEnded,
+    stop_all: StoppedGroups,
+    joining: Joining[Any] | None,
+) -> list[list[Completion]]:
+    """The engine's call (with `joining`'s batches where it takes them; at its own temperature for None)."""
+    if joining is not None and isinstance(engine, JoiningEngine):
+        return engine.generate_many(pairs, temperature, ended=report, stopped=stop_all, joining=joining.take)
+    if temperature is None:
+        return engine.generate_many(pairs, ended=report, stopped=stop_all)
+    return engine.generate_many(pairs, temperature, ended=report, stopped=stop_all)
 
 
 async def _scored(
