@@ -33,7 +33,9 @@ it or the period closes; a period's prompts are the first ones of its stream (`t
 stream)`, the same whoever asks), in order, so a resumed period issues the same ones; nothing of period k+1 is handed out before version k+1 is announced; an eval prompt is handed out
 only while no training prompt is queued, except the rest of an older round, which goes before the new
 period's prompts; a worker never gets more prompts than it has credits, save the eval prompts one
-credit buys (`group_size // eval_samples`), and never holds more credits than `rollout.inflight`.
+credit buys (`group_size // eval_samples`), and never holds more credits than `rollout.inflight`, nor
+is given training prompts while what it holds of the period and its credits together pass it (a request
+waits whole until they do, never cut).
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ class DispatchCore:
             sends += self._assign_eval(workers)
         if self.rounds.behind(self.published):  # some of that rest waits for credits
             return sends
-        counts = self.policy([max(self.credits.get(w.route, 0), 0) for w in workers], self.ledger.queued)
+        counts = self.policy([self._usable(w.route) for w in workers], self.ledger.queued)
         for worker, count in zip(workers, counts, strict=True):
             prompts = self.ledger.assign(worker.route, count, now)
             self.credits[worker.route] = self.credits.get(worker.route, 0) - len(prompts)
@@ -255,6 +257,17 @@ class DispatchCore:
         if not self.ledger.queued and self.rounds.pending:
             sends += self._assign_eval(workers)
         return sends
+
+    def _usable(self, worker: bytes) -> int:
+        """The training prompts `worker` may be given now: its credits, or none while what it holds of
+        the period and its credits together pass `max_credits`. Asking again does not lift the cap
+        (it counts what is held, not what was asked), and a request is delayed whole, never cut: the
+        batch a worker gets does not depend on whether its request or the trainer's word on the groups
+        it answered came first."""
+        credits = max(self.credits.get(worker, 0), 0)
+        if self.max_credits and credits + len(self.ledger.held_by(worker)) > self.max_credits:
+            return 0
+        return credits
 
     def _assignment(self, prompt: Prompt, worker: Worker, key: str, batch: int) -> Assignment:
         ticket = assignment_ticket(key, self.period, prompt.prompt_id, worker.name)

@@ -235,3 +235,38 @@ def test_an_assignment_held_past_the_hold_goes_back_for_another_worker() -> None
     assert ids(c.assign([Worker(B, "b")], "key", now=117.0)) == [1]  # the front of the queue
     assert c.expire(now=119.5) == {B: [2]}
     assert Hold(fixed=5.0, floor=60.0).deadline() == 5.0  # rollout.hold_s, when set, is the hold
+
+
+def test_asking_again_does_not_lift_the_cap_on_what_a_worker_holds() -> None:
+    """A worker that asks for credits after each assignment holds at most `max_credits` prompts of
+    the period; once the trainer has taken them, it gets more."""
+    rounds = EvalRounds((), 0, 3, 1, keep_versions=2)
+    c = DispatchCore(Numbered(), 3, 8, 4, rounds, max_credits=2)  # type: ignore[arg-type]
+    c.announce(0, 0.0)
+    held: list[int] = []
+    for _ in range(5):
+        c.credit(A, 2)
+        held += ids(c.assign([Worker(A, "a")], "key"))
+    assert held == [0, 1] and c.ledger.held_by(A) == [0, 1]
+    c.consume(0, [0, 1], now=1.0)
+    assert ids(c.assign([Worker(A, "a")], "key")) == [2, 3]
+
+
+@pytest.mark.parametrize("credit_first", [True, False])
+def test_a_request_waits_whole_for_the_trainers_word_never_cut(credit_first: bool) -> None:
+    """A worker's batch of two answered: its request for two more and the trainer's word on the two
+    groups come in either order, one group at a time; the next batch is two prompts either way."""
+    rounds = EvalRounds((), 0, 3, 1, keep_versions=2)
+    c = DispatchCore(Numbered(), 3, 8, 4, rounds, max_credits=2)  # type: ignore[arg-type]
+    c.announce(0, 0.0)
+    c.credit(A, 2)
+    assert ids(c.assign([Worker(A, "a")], "key")) == [0, 1]
+    batches: list[list[int]] = []
+    steps = [lambda: c.credit(A, 2), lambda: c.consume(0, [0], now=1.0), lambda: c.consume(0, [1], now=1.0)]
+    for step in steps if credit_first else steps[1:] + steps[:1]:
+        step()
+        sent = c.assign([Worker(A, "a")], "key")
+        if sent:
+            batches.append(ids(sent))
+            assert all(a.batch == len(sent) for _, a in sent)
+    assert batches == [[2, 3]]
