@@ -71,9 +71,10 @@ def sampling_part(row: PeriodMetrics) -> str:
 
 
 def episode_part(row: PeriodMetrics) -> str:
-    """A multi-turn run's episode figures (turns an episode, tool calls and errors, environment
-    timeouts, seconds and tokens; an agent's: sequences an episode, mean and most, and the share of
-    episodes of several), "" for a single-turn run's row."""
+    """A multi-turn run's episode figures (turns an episode, tool calls and errors; the environment's
+    wall seconds, `env_wall_s`, then its seconds summed over the episodes, `env_s`, each after its
+    label; its tokens and timeouts; an agent's: sequences an episode, mean and most, and the share
+    of episodes of several), "" for a single-turn run's row."""
     if row.turns_mean is None:
         return ""
     agents = (
@@ -83,8 +84,8 @@ def episode_part(row: PeriodMetrics) -> str:
     )
     return (
         f"  turns {row.turns_mean:.2f}  tools {row.tool_calls or 0} ({row.tool_errors or 0} err)"
-        f"  env {row.env_wall_s or 0.0:.2f}s wall {row.env_s or 0.0:.2f}s episodes {row.env_tokens or 0} tok  timeouts {row.env_timeouts or 0}"
-        + agents
+        f"  env wall {row.env_wall_s or 0.0:.2f}s episodes {row.env_s or 0.0:.2f}s tokens {row.env_tokens or 0}"
+        f"  timeouts {row.env_timeouts or 0}" + agents
     )
 
 

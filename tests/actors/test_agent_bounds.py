@@ -45,8 +45,12 @@ async def test_a_call_past_max_turns_is_refused_and_the_agent_keeps_its_reward(
             refused.append(err)
         return 0.25
 
-    group = await play(agent, Scripted(tokenizer, "ok"), tokenizer, seeds=[1], bounds=Bounds(max_turns=2))
+    with capture_logs() as logs:
+        group = await play(agent, Scripted(tokenizer, "ok"), tokenizer, seeds=[1], bounds=Bounds(max_turns=2))
     assert [err.code for err in refused] == ["max_turns"]
+    (said,) = [e for e in logs if e["event"] == "agent_call_refused"]  # the worker's log says so too
+    assert (said["status"], said["code"], said["log_level"]) == (400, "max_turns", "warning")
+    assert said["path"] == "/v1/chat/completions" and said["reason"] == refused[0].body["message"]  # type: ignore[index]
     assert group.scores[0].reward == 0.25 and group.episodes is not None
     assert group.episodes.endings == ["max_turns"] and group.episodes.turns == [2]
 
@@ -103,8 +107,14 @@ async def test_malformed_requests_get_openai_errors_and_the_endpoint_goes_on(tok
                 elsewhere.append((got.status, await got.json()))
         return 1.0
 
-    group = await play(agent, Scripted(tokenizer, "ok", max_context=512), tokenizer, seeds=[1])
+    with capture_logs() as logs:
+        group = await play(agent, Scripted(tokenizer, "ok", max_context=512), tokenizer, seeds=[1])
     statuses = [status for status, _ in answers]
+    said = [e for e in logs if e["event"] == "agent_call_refused"]  # each refusal in the worker's log
+    assert [(e["status"], e["code"]) for e in said] == [
+        (status, body["error"]["code"]) for status, body in [*answers[:-1], *elsewhere]
+    ]
+    assert said[1]["param"] == "model" and "gpt-4o" in said[1]["reason"]
     assert statuses == [400, 404, 400, 400, 400, 400, 400, 400, 400, 400, 401, 200]
     for _, body in answers[:-1]:
         assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]

@@ -17,6 +17,7 @@ from cadence.model.config import ModelConfig
 from cadence.model.engine import (
     Completion,
     GroupEnded,
+    JoiningGroups,
     SamplingParams,
     StoppedGroups,
     TorchEngine,
@@ -65,7 +66,9 @@ class Recording(TorchEngine):
         *,
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
     ) -> list[list[Completion]]:
+        assert joining is None  # episodes never join a running call
         out = super().generate_many(groups, params, ended=ended, stopped=stopped)
         for (prompt, seeds), completions in zip(groups, out, strict=True):
             for seed, completion in zip(seeds, completions, strict=True):

@@ -105,7 +105,8 @@ def test_the_row_of_an_episode_run_and_its_round_trip() -> None:
 def test_the_progress_line_shows_episodes_only_for_an_episode_run() -> None:
     metrics = _row(played(0), played(1))
     line = period_line(metrics, 10)
-    assert "turns 1.50  tools 4 (2 err)  env 1.00s wall 1.50s episodes 4 tok  timeouts 2" in line
+    assert (metrics.env_wall_s, metrics.env_s) == (1.0, 1.5)  # each figure after its own label
+    assert "turns 1.50  tools 4 (2 err)  env wall 1.00s episodes 1.50s tokens 4  timeouts 2" in line
     assert "turns 1.50" in status_line(1, 10, 0, 4, metrics, 1.0)
     single = PeriodMetrics.from_row({"period": 0})
     assert "turns" not in period_line(single, 10) and "turns" not in status_line(1, 10, 0, 4, single, 1.0)

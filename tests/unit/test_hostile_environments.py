@@ -130,6 +130,7 @@ async def test_a_huge_message_is_cut_with_a_marker_the_model_reads_logged_and_sh
     assert CODEC.tokenizer.decode(result.tokens).count("[truncated: 50000 characters") == 1
     (cut,) = [line for line in logs if line["event"] == "environment_message_truncated"]
     assert cut["chars"] == ([50_000, 4] if as_tool else [50_000]) and cut["kept"] == 300
+    assert cut["log_level"] == "warning"  # what the model read is not what the environment said
     assert result.model_turns == 2
 
 
@@ -141,7 +142,7 @@ async def test_a_message_past_the_token_budget_is_logged_and_said_in_the_transcr
     with structlog.testing.capture_logs() as logs:
         (result,) = await runner.run([(PROMPT, 1)])
     (over,) = [line for line in logs if line["event"] == "environment_message_over_budget"]
-    assert (over["tokens"], over["room"]) == (200, 98)
+    assert (over["tokens"], over["room"]) == (200, 98) and over["log_level"] == "warning"
     assert result.ended == "token_budget"
     assert result.turns[-1].text == "[not shown to the model: a message of 200 tokens, past the token_budget]"
     assert result.turns[-1].tokens == 0 and result.env_tokens == 0

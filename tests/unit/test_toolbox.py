@@ -125,7 +125,8 @@ async def test_a_huge_result_is_cut_with_a_marker_and_logged() -> None:
     with structlog.testing.capture_logs() as logs:
         (got,) = await answer(ToolCall("echo", {"text": "y" * 50_000}))
     assert got.text == "y" * 100 + "\n[truncated: 50000 characters, the first 100 shown]"
-    assert [line["chars"] for line in logs if line["event"] == "tool_result_truncated"] == [50_000]
+    cut = [line for line in logs if line["event"] == "tool_result_truncated"]
+    assert [(line["chars"], line["log_level"]) for line in cut] == [(50_000, "warning")]
 
 
 def test_a_toolbox_refuses_duplicate_names_and_no_tools() -> None:

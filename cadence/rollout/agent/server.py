@@ -7,6 +7,7 @@
  Authorization: Bearer <key> ─► the episode being played under that key? else 401
  body ─► decode_request (else 400) ─► model served? (else 404) ─► EpisodeCalls.complete ─► 200 JSON
                                                                          stream: true ─► 200 events
+ a refusal (401, 400, 404, 413, ...) ─► agent_call_refused logged (status, code, param, reason)
  anything else raised ─► logged with its traceback, 500 in OpenAI's error body
 ```
 
@@ -123,16 +124,31 @@ class Endpoint:
             response: web.StreamResponse = await handler(request)
             return response
         except ApiError as refused:
+            _refused(request, refused)
             return web.json_response(refused.body(), status=refused.status)
         except web.HTTPException as exc:  # no such route, wrong method, body too large
-            body = ApiError(exc.status, exc.reason or "refused", code=str(exc.status)).body()
-            return web.json_response(body, status=exc.status)
+            http = ApiError(exc.status, exc.reason or "refused", code=str(exc.status))
+            _refused(request, http)
+            return web.json_response(http.body(), status=exc.status)
         except Exception as exc:
             log.warning(
                 "agent_call_failed", path=request.path, error=f"{type(exc).__name__}: {exc}", exc_info=True
             )
             failed = ApiError(500, f"the call failed: {type(exc).__name__}: {exc}", kind="server_error")
             return web.json_response(failed.body(), status=500)
+
+
+def _refused(request: web.Request, refused: ApiError) -> None:
+    """Warn of a call the endpoint refused, with what it refused (throttled: `cadence.log.THROTTLED`)."""
+    log.warning(
+        "agent_call_refused",
+        method=request.method,
+        path=request.path[:200],
+        status=refused.status,
+        code=refused.code,
+        param=refused.param,
+        reason=refused.message[:500],
+    )
 
 
 def _folder() -> str:

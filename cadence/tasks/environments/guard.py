@@ -146,15 +146,15 @@ class WallTime:
 
 
 def truncated(episode: Episode, chars: list[int], limit: int) -> None:
-    """Log a reply whose texts were cut at `max_message_chars` (the model reads the marker)."""
-    log.info(
+    """Warn of a reply whose texts were cut at `max_message_chars` (the model reads the marker)."""
+    log.warning(
         "environment_message_truncated", **_which(episode), turn=episode.model_turns, chars=chars, kept=limit
     )
 
 
 def over_budget(episode: Episode, tokens: int, room: int) -> None:
-    """Log a message that was not appended: it would leave no room for the model's next token."""
-    log.info(
+    """Warn of a message that was not appended: it would leave no room for the model's next token."""
+    log.warning(
         "environment_message_over_budget",
         **_which(episode),
         turn=episode.model_turns,

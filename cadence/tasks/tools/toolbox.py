@@ -111,7 +111,7 @@ class Toolbox:
         except ValueError as exc:  # a circular structure
             text = f"error: the result of {name} cannot be written as JSON ({exc})"
         if len(text) > self.max_result_chars:
-            log.info("tool_result_truncated", tool=name, chars=len(text), kept=self.max_result_chars)
+            log.warning("tool_result_truncated", tool=name, chars=len(text), kept=self.max_result_chars)
         return truncate(text, self.max_result_chars)
 
 
