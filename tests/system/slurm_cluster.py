@@ -139,7 +139,9 @@ def slurm_conf(cluster: str, ctl_host: str, bridge_ip: str, port: int, nodes: di
         "JobCompType=jobcomp/none",
         "ReturnToService=2",
         "SlurmctldTimeout=30",
-        "SlurmdTimeout=30",
+        # Slurm's own default: a dead node is seen by the run (its workers lost within a liveness
+        # timeout) long before Slurm marks it down, however loaded the machine
+        "SlurmdTimeout=300",
         "MessageTimeout=10",
         "KillWait=5",
         "JobRequeue=1",

@@ -141,7 +141,7 @@ def test_a_run_is_submitted_grown_shrunk_requeued_and_stopped(slurm: SlurmCluste
 def test_a_control_job_requeued_before_its_time_limit_finishes_from_its_checkpoint(
     slurm: SlurmCluster, out: Path
 ) -> None:
-    periods = 400
+    periods = 120  # 100 left once the stop is sent: the run cannot end before its requeue
     sets = [x for s in [*QUICK, f"periods={periods}"] for x in ("--set", s)]
     config = str(ROOT / "configs" / "quickstart.toml")
     cadence_slurm(
