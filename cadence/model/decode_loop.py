@@ -22,6 +22,7 @@ column of the output, which nothing reads.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
@@ -56,10 +57,18 @@ class LoopStats:
     first_token_s: float = 0.0  # from the call's start to its first rows' first tokens
 
 
+def _exact(rows: int) -> int:
+    """The rows a step computes when it needs no few fixed shapes (eager on the CPU): those held."""
+    return rows
+
+
 class DecodeLoop:
     """One call's rows: ``prompts`` and each one's ``seeds`` (its rows, group after group);
     ``uniforms`` [rows, steps] drawn by the caller; ``eos``, ``steps`` (each row's token limit),
-    ``temperature`` and ``top_p`` as the call's params."""
+    ``temperature`` and ``top_p`` as the call's params. ``bucketed``: a step computes a bucket of
+    rows (few shapes, for a compiled step or a GPU's); otherwise exactly the rows held, the highest
+    moved down into a free slot below whenever one frees (eager on the CPU, where a padded row costs
+    its full share of the step)."""
 
     def __init__(
         self,
@@ -73,11 +82,13 @@ class DecodeLoop:
         temperature: float,
         top_p: float,
         readback: int = 1,
+        bucketed: bool = True,
     ) -> None:
         self.cache, self.prefill, self.step = cache, prefill, step
         self.prompts, self.sizes = prompts, list(sizes)
         self.eos, self.temperature, self.top_p = eos, temperature, top_p
         self.readback = max(1, readback)
+        self.bucket = functools.partial(row_bucket, slots=cache.slots) if bucketed else _exact
         device = cache.device
         n, steps = uniforms.shape
         self.n, self.limit = n, steps
@@ -219,7 +230,7 @@ class DecodeLoop:
 
     def _step(self) -> None:
         """One token for each row held, computed over the slots' bucket."""
-        b = row_bucket(self.cache.highest(), self.cache.slots)
+        b = self.bucket(self.cache.highest())
         width = width_bucket(max(self.reach.values()) + self.clock + 1, self.cache.length)
         alive = self.alive[:b]
         position = self.position[:b]
@@ -303,9 +314,7 @@ class DecodeLoop:
     def _compact(self) -> None:
         """Move the highest rows into the lowest free slots while that makes the step's bucket
         smaller: a few rows' caches copied, never the others'."""
-        while self.held and row_bucket(len(self.held), self.cache.slots) < row_bucket(
-            self.cache.highest(), self.cache.slots
-        ):
+        while self.held and self.bucket(len(self.held)) < self.bucket(self.cache.highest()):
             source, target = self.cache.highest() - 1, self.cache.lowest_free()
             width = width_bucket(self.reach[source] + self.clock + 1, self.cache.length)
             self.cache.move(source, target, width)

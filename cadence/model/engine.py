@@ -116,7 +116,9 @@ class TorchEngine:
     ``rows``: the slots of its KV cache, the most samples decoded at once (a call with more admits
     them as others end); ``compiled``: the decode step compiled (``compiled_step.py``) or eager;
     ``readback``: the decode steps between two reads of which rows have ended (1 on the CPU, where a
-    read costs nothing; more on a GPU, where each read waits for the device)."""
+    read costs nothing; more on a GPU, where each read waits for the device); ``buckets``: each step
+    computes a bucket of rows (2, 4, 8, then multiples of 16) rather than exactly the rows held (None:
+    when compiled or off the CPU, where few shapes pay; eager on the CPU a padded row costs its share)."""
 
     def __init__(
         self,
@@ -129,6 +131,7 @@ class TorchEngine:
         compiled: bool = False,
         readback: int | None = None,
         compiler: Compiler | None = None,
+        buckets: bool | None = None,
     ) -> None:
         if rows < 1:
             raise ValueError(f"the engine needs at least one row, got {rows}")
@@ -142,6 +145,8 @@ class TorchEngine:
         self._trunk_kv: KVCache | None = None  # of the weights loaded now
         self._cache: SlotCache | None = None
         self.runner = StepRunner(self.model, compiled, compiler)
+        # a step of a few fixed shapes where it pays (compiled, a GPU's); eager on the CPU: the rows held
+        self.buckets = buckets if buckets is not None else (self.runner.compiled or self.device.type != "cpu")
         self.last_call = LoopStats()  # what the last generate_many computed
 
     def load_state_dict(self, state: Mapping[str, Tensor], share: bool = False) -> None:
@@ -281,6 +286,7 @@ class TorchEngine:
             params.temperature,
             params.top_p,
             self.readback,
+            bucketed=self.buckets,
         )
         told = None if ended is None else functools.partial(_tell, ended)
         joins = None if joining is None else functools.partial(self._joins, joining, steps)

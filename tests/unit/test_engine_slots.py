@@ -228,3 +228,19 @@ def test_a_group_that_cannot_join_is_refused_with_the_reason() -> None:
         engine.generate_many(_groups()[:1], params, joining=lambda room: [([1], [])])
     with pytest.raises(ValueError, match="exceeds max_position"):
         engine.generate_many(_groups()[:1], params, joining=lambda room: [([1] * (room + 1), [5])])
+
+
+def test_steps_of_buckets_and_steps_of_the_rows_held_sample_alike() -> None:
+    """Eager on the CPU a step computes exactly the rows held; with buckets (a compiled step's, a
+    GPU's) it computes 2, 4, 8 or a multiple of 16 of them, the rest padding: the same samples."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    exact = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=16)
+    bucketed = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=16, buckets=True)
+    assert not exact.buckets and bucketed.buckets
+    _same(exact.generate_many(_groups(3), params), bucketed.generate_many(_groups(3), params))
+    assert exact.last_call.steps == exact.last_call.live  # no padded row
+    assert all(
+        b in (2, 4, 8, 16) and b >= live
+        for b, live in zip(bucketed.last_call.steps, bucketed.last_call.live, strict=True)
+    )
+    assert sum(bucketed.last_call.steps) > sum(exact.last_call.steps)
