@@ -287,11 +287,12 @@ class RolloutWorker:
         started = self.clock()
         joined: list[Assignment] = []  # the jobs of the batches that joined, in the order they did
         feeding = asyncio.ensure_future(self._feed(joining, jobs[0], owing)) if joining else None
+        welcome = self.welcome
         try:
             made, _ = await self._make(jobs, publisher, ready, joining)
         finally:
             if feeding is not None and joining is not None:
-                joined += await self._joined(feeding, joining, owing)
+                joined += await self._joined(feeding, joining, owing, keep=self.welcome is welcome)
         if joined:
             log.info("assignments_joined", period=jobs[0].period, prompt_ids=[j.prompt_id for j in joined])
         dropped = sum(1 for samples in made if samples is None)
@@ -304,15 +305,17 @@ class RolloutWorker:
         return owing[0]
 
     async def _joined(
-        self, feeding: asyncio.Future[None], joining: Joining[Assignment], owing: list[int]
+        self, feeding: asyncio.Future[None], joining: Joining[Assignment], owing: list[int], keep: bool
     ) -> list[Assignment]:
         """The call has returned: the feeding stopped, and the jobs that joined it. What was offered
         and not taken is first in line for the next call, each batch of what it offered (its skipped
-        jobs owed now) so that the next call's batch is whole."""
+        jobs owed now) so that the next call's batch is whole; not `keep` (a new trainer welcomed the
+        worker meanwhile: what was assigned for the old one is void), it is dropped."""
         feeding.cancel()
         await asyncio.gather(feeding, return_exceptions=True)
         left = [[j.tag for j in batch] for batch in joining.close()]
-        self._held_back[:0] = [msgspec.structs.replace(job, batch=len(b)) for b in left for job in b]
+        if keep:
+            self._held_back[:0] = [msgspec.structs.replace(job, batch=len(b)) for b in left for job in b]
         owing[0] -= sum(len(b) for b in left)
         return [j.tag for j in joining.taken]
 
