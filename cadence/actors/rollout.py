@@ -193,14 +193,7 @@ class RolloutWorker:
         await self.session.send(WorkRequest(self.settings.inflight))
         while True:
             batch = await self._next_batch()
-            jobs = [
-                job
-                for job in batch
-                if job.eval or (job.period >= self.newest_period and not self._is_stopped(job))
-            ]
-            for job in batch:
-                if job not in jobs:
-                    log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            jobs = self._fresh(batch)
             owed = len(batch)
             if jobs and jobs[0].eval:
                 await self._evaluate(jobs, publisher)
@@ -208,6 +201,15 @@ class RolloutWorker:
                 owed = await self._train(jobs, publisher, trainer, owed)
             if owed:
                 await self.session.send(WorkRequest(owed))
+
+    def _fresh(self, batch: list[Assignment]) -> list[Assignment]:
+        """The jobs of `batch` to make: eval ones, and training ones of the newest period seen and not
+        stopped; each other one skipped (logged)."""
+        fresh = [j for j in batch if j.eval or (j.period >= self.newest_period and not self._is_stopped(j))]
+        for job in batch:
+            if job not in fresh:
+                log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+        return fresh
 
     async def _next_batch(self) -> list[Assignment]:
         """The next assignment and the others the dispatcher sent with it (`Assignment.batch`), of the
@@ -340,10 +342,7 @@ class RolloutWorker:
                 continue
             del self._held_back[: head.batch]
             owing[0] += len(batch)
-            fresh = [job for job in batch if job.period >= self.newest_period and not self._is_stopped(job)]
-            for job in batch:
-                if job not in fresh:
-                    log.info("assignment_skipped", period=job.period, prompt_id=job.prompt_id)
+            fresh = self._fresh(batch)  # training jobs all: `key` says so
             offered = [
                 (job, Prompt(job.prompt_id, job.prompt, job.answer), self._seeds(job)) for job in fresh
             ]

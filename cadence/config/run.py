@@ -17,17 +17,16 @@ from typing import Any, Literal
 from cadence.config.checks import check_run
 from cadence.config.environment import EnvironmentConfig
 from cadence.config.fields import POSITIVE, ConfigError, doc, section
+from cadence.config.rollout import RolloutConfig, VllmConfig
 from cadence.config.sampling import SamplingConfig
 from cadence.config.sections import (
     EvalConfig,
     ModelConfigSection,
     MonitorConfig,
     RewardsConfig,
-    RolloutConfig,
     SimulatedConfig,
     TaskConfig,
     TransportConfig,
-    VllmConfig,
     WeightsConfig,
 )
 from cadence.config.tables import from_dict

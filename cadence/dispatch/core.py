@@ -265,7 +265,7 @@ class DispatchCore:
         batch a worker gets does not depend on whether its request or the trainer's word on the groups
         it answered came first."""
         credits = max(self.credits.get(worker, 0), 0)
-        if self.max_credits and credits + len(self.ledger.held_by(worker)) > self.max_credits:
+        if self.max_credits and credits + self.ledger.holding(worker) > self.max_credits:
             return 0
         return credits
 
@@ -285,21 +285,9 @@ class DispatchCore:
             left = self.credits.get(w.route, 0)
             batch = self.rounds.give(w.route, max(left, 0) * per_credit, self.published)
             self.credits[w.route] = left - len(batch)  # below 0 until the worker's WorkRequest(len(batch))
-            for r, p in batch:
-                n = len(batch)
-                sends.append(
-                    (
-                        w.route,
-                        Assignment(
-                            r.version,
-                            r.version,
-                            p.prompt_id,
-                            p.text,
-                            p.answer,
-                            self.rounds.samples,
-                            batch=n,
-                            eval=True,
-                        ),
-                    )
-                )
+            sends += [(w.route, self._eval_assignment(r.version, p, len(batch))) for r, p in batch]
         return sends
+
+    def _eval_assignment(self, version: int, prompt: Prompt, batch: int) -> Assignment:
+        p, samples = prompt, self.rounds.samples
+        return Assignment(version, version, p.prompt_id, p.text, p.answer, samples, batch=batch, eval=True)

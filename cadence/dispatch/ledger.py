@@ -103,6 +103,10 @@ class Ledger:
         """The ids `worker` holds, in prompt order."""
         return sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.worker == worker)
 
+    def holding(self, worker: bytes) -> int:
+        """How many prompts `worker` holds."""
+        return sum(1 for e in self._entries.values() if e.state is State.ASSIGNED and e.worker == worker)
+
     def assign(self, worker: bytes, count: int, now: float = 0.0) -> list[Prompt]:
         """The first `count` queued prompts (fewer when fewer are queued), now held by `worker` since
         `now`."""

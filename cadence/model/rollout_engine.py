@@ -143,6 +143,4 @@ class TorchRolloutEngine:
         joining: JoiningGroups | None = None,
     ) -> list[list[Completion]]:
         params = self.params.overridden(temperature, max_new_tokens)
-        if joining is None:
-            return self.engine.generate_many(groups, params, ended=ended, stopped=stopped)
         return self.engine.generate_many(groups, params, ended=ended, stopped=stopped, joining=joining)
