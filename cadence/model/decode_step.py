@@ -16,10 +16,10 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from cadence.model.rope import rope_cos_sin
-from cadence.model.transformer import DecoderLayer, Transformer, rotate_half
+from cadence.model.transformer import MLP, DecoderLayer, Transformer, rotate_half
 
 
 def decode_step(
@@ -54,12 +54,12 @@ def decode_step(
         layer = cast(DecoderLayer, module)
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, 1, heads, head_dim)
-        k = attn.k_proj(h).view(b, 1, kv_heads, head_dim)
+        q = project(attn.q_proj, h).contiguous().view(b, 1, heads, head_dim)
+        k = project(attn.k_proj, h).contiguous().view(b, 1, kv_heads, head_dim)
         if attn.q_norm is not None and attn.k_norm is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = attn.v_proj(h).view(b, 1, kv_heads, head_dim).transpose(1, 2)
+        v = project(attn.v_proj, h).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         keys[i].index_put_((rows, kv, at), k[:, :, 0])
@@ -67,6 +67,37 @@ def decode_step(
         out = F.scaled_dot_product_attention(
             q, keys[i][:b, :, :width], values[i][:b, :, :width], attn_mask=seen, enable_gqa=grouped
         )
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, heads * head_dim))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.lm_head(model.model.norm(x))[:, 0].float()
+        x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim))
+        x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
+    return project(model.lm_head, model.model.norm(x))[:, 0].float().contiguous()
+
+
+def project(linear: nn.Module, x: Tensor) -> Tensor:
+    """``linear(x)`` for x [..., in]: the same products and sums in another order, equal to float
+    rounding, and possibly a transposed view (``.contiguous()`` where the layout matters).
+
+    A plain float32 ``nn.Linear`` on the CPU is computed as W·xᵀ. With a step's few rows, MKL runs that
+    product 1.2 to 2.2x faster than x·Wᵀ (``F.linear``) when the weights stream from memory, as a decode
+    step's do (SmolLM2's 211 products of a step, 1 to 96 rows, AMD EPYC AVX2); in bfloat16 it is slower,
+    and a GPU's kernels do not care. Anything else (another dtype or device, an adapter's wrapper, a
+    module with hooks) is called as it is."""
+    if (
+        type(linear) is not nn.Linear
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or linear._forward_hooks
+        or linear._forward_pre_hooks
+    ):
+        return linear(x)
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.mm(linear.weight, flat.t()).t()
+    if linear.bias is not None:
+        out = out + linear.bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    if type(mlp) is not MLP:
+        return mlp(x)
+    mlp = cast(MLP, mlp)
+    return project(mlp.down_proj, F.silu(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))

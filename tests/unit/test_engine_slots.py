@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.config import ModelConfig
-from cadence.model.decode_step import decode_step
+from cadence.model.decode_step import decode_step, project
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.slots import SlotCache, row_bucket, width_bucket
 from cadence.model.transformer import init_model
@@ -99,6 +99,25 @@ def test_a_decode_step_gives_each_slot_the_full_forwards_logits_at_its_own_posit
         assert all(
             bool((k[3, :, : cache.spare] == 0).all()) for k in cache.keys
         )  # the padded row wrote nowhere read
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_projection_as_w_times_x_equals_the_modules_own(bias: bool) -> None:
+    """The step's float32 products on the CPU (W·xᵀ) equal ``nn.Linear``'s (x·Wᵀ) to float rounding, in
+    the layout a caller reads; a module with a hook, or in bfloat16, is the module's own call."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias)
+    x = torch.randn(7, 1, 48)
+    with torch.no_grad():
+        got = project(linear, x)
+        assert got.shape == (7, 1, 80) and not got.is_contiguous()  # W·xᵀ read through its transpose
+        torch.testing.assert_close(got, linear(x), atol=1e-5, rtol=1e-5)
+        seen: list[Tensor] = []
+        handle = linear.register_forward_hook(lambda _m, _i, out: seen.append(out))
+        assert torch.equal(project(linear, x), linear(x)) and len(seen) == 2
+        handle.remove()
+        half = linear.to(torch.bfloat16)
+        assert torch.equal(project(half, x.bfloat16()), half(x.bfloat16()))
 
 
 def test_rows_admitted_as_slots_free_give_every_sample_unchanged() -> None:
