@@ -85,7 +85,8 @@ def _start(
     if args.command == "dispatcher":
         from cadence.transport.zmq_socket import listen_address
 
-        bind = args.bind or listen_address(cfg.transport.listen, cfg.transport.host)
+        t = cfg.transport
+        bind = args.bind or listen_address(t.listen, t.host, 0, t.advertise_host)
         return processes.run_async(lambda: processes.dispatcher_main(cfg, bind, out, stream, args.resume))
     if args.command == "trainer":
         return processes.run_async(

@@ -216,11 +216,13 @@ class WeightsConfig:
 class TransportConfig:
     """The sockets between the actors, their encryption, and how a silent peer is found."""
 
-    listen: Literal["tcp", "ipc"] = doc(
-        "tcp",
+    listen: Literal["auto", "tcp", "ipc"] = doc(
+        "auto",
         "how servers listen: tcp on transport.host; ipc: a Unix socket in a folder only this user can"
         " open (mode 0700), for a run on one host: no other user of the host can connect, and bulk"
-        " traffic is faster than through TCP loopback (CURVE keys on loopback cost 9x)",
+        " traffic is faster than through TCP loopback (CURVE keys on loopback cost 9x); auto: ipc"
+        " where tcp would be loopback only (transport.host on loopback, no advertise_host, no fixed"
+        " port), else tcp",
     )
     host: str = doc(
         "127.0.0.1", "interface servers bind to (0.0.0.0: all) and, unless advertise_host, advertise"

@@ -177,7 +177,8 @@ def launch(
 
     begin = time.time()
     try:
-        bind = listen_address(cfg.transport.listen, cfg.transport.host)
+        t = cfg.transport
+        bind = listen_address(t.listen, t.host, 0, t.advertise_host)
         start("dispatcher", ["dispatcher", "--bind", bind, *again])
         address = _wait_for_address(out / "dispatcher.addr", procs["dispatcher"])
         start("trainer", ["trainer", "--connect", address, *again], cfg.trainer.ranks)

@@ -71,7 +71,8 @@ def run_async(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _bind_address(cfg: RunConfig, port: int) -> str:
-    return listen_address(cfg.transport.listen, cfg.transport.host, port)
+    t = cfg.transport
+    return listen_address(t.listen, t.host, port, t.advertise_host)
 
 
 def _network(cfg: RunConfig) -> ZmqNetwork:

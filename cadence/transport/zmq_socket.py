@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import shutil
-import tempfile
 from pathlib import Path
 from typing import cast
 
@@ -35,6 +34,7 @@ from cadence.transport.budget import DEFAULT_REFUSED_BYTES_PER_S
 from cadence.transport.curve import CurveGate
 from cadence.transport.endpoint import Client, Server, new_route
 from cadence.transport.keys import CurveKeys
+from cadence.transport.socket_folders import new_socket_folder
 from cadence.wire.messages import DEFAULT_MAX_FRAME_BYTES, Heartbeat, Payload
 
 log = structlog.get_logger()
@@ -59,9 +59,17 @@ LOCAL = "ipc://*"
 this user on this host reach it."""
 
 
-def listen_address(listen: str, host: str, port: int = 0) -> str:
-    """Where a server listens (`transport.listen`): `LOCAL`, or tcp on `host` at `port` (0: any)."""
-    return LOCAL if listen == "ipc" else f"tcp://{host}:{port or '*'}"
+def listen_address(listen: str, host: str, port: int = 0, advertise_host: str = "") -> str:
+    """Where a server listens (`transport.listen`): `LOCAL`, or tcp on `host` at `port` (0: any).
+
+    "auto" is `LOCAL` where tcp could be reached from this host alone anyway (`host` on loopback,
+    nothing advertised, no fixed port: nobody is told of a way in from elsewhere) and Unix sockets
+    exist; else tcp. So a run on one host is reachable by its own user alone by default."""
+    tcp = f"tcp://{host}:{port or '*'}"
+    if listen == "ipc":
+        return LOCAL
+    local_only = not beyond_loopback(tcp) and not advertise_host and not port
+    return LOCAL if listen == "auto" and local_only and zmq.has("ipc") else tcp
 
 
 DEFAULT_RECEIVE_QUEUE = 8
@@ -111,7 +119,7 @@ class ZmqServer(Server):
 
     def _private(self) -> str:
         """An ipc:// address in a new directory of this process's own (mode 0700)."""
-        folder = tempfile.mkdtemp(prefix="cadence-")
+        folder = new_socket_folder()
         self._local_dirs.append(folder)
         return f"ipc://{folder}/{self.name}.sock"
 

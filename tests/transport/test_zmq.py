@@ -552,6 +552,20 @@ async def test_a_server_listening_locally_is_a_unix_socket_in_a_folder_of_its_ow
     assert not folder.exists()
 
 
+def test_auto_listens_locally_where_tcp_would_reach_this_host_alone() -> None:
+    """`transport.listen = "auto"`, the default: a Unix socket for a loopback host with nothing
+    advertised and no fixed port; tcp as soon as anyone else is meant to reach the server."""
+    from cadence.transport.zmq_socket import LOCAL, listen_address
+
+    assert listen_address("auto", "127.0.0.1") == LOCAL and listen_address("auto", "localhost") == LOCAL
+    assert listen_address("auto", "::1") == LOCAL
+    assert listen_address("auto", "0.0.0.0") == "tcp://0.0.0.0:*"
+    assert listen_address("auto", "10.1.2.3") == "tcp://10.1.2.3:*"
+    assert listen_address("auto", "127.0.0.1", 5601) == "tcp://127.0.0.1:5601"  # a fixed port: a tunnel
+    assert listen_address("auto", "127.0.0.1", 0, "gw.example.org") == "tcp://127.0.0.1:*"
+    assert listen_address("tcp", "127.0.0.1") == "tcp://127.0.0.1:*"
+
+
 async def test_a_network_closed_with_a_local_server_open_leaves_no_folder() -> None:
     from cadence.transport.zmq_socket import LOCAL
 
