@@ -33,6 +33,7 @@ from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, row_bucket
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
+from cadence.ops.block_attention import prompts_mask
 from cadence.ops.packing import fill_in_order, shared_trunk
 
 log = structlog.get_logger()
@@ -225,8 +226,7 @@ class TorchEngine:
         sizes = torch.tensor([len(o) for o in own], device=device)
         segment = torch.repeat_interleave(torch.arange(len(own), device=device), sizes)  # [T]
         local = torch.arange(len(segment), device=device) - (sizes.cumsum(0) - sizes)[segment]
-        sees = (segment[:, None] == segment[None, :]) & (local[:, None] >= local[None, :])
-        mask = torch.cat([sees.new_ones(len(segment), n), sees], dim=1).view(1, 1, len(segment), -1)
+        mask = prompts_mask([len(o) for o in own], n)  # by blocks: no [T, T] tensor
         ids = torch.tensor([[t for o in own for t in o]], dtype=torch.long, device=device)
         last = (local == sizes[segment] - 1).unsqueeze(0)
         cache = start.fork()

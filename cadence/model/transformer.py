@@ -166,7 +166,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         grouped = self.kv_heads != self.heads
-        if grouped and t > 1:
+        if grouped and (t > 1 or isinstance(mask, SegmentMask)):
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         if isinstance(mask, SegmentMask):  # a packed row by blocks: no [T, T] tensor
@@ -295,7 +295,7 @@ class Transformer(nn.Module):
         segment mask as it is where it fits (one row, no cache), else as its dense mask (logged)."""
         s = past + t
         if isinstance(attn_mask, SegmentMask):
-            if b == 1 and past == 0 and attn_mask.length == t:
+            if b == 1 and past == attn_mask.context and attn_mask.length == t:
                 return attn_mask
             log.info(
                 "attention_dense_fallback", rows=b, tokens=t, cached=past, segment_tokens=attn_mask.length

@@ -8,6 +8,10 @@ of the run itself, with a [b - a, c + b - a] mask (c columns of context, then ca
 sum over runs of (b - a)(c + b - a): what the row's segments read, not T², and no [T, T] tensor is
 made (`dense` builds it, for the reference path and the tests).
 
+With a `context` of c positions (keys and values already cached before the row: the engine's trunk
+or an episode's shared opening, its prompts prefilled as the row's runs), every run sees those c keys
+whole before its own ranges, and the row's keys come after them.
+
 Invariant: `attend(q, k, v)` equals `scaled_dot_product_attention(q, k, v, attn_mask=dense())` up to
 float summation order, values and gradients.
 """
@@ -38,10 +42,11 @@ class Run:
 @dataclass(frozen=True)
 class SegmentMask:
     """A packed row's attention as runs that tile it in order (batch 1, every head alike); `length`
-    positions in all."""
+    positions in all, after `context` cached positions every run sees whole."""
 
     length: int
     runs: tuple[Run, ...]
+    context: int = 0
     _masks: dict[tuple[int, int, str], Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def seen(self, run: Run) -> int:
@@ -49,15 +54,17 @@ class SegmentMask:
         return sum(self.runs[j].size for j in run.sees)
 
     def dense(self, device: torch.device | str = "cpu") -> Tensor:
-        """The same attention as a bool [1, 1, T, T] mask (True = may attend): the reference."""
-        mask = torch.zeros(self.length, self.length, dtype=torch.bool, device=device)
+        """The same attention as a bool [1, 1, T, c + T] mask (True = may attend): the reference."""
+        c = self.context
+        mask = torch.zeros(self.length, c + self.length, dtype=torch.bool, device=device)
+        mask[:, :c] = True
         for run in self.runs:
             for j in run.sees:
-                mask[run.start : run.end, self.runs[j].start : self.runs[j].end] = True
-            mask[run.start : run.end, run.start : run.end] = torch.ones(
+                mask[run.start : run.end, c + self.runs[j].start : c + self.runs[j].end] = True
+            mask[run.start : run.end, c + run.start : c + run.end] = torch.ones(
                 run.size, run.size, dtype=torch.bool
             ).tril()
-        return mask.view(1, 1, self.length, self.length)
+        return mask.view(1, 1, self.length, c + self.length)
 
     def _mask(self, n: int, seen: int, device: torch.device) -> Tensor:
         """[n, seen + n]: the context whole, then causal; built once a shape and device."""
@@ -68,21 +75,27 @@ class SegmentMask:
         return self._masks[key]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention of q [1, H, T, D] over k, v [1, H, T, D] (heads already repeated), run by run.
-        The row is split into its runs once (a slice a run would make its backward write a whole
-        [1, H, T, D] gradient a run)."""
-        if q.shape[2] != self.length:
-            raise ValueError(f"a segment mask of {self.length} positions given {q.shape[2]} queries")
+        """Attention of q [1, H, T, D] over k, v [1, H, c + T, D] (heads already repeated), run by
+        run. The row is split into its runs once (a slice a run would make its backward write a
+        whole [1, H, T, D] gradient a run)."""
+        c = self.context
+        if q.shape[2] != self.length or k.shape[2] != c + self.length:
+            raise ValueError(
+                f"a segment mask of {self.length} positions after {c} given {q.shape[2]} queries"
+                f" and {k.shape[2]} keys"
+            )
         sizes = [run.size for run in self.runs]
-        qs, ks, vs = q.split(sizes, dim=2), k.split(sizes, dim=2), v.split(sizes, dim=2)
+        qs = q.split(sizes, dim=2)
+        ks, vs = k[:, :, c:].split(sizes, dim=2), v[:, :, c:].split(sizes, dim=2)
         outs: list[Tensor] = []
         for i, run in enumerate(self.runs):
-            if not run.sees:
+            if not run.sees and not c:
                 outs.append(F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=True))
                 continue
-            keys = torch.cat([ks[j] for j in run.sees] + [ks[i]], dim=2)
-            values = torch.cat([vs[j] for j in run.sees] + [vs[i]], dim=2)
-            mask = self._mask(run.size, self.seen(run), q.device)
+            before = [k[:, :, :c]] if c else []
+            keys = torch.cat(before + [ks[j] for j in run.sees] + [ks[i]], dim=2)
+            values = torch.cat(([v[:, :, :c]] if c else []) + [vs[j] for j in run.sees] + [vs[i]], dim=2)
+            mask = self._mask(run.size, c + self.seen(run), q.device)
             outs.append(F.scaled_dot_product_attention(qs[i], keys, values, attn_mask=mask))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
@@ -111,3 +124,14 @@ def segment_mask(groups: Sequence[int], segments: Sequence[int]) -> SegmentMask:
         runs.append(Run(start, i, sees))
         start = i
     return SegmentMask(len(groups), tuple(runs))
+
+
+def prompts_mask(sizes: Sequence[int], context: int) -> SegmentMask:
+    """Prompts of `sizes` tokens one after another in a row, after `context` cached positions: each
+    sees the context and itself causally, never another prompt (the engine's prefill of a row)."""
+    runs: list[Run] = []
+    start = 0
+    for size in sizes:
+        runs.append(Run(start, start + size, ()))
+        start += size
+    return SegmentMask(start, tuple(runs), context)

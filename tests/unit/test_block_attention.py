@@ -12,7 +12,8 @@ from torch import Tensor
 
 from cadence.model.config import ModelConfig
 from cadence.model.transformer import init_model
-from cadence.ops.block_attention import SegmentMask, segment_mask
+from cadence.model.transformer import KVCache
+from cadence.ops.block_attention import SegmentMask, prompts_mask, segment_mask
 from cadence.ops.packing import Group, pack_groups
 from tests.unit.test_packing import groups_with_a_trunk, make_groups
 
@@ -102,5 +103,37 @@ def test_runs_and_queries_that_do_not_line_up_are_refused() -> None:
         segment_mask([-1, 0], [-1])
     mask: SegmentMask = segment_mask([0, 0, 0], [-1, 0, 0])
     q = torch.zeros(1, 1, 4, 2)
-    with pytest.raises(ValueError, match="3 positions given 4 queries"):
+    with pytest.raises(ValueError, match="3 positions after 0 given 4 queries"):
         mask.attend(q, q, q)
+
+
+def test_prompts_after_a_cached_context_see_it_and_themselves_alone() -> None:
+    """The engine's prefill of a row: prompts one after another after c cached positions. The mask
+    is the formula (the context whole, then each prompt causally and no other), the attention by
+    blocks equals the dense mask's, and so does the model's forward over a cache."""
+    sizes, c = [3, 1, 4, 2], 5
+    mask = prompts_mask(sizes, c)
+    prompt = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    local = torch.arange(mask.length) - (torch.tensor(sizes).cumsum(0) - torch.tensor(sizes))[prompt]
+    sees = (prompt[:, None] == prompt[None, :]) & (local[:, None] >= local[None, :])
+    want = torch.cat([torch.ones(mask.length, c, dtype=torch.bool), sees], dim=1)
+    assert torch.equal(mask.dense()[0, 0], want)
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, mask.length, 8, generator=generator)
+    k, v = (torch.randn(1, 2, c + mask.length, 8, generator=generator) for _ in range(2))
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense())
+    torch.testing.assert_close(mask.attend(q, k, v), dense, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="after 5 given 10 queries and 10 keys"):
+        mask.attend(q, q, q)
+
+    cfg = ModelConfig(vocab_size=20, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2)
+    model = init_model(cfg, seed=6)
+    ids = torch.randint(0, 20, (1, c + mask.length), generator=generator)
+    positions = (c + local).unsqueeze(0)
+    logits = []
+    with torch.no_grad():
+        for how in (mask, mask.dense()):
+            cache = KVCache()
+            model(ids[:, :c], cache=cache)
+            logits.append(model(ids[:, c:], positions, how, cache))
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
