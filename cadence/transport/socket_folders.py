@@ -3,8 +3,9 @@ same-host socket every server adds): one folder of mode 0700 a server, named aft
 
 Invariant: a folder is removed by its server's `close`; one left by a process that was killed (no
 close ran) is removed by the next process of the same user that makes one, once no process of that
-pid runs. Only folders named `cadence-sock-<pid>-…`, owned by this user and holding nothing but
-sockets, are ever removed: nothing else in the temporary folder is touched.
+pid runs. Only folders named `cadence-sock-<pid namespace>-<pid>-…` of this process's own pid
+namespace (a pid means nothing in another's: containers sharing /tmp), owned by this user and holding
+nothing but sockets, are ever removed: nothing else in the temporary folder is touched.
 """
 
 from __future__ import annotations
@@ -25,17 +26,30 @@ PREFIX = "cadence-sock-"
 
 def new_socket_folder() -> str:
     """A new folder of this process's own, mode 0700, after removing those of dead processes."""
-    swept = sweep_stale(Path(tempfile.gettempdir()))
-    if swept:
-        log.info("socket_folders_removed", folders=swept, why="their processes ended without closing them")
-    return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    space = pid_namespace()
+    if space:
+        swept = sweep_stale(Path(tempfile.gettempdir()), space)
+        if swept:
+            log.info(
+                "socket_folders_removed", folders=swept, why="their processes ended without closing them"
+            )
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{space or 'x'}-{os.getpid()}-")
 
 
-def sweep_stale(base: Path) -> int:
-    """Remove this user's socket folders in `base` whose process no longer runs; how many."""
+def pid_namespace() -> str:
+    """This process's pid namespace (its inode), "" where /proc does not say: then nothing is swept."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def sweep_stale(base: Path, space: str) -> int:
+    """Remove this user's socket folders in `base` made in pid namespace `space` by a process that no
+    longer runs; how many."""
     removed = 0
-    for folder in base.glob(f"{PREFIX}*"):
-        pid = _pid_of(folder.name)
+    for folder in base.glob(f"{PREFIX}{space}-*"):
+        pid = _pid_of(folder.name, space)
         if pid is None or pid == os.getpid() or _alive(pid):
             continue
         if _only_sockets_of_mine(folder):
@@ -44,8 +58,8 @@ def sweep_stale(base: Path) -> int:
     return removed
 
 
-def _pid_of(name: str) -> int | None:
-    head = name.removeprefix(PREFIX).split("-", 1)[0]
+def _pid_of(name: str, space: str) -> int | None:
+    head = name.removeprefix(f"{PREFIX}{space}-").split("-", 1)[0]
     return int(head) if head.isdigit() else None
 
 

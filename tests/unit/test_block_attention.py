@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cadence.model.config import ModelConfig
-from cadence.model.transformer import init_model
-from cadence.model.transformer import KVCache
+from cadence.model.transformer import KVCache, init_model
 from cadence.ops.block_attention import SegmentMask, prompts_mask, segment_mask
 from cadence.ops.packing import Group, pack_groups
 from tests.unit.test_packing import groups_with_a_trunk, make_groups
