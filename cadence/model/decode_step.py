@@ -76,14 +76,17 @@ def project(linear: nn.Module, x: Tensor) -> Tensor:
     """``linear(x)`` for x [..., in]: the same products and sums in another order, equal to float
     rounding, and possibly a transposed view (``.contiguous()`` where the layout matters).
 
-    A plain float32 ``nn.Linear`` on the CPU is computed as W·xᵀ. With a step's few rows, MKL runs that
-    product 1.2 to 2.2x faster than x·Wᵀ (``F.linear``) when the weights stream from memory, as a decode
-    step's do (SmolLM2's 211 products of a step, 1 to 96 rows, AMD EPYC AVX2); in bfloat16 it is slower,
-    and a GPU's kernels do not care. Anything else (another dtype or device, an adapter's wrapper, a
-    module with hooks) is called as it is."""
+    A plain float32 ``nn.Linear`` on the CPU, with two threads or more, is computed as W·xᵀ. With a
+    step's few rows and two threads, MKL runs that product 1.2 to 2.2x faster than x·Wᵀ
+    (``F.linear``) when the weights stream from memory, as a decode step's do (SmolLM2's 211 products
+    of a step, 1 to 96 rows, AMD EPYC AVX2); with one thread it is up to 1.4x slower, in bfloat16
+    slower too, and a GPU's kernels do not care. The choice depends on the thread count alone, never
+    on a timing, so two runs of one config compute alike. Anything else (one thread, another dtype
+    or device, an adapter's wrapper, a module with hooks) is called as it is."""
     if (
         type(linear) is not nn.Linear
         or x.device.type != "cpu"
+        or torch.get_num_threads() < 2
         or x.dtype != torch.float32
         or linear._forward_hooks
         or linear._forward_pre_hooks

@@ -104,7 +104,8 @@ def test_a_decode_step_gives_each_slot_the_full_forwards_logits_at_its_own_posit
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_projection_as_w_times_x_equals_the_modules_own(bias: bool) -> None:
     """The step's float32 products on the CPU (W·xᵀ) equal ``nn.Linear``'s (x·Wᵀ) to float rounding, in
-    the layout a caller reads; a module with a hook, or in bfloat16, is the module's own call."""
+    the layout a caller reads; a module with a hook, in bfloat16 or with one thread is the module's own
+    call."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 80, bias=bias)
     x = torch.randn(7, 1, 48)
@@ -118,6 +119,13 @@ def test_a_projection_as_w_times_x_equals_the_modules_own(bias: bool) -> None:
         handle.remove()
         half = linear.to(torch.bfloat16)
         assert torch.equal(project(half, x.bfloat16()), half(x.bfloat16()))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: x·Wᵀ is the faster there
+        try:
+            single = torch.nn.Linear(48, 80, bias=bias)
+            assert torch.equal(project(single, x), single(x))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_rows_admitted_as_slots_free_give_every_sample_unchanged() -> None:
