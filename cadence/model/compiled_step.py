@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
-from cadence.model.decode_step import decode_step
+from cadence.model.decode_step import decode_step, weights_first_here
 from cadence.model.transformer import Transformer
 
 log = structlog.get_logger()
@@ -66,19 +66,20 @@ class StepRunner:
         write_at: Tensor,
         width: int,
     ) -> Tensor:
+        first = weights_first_here(tokens.device)  # a plain bool into the compiled step: a guard
         if not self.compiled:
-            return decode_step(self.model, keys, values, tokens, positions, write_at, width)
+            return decode_step(self.model, keys, values, tokens, positions, write_at, width, first)
         shape = (tokens.shape[0], width, keys[0].shape[2])
         fresh = shape not in self._shapes
         begin = time.perf_counter()
         try:
             # no size taken as another's because they happen to be equal once (rows as kv heads)
             with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                logits = self._fn(self.model, keys, values, tokens, positions, write_at, width)
+                logits = self._fn(self.model, keys, values, tokens, positions, write_at, width, first)
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
             self.compiled = False
             log.warning("engine_compile_failed", error=repr(error)[:500], rows=shape[0], width=width)
-            return decode_step(self.model, keys, values, tokens, positions, write_at, width)
+            return decode_step(self.model, keys, values, tokens, positions, write_at, width, first)
         if fresh:
             self._shapes.add(shape)
             took = time.perf_counter() - begin

@@ -30,6 +30,7 @@ def decode_step(
     positions: Tensor,
     write_at: Tensor,
     width: int,
+    weights_first: bool = False,
 ) -> Tensor:
     """Float32 logits [B, V] of the next token of each of the slots 0..B-1.
 
@@ -38,7 +39,8 @@ def decode_step(
     tensor of all layers would be copied whole a step); ``tokens`` [B]:
     each slot's newest token, at position ``positions`` [B] (its cache index too); ``write_at`` [B]:
     where its keys and values go (its position, or the spare last one for a row that writes nowhere);
-    ``width``: the cache positions attended (every row's position is below it)."""
+    ``width``: the cache positions attended (every row's position is below it); ``weights_first``:
+    the float32 products as W·xᵀ (``project``; what ``weights_first_here`` says for this process)."""
     b = tokens.shape[0]
     cfg = model.cfg
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -54,12 +56,12 @@ def decode_step(
         layer = cast(DecoderLayer, module)
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = project(attn.q_proj, h).contiguous().view(b, 1, heads, head_dim)
-        k = project(attn.k_proj, h).contiguous().view(b, 1, kv_heads, head_dim)
+        q = project(attn.q_proj, h, weights_first).contiguous().view(b, 1, heads, head_dim)
+        k = project(attn.k_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim)
         if attn.q_norm is not None and attn.k_norm is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = project(attn.v_proj, h).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
+        v = project(attn.v_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         keys[i].index_put_((rows, kv, at), k[:, :, 0])
@@ -67,26 +69,32 @@ def decode_step(
         out = F.scaled_dot_product_attention(
             q, keys[i][:b, :, :width], values[i][:b, :, :width], attn_mask=seen, enable_gqa=grouped
         )
-        x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim))
-        x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
-    return project(model.lm_head, model.model.norm(x))[:, 0].float().contiguous()
+        x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
+        x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), weights_first)
+    return project(model.lm_head, model.model.norm(x), weights_first)[:, 0].float().contiguous()
 
 
-def project(linear: nn.Module, x: Tensor) -> Tensor:
+def weights_first_here(device: torch.device) -> bool:
+    """Whether a step on ``device`` in this process computes its float32 products as W·xᵀ: on the CPU
+    with two threads or more (``project`` says why). Read by the caller, outside a compiled step: the
+    thread count is fixed by the config, never by a timing, so two runs of one config compute alike."""
+    return device.type == "cpu" and torch.get_num_threads() >= 2
+
+
+def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
     """``linear(x)`` for x [..., in]: the same products and sums in another order, equal to float
     rounding, and possibly a transposed view (``.contiguous()`` where the layout matters).
 
-    A plain float32 ``nn.Linear`` on the CPU, with two threads or more, is computed as W·xᵀ. With a
+    With ``weights_first``, a plain float32 ``nn.Linear`` on the CPU is computed as W·xᵀ. With a
     step's few rows and two threads, MKL runs that product 1.2 to 2.2x faster than x·Wᵀ
     (``F.linear``) when the weights stream from memory, as a decode step's do (SmolLM2's 211 products
     of a step, 1 to 96 rows, AMD EPYC AVX2); with one thread it is up to 1.4x slower, in bfloat16
-    slower too, and a GPU's kernels do not care. The choice depends on the thread count alone, never
-    on a timing, so two runs of one config compute alike. Anything else (one thread, another dtype
+    slower too, and a GPU's kernels do not care. Anything else (not ``weights_first``, another dtype
     or device, an adapter's wrapper, a module with hooks) is called as it is."""
     if (
-        type(linear) is not nn.Linear
+        not weights_first
+        or type(linear) is not nn.Linear
         or x.device.type != "cpu"
-        or torch.get_num_threads() < 2
         or x.dtype != torch.float32
         or linear._forward_hooks
         or linear._forward_pre_hooks
@@ -99,8 +107,9 @@ def project(linear: nn.Module, x: Tensor) -> Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+def _mlp(mlp: nn.Module, x: Tensor, weights_first: bool) -> Tensor:
     if type(mlp) is not MLP:
         return mlp(x)
     mlp = cast(MLP, mlp)
-    return project(mlp.down_proj, F.silu(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
+    gate, up = project(mlp.gate_proj, x, weights_first), project(mlp.up_proj, x, weights_first)
+    return project(mlp.down_proj, F.silu(gate) * up, weights_first)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.config import ModelConfig
-from cadence.model.decode_step import decode_step, project
+from cadence.model.decode_step import decode_step, project, weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.slots import SlotCache, row_bucket, width_bucket
 from cadence.model.transformer import init_model
@@ -93,6 +93,8 @@ def test_a_decode_step_gives_each_slot_the_full_forwards_logits_at_its_own_posit
         positions = torch.tensor([len(p) - 1 for p in prompts] + [3])
         write_at = torch.cat([positions[:3], torch.tensor([cache.spare])])
         logits = decode_step(model, cache.keys, cache.values, tokens, positions, write_at, 16)
+        first = decode_step(model, cache.keys, cache.values, tokens, positions, write_at, 16, True)
+        torch.testing.assert_close(first, logits, atol=1e-5, rtol=1e-5)  # the products as W·xᵀ
         for row, prompt in enumerate(prompts):
             full = model(torch.tensor([prompt]))[0, -1]
             torch.testing.assert_close(logits[row], full, atol=1e-5, rtol=1e-5)
@@ -119,13 +121,16 @@ def test_a_projection_as_w_times_x_equals_the_modules_own(bias: bool) -> None:
         handle.remove()
         half = linear.to(torch.bfloat16)
         assert torch.equal(project(half, x.bfloat16()), half(x.bfloat16()))
-        threads = torch.get_num_threads()
+        assert torch.equal(project(linear.float(), x, weights_first=False), linear.float()(x))
+    threads = torch.get_num_threads()
+    try:
+        assert weights_first_here(torch.device("cpu")) == (threads >= 2)
         torch.set_num_threads(1)  # one thread: x·Wᵀ is the faster there
-        try:
-            single = torch.nn.Linear(48, 80, bias=bias)
-            assert torch.equal(project(single, x), single(x))
-        finally:
-            torch.set_num_threads(threads)
+        assert not weights_first_here(torch.device("cpu"))
+        torch.set_num_threads(2)
+        assert weights_first_here(torch.device("cpu")) and not weights_first_here(torch.device("meta"))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_rows_admitted_as_slots_free_give_every_sample_unchanged() -> None:
