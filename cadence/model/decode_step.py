@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cadence.model.lora import LoraLinear
 from cadence.model.rope import rope_cos_sin
 from cadence.model.transformer import MLP, DecoderLayer, Transformer, rotate_half
 
@@ -90,21 +91,26 @@ def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
     (``F.linear``) when the weights stream from memory, as a decode step's do (SmolLM2's 211 products
     of a step, 1 to 96 rows, AMD EPYC AVX2); with one thread it is up to 1.4x slower, in bfloat16
     slower too, and a GPU's kernels do not care. Anything else (not ``weights_first``, another dtype
-    or device, an adapter's wrapper, a module with hooks) is called as it is."""
+    or device, a wrapper other than an adapter's ``LoraLinear``, whose base goes so and its low-rank
+    product is added as its forward adds it, a module with hooks) is called as it is."""
     if (
         not weights_first
-        or type(linear) is not nn.Linear
+        or type(linear) not in (nn.Linear, LoraLinear)
         or x.device.type != "cpu"
         or x.dtype != torch.float32
         or linear._forward_hooks
         or linear._forward_pre_hooks
     ):
         return linear(x)
+    assert isinstance(linear, nn.Linear)
     flat = x.reshape(-1, x.shape[-1])
     out = torch.mm(linear.weight, flat.t()).t()
     if linear.bias is not None:
         out = out + linear.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+    out = out.reshape(*x.shape[:-1], out.shape[-1])
+    if isinstance(linear, LoraLinear):  # its base as above, then its low-rank product as its forward adds it
+        return out + linear.lora_B(linear.lora_A(linear.dropout(x))) * linear.scale
+    return out
 
 
 def _mlp(mlp: nn.Module, x: Tensor, weights_first: bool) -> Tensor:
