@@ -92,8 +92,7 @@ class SegmentMask:
             if not run.sees and not c:
                 outs.append(F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=True))
                 continue
-            before = [k[:, :, :c]] if c else []
-            keys = torch.cat(before + [ks[j] for j in run.sees] + [ks[i]], dim=2)
+            keys = torch.cat(([k[:, :, :c]] if c else []) + [ks[j] for j in run.sees] + [ks[i]], dim=2)
             values = torch.cat(([v[:, :, :c]] if c else []) + [vs[j] for j in run.sees] + [vs[i]], dim=2)
             mask = self._mask(run.size, c + self.seen(run), q.device)
             outs.append(F.scaled_dot_product_attention(qs[i], keys, values, attn_mask=mask))
