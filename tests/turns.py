@@ -12,6 +12,7 @@ from torch import Tensor
 from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.model.rollout_engine import TurnEngine
 from cadence.tasks.environments.generation import TurnCodec, turn_seed
+from cadence.wire.buffer import Buffer
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class RecordingTurns:
     def max_context(self) -> int:
         return self.engine.max_context
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         self.engine.load(weights)
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:

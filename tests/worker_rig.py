@@ -20,6 +20,7 @@ from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork, InprocServer
 from cadence.transport.session import Session
 from cadence.transport.weights import WeightStore
+from cadence.wire.buffer import Buffer
 from cadence.wire.messages import Register, Welcome, WorkRequest
 from tests.conftest import expect
 
@@ -37,7 +38,7 @@ async def welcomed_worker(
     cfg: RunConfig,
     network: InprocNetwork,
     engine: RolloutEngine,
-    weights: bytes | bytearray,
+    weights: bytes | Buffer,
     chunk_bytes: int,
     timeout: float = 5.0,
 ) -> AsyncIterator[Welcomed]:

@@ -125,7 +125,7 @@ class Dispatcher:
             extra=s.oversample,
             stream=s.stream,
             max_credits=s.max_credits,
-            hold=Hold(s.hold_s, s.hold_floor_s),
+            hold=Hold(s.hold_s, s.hold_floor_s, s.hold_idle_floor_s),
         )
         self.run_done: RunDone | None = None
         self.stopped = False  # its user ended the run before its last period
@@ -354,10 +354,11 @@ class Dispatcher:
 
     def _expire(self) -> None:
         """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
+        deadlines = {route: round(self.core.deadline(route), 1) for route in self.core.credits}
         expired = self.core.expire(self.clock())
         for route, ids in expired.items():
             holder = self.peers[route].name if route in self.peers else "a worker gone"
-            deadline = round(self.core.hold.deadline(), 1)
+            deadline = deadlines.get(route, round(self.core.hold.deadline(), 1))
             log.warning(
                 "assignment_expired", peer=holder, period=self.core.period, prompt_ids=ids, held_s=deadline
             )

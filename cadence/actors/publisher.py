@@ -2,14 +2,16 @@
 
 ```
  session (transport/session.py): Register, heartbeats, until the dispatcher's Shutdown
- trainer (same process) ─ publish(k, bytes) ─► store[k] (xxh3-128 digest) ─► returns the digest
+ trainer (same process) ─ buffer(n): a slot of shared memory (else a pool's) to serialise k into
+                       ─ publish(k, bytes) ─► store[k] (its digest) ─► returns the digest
  dispatcher ─ TrainerKey(key) ─► uploads must carry tickets made with it (wire/roles.py)
  trainer (elsewhere) ── WeightUpload(k, i/n, ticket) ─► the ticket? the sizes? (else refused)
                         ─► assembled, verified ─► store[k]; partial uploads: at most
                         weights.max_upload_bytes together, each freed after a liveness of silence
  with a broadcaster: publish(k, bytes, tensors) also broadcasts k to the members (transport/broadcast.py)
- with shared versions: store[k] also written once into shared memory (transport/shared_memory.py),
-                       its slot named in k's WeightMeta for the workers on this host to map
+ with shared versions: store[k] held in the slot it was serialised into (transport/shared_memory.py;
+                       other bytes, an upload's, copied into one), named in k's WeightMeta for the
+                       workers on this host to map
  worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
@@ -33,6 +35,7 @@ import structlog
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
 from cadence.transport.weights import WeightError, WeightStore
+from cadence.wire.buffer import Buffer
 from cadence.wire.meaning import upload_problem
 from cadence.wire.messages import (
     BroadcastJoin,
@@ -94,9 +97,11 @@ class Publisher:
         settings: PublisherSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         shared: SharedVersions | None = None,
+        alloc: Callable[[int], bytearray] = bytearray,
     ) -> None:
         self.server = server
         self.shared = shared
+        self.alloc = alloc
         self.session = session
         self.store = store
         self.broadcaster = broadcaster
@@ -113,10 +118,10 @@ class Publisher:
         self.trainer_key = msg.key
 
     async def publish(
-        self, version: int, data: bytes | bytearray, tensors: Mapping[str, Tensor] | None = None
+        self, version: int, data: Buffer | bytes, tensors: Mapping[str, Tensor] | None = None
     ) -> str:
         """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
-        them to the members. Its digest (xxh3-128: a full sha256 would cost a 135M model a third of a
+        them to the members. Its digest (xxh3-128 by pieces: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""
         stored = self.store.put(version, data)
         self._share(version, data)
@@ -124,17 +129,34 @@ class Publisher:
             await self.broadcaster.broadcast(version, tensors)
         return stored.digest
 
-    def _share(self, version: int, data: bytes | bytearray) -> None:
-        """Write `version` for the workers on this host too; where the host has no memory left for
-        it, stop sharing (one line): every worker pulls from then on."""
+    def buffer(self, nbytes: int) -> Buffer:
+        """Where the trainer serialises the next version (from its computing thread): a slot of shared
+        memory while the publisher shares, so `publish` offers it to the workers on this host without
+        a copy; else (or where the host has no memory left for a slot) `alloc`'s buffer."""
+        shared = self.shared
+        if shared is not None:
+            try:
+                return shared.take(nbytes)
+            except OSError as err:
+                self._stop_sharing(err, version=None)
+        return self.alloc(nbytes)
+
+    def _share(self, version: int, data: Buffer | bytes) -> None:
+        """Write `version` for the workers on this host too (no copy when `data` is the slot `buffer`
+        gave); where the host has no memory left for it, stop sharing (one line): every worker pulls
+        from then on."""
         if self.shared is None:
             return
         try:
             self.shared.write(version, data)
         except OSError as err:
+            self._stop_sharing(err, version)
+
+    def _stop_sharing(self, err: OSError, version: int | None) -> None:
+        shared, self.shared = self.shared, None
+        if shared is not None:
             log.warning("shared_memory_failed", version=version, error=str(err), fallback="zmq")
-            self.shared.close()
-            self.shared = None
+            shared.close()
 
     async def run(self) -> None:
         try:

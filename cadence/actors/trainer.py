@@ -66,6 +66,7 @@ from cadence.training.steps import Steps
 from cadence.training.trainer_settings import TrainerSettings
 from cadence.transport.endpoint import Server
 from cadence.transport.session import Session
+from cadence.wire.buffer import Buffer
 from cadence.wire.meaning import group_problem
 from cadence.wire.messages import (
     Consumed,
@@ -81,7 +82,7 @@ from cadence.wire.roles import valid_ticket
 
 log = structlog.get_logger()
 
-Publish = Callable[[int, bytes | bytearray], Awaitable[str]]
+Publish = Callable[[int, bytes | Buffer], Awaitable[str]]
 
 
 class Trainer:
@@ -110,7 +111,7 @@ class Trainer:
         samples: SampleWriter | None = None,
         resume: bool = False,
         use_threads: Callable[[int], None] | None = None,
-        alloc: Callable[[int], bytearray] = bytearray,
+        alloc: Callable[[int], Buffer] = bytearray,
     ) -> None:
         self.settings = settings
         self.alloc = alloc

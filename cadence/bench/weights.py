@@ -24,9 +24,10 @@ is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes).
   the first), the buckets' sha256 checked by each worker. NCCL and HCCL need their devices: they
   would be entries of their own, with the same keys.
 - `shm`, the same-host transport: a `SharedVersions` (kept for the whole bench, so its slots are
-  written again as in a run) writes the version into a slot, one copy, inside the clock; each worker
-  maps it with a `SharedReader`, the xxh3-128 checked against the publisher's, as a worker on the
-  publisher's host does.
+  written again as in a run) holds the version in the slot it was written into before the clock
+  (where a run's trainer serialises it, as the other entries' bytes are serialised before theirs);
+  each worker maps it with its `SharedReader` (kept from one repeat to the next, with its mappings,
+  as a rollout worker keeps it), the digest checked against the publisher's.
 `load_1min` is the machine's load average at the end: other work on the cores moves every figure.
 
 Invariant: a `zmq` figure counts only pulls whose bytes passed `pull_weights`' sha256 check against
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -252,9 +254,11 @@ class _SharedBench:
     def send(self, data: bytes, version: int, conns: list[Connection]) -> float:
         if self.shared is None:
             self.shared = SharedVersions(keep=WeightsConfig().keep_versions)
-        xxh = digest(data)  # as the publisher's store has it before the clock starts
+        buffer = self.shared.take(len(data))
+        buffer[:] = data  # what the trainer serialises into the slot, as it does into the pool's buffer
+        xxh = digest(buffer)  # as the publisher's store has it before the clock starts
         begin = time.perf_counter()
-        slot = self.shared.write(version, data)
+        slot = self.shared.write(version, buffer)  # no copy: the slot it was serialised into
         meta = WeightMeta(version, True, len(data), xxh, CHUNK_BYTES, 1, shared=slot)
         for conn in conns:
             conn.send(("shm", encode(meta, "bench")))
@@ -262,10 +266,16 @@ class _SharedBench:
         return time.perf_counter() - begin
 
 
+@functools.cache
+def _reader() -> SharedReader:
+    """The worker process's reader, kept as a rollout worker keeps it (with its slots' mappings)."""
+    return SharedReader()
+
+
 def _shm_receive(reply: Reply, frame: bytes) -> None:
     msg = decode(frame).message
     assert isinstance(msg, WeightMeta)
-    mapped = SharedReader().map(msg)  # raises unless the size and the xxh3-128 match
+    mapped = _reader().map(msg)  # raises unless the size and the digest match
     reply(len(mapped.data))
     mapped.release()
 

@@ -71,14 +71,17 @@ class RolloutConfig:
         " back as each group leaves; off: a batch's credits go back once it is done. Samples are the same"
         " either way, but with it on the order groups reach the trainer, and so the float order of its"
         " sums, depends on timing: auto is on when the run starts more than one worker (whose groups"
-        " interleave by timing anyway) and off with one, which then trains the same weights bit for bit",
+        " interleave by timing anyway) and off with one, which then trains the same weights bit for bit"
+        " with trainer.micro_batch_tokens = 0 (else the micro-batches of what has arrived depend on"
+        " timing too)",
     )
     hold_s: float = doc(
         0.0,
         "seconds a worker may hold an assignment before it goes back to the queue for another worker"
         " (logged as assignment_expired; the first result to reach the trainer is trained, a later one"
         " dropped as a duplicate); 0: derived from the run, 4 x the slowest group seen so far from its"
-        " assignment to the trainer, and never under 20 liveness timeouts",
+        " assignment to the trainer, and never under 20 liveness timeouts, or under one while another"
+        " worker waits for work and gets none",
         Rule(ge=0, finite=True, note="0: derived from the run"),
     )
     dtype: Literal["float32", "bfloat16"] = doc(

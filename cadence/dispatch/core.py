@@ -24,7 +24,9 @@ and sends the assignments it returns.
                              some is told (StopPeriod)
  leave(worker) / restart ──► what it held back to the front of the queue, in prompt order
  expire(now) ──────────────► what a worker held past the hold (rollout.hold_s, else 4 x the slowest
-                             group so far) back to the front of the queue, for another worker
+                             group so far, at least 20 liveness timeouts, or one while another
+                             worker waits with nothing to do) back to the front of the queue, for
+                             another worker
  answer(eval result) ──────► a complete round ─► its eval.jsonl row and samples
 ```
 
@@ -61,18 +63,26 @@ Sends = list[tuple[bytes, Assignment]]
 class Hold:
     """How long a worker may hold an assignment: `fixed` seconds (`rollout.hold_s`), or, with 0,
     derived from the run: 4 x the slowest group seen from its assignment to the trainer, never under
-    `floor` (before any group is seen: `floor`)."""
+    `floor` (before any group is seen: `floor`); while another worker waits for work and gets none,
+    never under `idle_floor` instead (0: `floor`), once a group is seen. So a worker that holds the
+    period's last prompts and answers nothing keeps the others idle a few times the run's slowest
+    group, not the whole floor; an honest one that is merely slow has its prompts generated again by
+    an idle worker, and the first result to reach the trainer is trained."""
 
-    def __init__(self, fixed: float = 0.0, floor: float = 60.0) -> None:
+    def __init__(self, fixed: float = 0.0, floor: float = 60.0, idle_floor: float = 0.0) -> None:
         self.fixed = fixed
         self.floor = floor
+        self.idle_floor = idle_floor
         self.slowest = 0.0
 
     def took(self, seconds: float) -> None:
         self.slowest = max(self.slowest, seconds)
 
-    def deadline(self) -> float:
-        return self.fixed if self.fixed > 0 else max(4 * self.slowest, self.floor)
+    def deadline(self, others_idle: bool = False) -> float:
+        if self.fixed > 0:
+            return self.fixed
+        early = others_idle and self.slowest > 0 and self.idle_floor > 0
+        return max(4 * self.slowest, self.idle_floor if early else self.floor)
 
 
 @dataclass(frozen=True)
@@ -195,7 +205,15 @@ class DispatchCore:
     def expire(self, now: float) -> dict[bytes, list[int]]:
         """The training prompts held past the hold deadline go back to the queue (to the front, in
         prompt order): their ids, by the route of the worker that held them."""
-        return self.ledger.expire(now - self.hold.deadline())
+        return self.ledger.expire(lambda worker: now - self.deadline(worker))
+
+    def deadline(self, worker: bytes) -> float:
+        """How long `worker` may hold a prompt now: shorter while another worker waits for work the
+        queue cannot give it (it has credits it may use, and nothing is queued)."""
+        waiting = not self.ledger.queued and any(
+            other != worker and self._usable(other) > 0 for other in self.credits
+        )
+        return self.hold.deadline(others_idle=waiting)
 
     def restart(self, worker: bytes) -> int:
         """`worker` (welcomed again) drops what it held and asks afresh: its prompts back to the front

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cadence.tasks.base import Prompt
@@ -122,10 +122,15 @@ class Ledger:
         entry = self._entries.get(prompt_id)
         return entry.since if entry is not None and entry.state is State.ASSIGNED else None
 
-    def expire(self, before: float) -> dict[bytes, list[int]]:
-        """The prompts assigned before `before` go back to the front of the queue, in prompt order:
-        their ids, by the route of the worker that held them."""
-        late = sorted(i for i, e in self._entries.items() if e.state is State.ASSIGNED and e.since < before)
+    def expire(self, before: Callable[[bytes], float]) -> dict[bytes, list[int]]:
+        """The prompts a worker was assigned before `before(worker)` go back to the front of the queue,
+        in prompt order: their ids, by the route of the worker that held them."""
+        cutoff = {w: before(w) for w in {e.worker for e in self._entries.values() if e.worker is not None}}
+        late = sorted(
+            i
+            for i, e in self._entries.items()
+            if e.state is State.ASSIGNED and e.worker is not None and e.since < cutoff[e.worker]
+        )
         held: dict[bytes, list[int]] = {}
         for pid in late:
             entry = self._entries[pid]

@@ -30,4 +30,5 @@ class DispatcherSettings:
     max_credits: int = 0  # the credits a worker may hold (`rollout.inflight`; 0: no cap)
     hold_s: float = 0.0  # how long a worker may hold an assignment (0: derived from the run)
     hold_floor_s: float = 60.0  # the derived hold's least (20 liveness timeouts)
+    hold_idle_floor_s: float = 0.0  # its least while another worker waits idle (a liveness timeout)
     run_secret: str = ""  # what a trainer or publisher must show to register (`run.secret`; "": none)

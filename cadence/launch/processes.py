@@ -27,6 +27,7 @@ from cadence.monitor.run_dir import write_whole
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
 from cadence.transport.zmq_socket import ZmqNetwork, listen_address
+from cadence.wire.buffer import Buffer
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
@@ -165,9 +166,8 @@ async def trainer_main(
             secret=secret,
             stream=stream,
         )
-        buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
-        publish, jobs = _publish_function(
-            cfg, net, connect, publisher_address, learner, own.key, buffers, secret
+        publish, alloc, jobs = _publish_function(
+            cfg, net, connect, publisher_address, learner, own.key, secret
         )
         trainer = Trainer(
             trainer_settings(cfg, vocab_limit(cfg, tokenizer)),
@@ -181,7 +181,7 @@ async def trainer_main(
             samples=SampleWriter(out / "samples"),
             resume=resume,
             use_threads=use_threads,
-            alloc=buffers.take,
+            alloc=alloc,
         )
         await first_of(trainer.run(), *jobs)
     finally:
@@ -198,24 +198,26 @@ def _publish_function(
     publisher_address: str | None,
     learner: Learner,
     key: str,
-    buffers: BufferPool,
     secret: str = "",
-) -> tuple[Publish, list[Coroutine[Any, Any, None]]]:
-    """How the trainer publishes a version: to a publisher it hosts (whose loop is returned to run
-    beside it), broadcasting the learner's tensors when it has a broadcaster; or uploaded in chunks
-    to the publisher at `publisher_address`, with tickets made with the trainer's `key`. The bytes
-    of a version go back to `buffers` once the hosted publisher lets the version go, or uploaded."""
+) -> tuple[Publish, Callable[[int], Buffer], list[Coroutine[Any, Any, None]]]:
+    """How the trainer publishes a version, and where it serialises one: to a publisher it hosts
+    (whose loop is returned to run beside it), broadcasting the learner's tensors when it has a
+    broadcaster, serialised into the publisher's `buffer` (shared memory, else a pool's); or
+    uploaded in chunks to the publisher at `publisher_address`, with tickets made with the
+    trainer's `key`, from a pool's buffer. A pool's buffer goes back once the hosted publisher lets
+    its version go, or once uploaded."""
     from cadence.transport.weights import upload_weights
 
+    buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
     if publisher_address is None:
-        publisher = _publisher(cfg, net, connect, evicted=buffers.give, secret=secret)
+        publisher = _publisher(cfg, net, connect, buffers=buffers, secret=secret)
         if publisher.broadcaster is None:
-            return publisher.publish, [publisher.run()]
+            return publisher.publish, publisher.buffer, [publisher.run()]
 
-        async def broadcast(version: int, data: bytes | bytearray) -> str:
+        async def broadcast(version: int, data: bytes | Buffer) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
-        return broadcast, [publisher.run()]
+        return broadcast, publisher.buffer, [publisher.run()]
     if cfg.weights.transport != "zmq":
         raise ConfigError(
             f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
@@ -224,12 +226,12 @@ def _publish_function(
     uploads = net.connect("trainer", publisher_address)
     timeout = cfg.transport.liveness_timeout_s
 
-    async def upload(version: int, data: bytes | bytearray) -> str:
+    async def upload(version: int, data: bytes | Buffer) -> str:
         uploaded = await upload_weights(uploads, version, data, cfg.weights.chunk_bytes, timeout, key)
         buffers.give(data)
         return uploaded
 
-    return upload, []
+    return upload, buffers.take, []
 
 
 def follower_main(cfg: RunConfig, ranks: Ranks) -> int:
@@ -269,7 +271,7 @@ def _publisher(
     net: ZmqNetwork,
     connect: str,
     with_broadcast: bool = True,
-    evicted: Callable[[bytes | bytearray], None] | None = None,
+    buffers: BufferPool | None = None,
     secret: str = "",
     stream: LogStream | None = None,
 ) -> Publisher:
@@ -292,10 +294,11 @@ def _publisher(
             secret,
             stream,
         ),
-        WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, evicted),
+        WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, buffers.give if buffers else None),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),
         shared=_shared_versions(cfg),
+        alloc=buffers.take if buffers is not None else bytearray,
     )
 
 

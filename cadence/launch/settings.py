@@ -90,6 +90,7 @@ def dispatcher_settings(cfg: RunConfig) -> DispatcherSettings:
         max_credits=cfg.rollout.inflight,
         hold_s=cfg.rollout.hold_s,
         hold_floor_s=20 * cfg.transport.liveness_timeout_s,
+        hold_idle_floor_s=cfg.transport.liveness_timeout_s,
     )
 
 

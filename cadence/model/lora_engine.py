@@ -30,6 +30,7 @@ from cadence.model.lora import LoraSpec, adapter_pairs, apply_lora, merge_adapte
 from cadence.model.lora_files import read_adapter_bytes
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.transformer import hf_state_dict
+from cadence.wire.buffer import Buffer
 
 APPLY = ("merge", "step")
 
@@ -54,7 +55,7 @@ class LoraRolloutEngine:
         self.base_state = {k: t.detach() for k, t in hf_state_dict(model).items()}
         self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         adapters, scale, base = read_adapter_bytes(weights)
         if base != self.base:
             raise ValueError(

@@ -32,6 +32,7 @@ from cadence.model.checkpoint import (
 )
 from cadence.model.config import ModelConfig
 from cadence.model.lora import TARGETS, LoraSpec, adapter_pairs
+from cadence.wire.buffer import Buffer
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -68,15 +69,15 @@ def adapter_bytes(
     adapters: Mapping[str, Tensor],
     spec: LoraSpec,
     base: str,
-    alloc: Callable[[int], bytearray] = bytearray,
+    alloc: Callable[[int], Buffer] = bytearray,
     dtype: torch.dtype | str | None = None,
-) -> bytearray:
+) -> Buffer:
     """A version: the adapters' safetensors bytes (in `dtype` where given), the spec and the base's
     identity in the header."""
     return tensors_to_bytes(adapters, alloc, dtype, spec_metadata(spec, base))
 
 
-def read_adapter_bytes(data: bytes | bytearray) -> tuple[dict[str, Tensor], float, str]:
+def read_adapter_bytes(data: bytes | Buffer) -> tuple[dict[str, Tensor], float, str]:
     """A version's adapters, scale (alpha / rank) and base identity; ValueError for bytes that are no
     adapter version (a full model's, or adapters that do not pair)."""
     meta = safetensors_metadata(data)
@@ -113,7 +114,7 @@ def peft_config(spec: LoraSpec, modules: list[str], base_path: str | None) -> di
 
 def write_peft(
     directory: Path, adapters: Mapping[str, Tensor], spec: LoraSpec, base: str, base_path: str | None
-) -> bytearray:
+) -> Buffer:
     """The PEFT adapter folder of `adapters` in `directory` (created); the weight file's bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     named = {PEFT_PREFIX + name: t.detach() for name, t in adapters.items()}

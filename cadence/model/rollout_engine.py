@@ -22,10 +22,11 @@ from cadence.model.engine import (
     StoppedGroups,
     TorchEngine,
 )
+from cadence.wire.buffer import Buffer
 
 
 class RolloutEngine(Protocol):
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         """Take the weights of a version as safetensors bytes (pulled from the publisher). An engine
         may compute with a bytearray's bytes themselves until its next load: the caller leaves them
         unchanged while anything views them (a `BufferPool` hands such a buffer out again only then)."""
@@ -118,7 +119,7 @@ class TorchRolloutEngine:
         self.engine = engine
         self.params = params
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         # a bytearray's tensors are views of it: they become the model's weights, no copy
         self.engine.load_state_dict(state_dict_from_bytes(weights), share=isinstance(weights, bytearray))
 

@@ -26,6 +26,7 @@ from torch import Tensor
 from cadence.config import ConfigError, VllmConfig
 from cadence.model.checkpoint import state_dict_from_bytes
 from cadence.model.engine import Completion, GroupEnded, SamplingParams, StoppedGroups
+from cadence.wire.buffer import Buffer
 
 # vLLM reads these when imported: the engine core in this process (so weights pass by reference),
 # and its own log at WARNING unless the user chose otherwise.
@@ -125,7 +126,7 @@ class VllmEngine:
         self._request_ids = count()  # a request's id, unique in the engine's life
         self.lora_request: Any = None  # the adapters every request is generated with (vllm_lora.py)
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         """Load published safetensors bytes (HF names)."""
         self.load_state(state_dict_from_bytes(weights))
 

@@ -27,6 +27,7 @@ from cadence.model.engine import SamplingParams
 from cadence.model.lora import LoraSpec
 from cadence.model.lora_files import read_adapter_bytes, write_peft
 from cadence.model.vllm_engine import VllmEngine
+from cadence.wire.buffer import Buffer
 
 
 class VllmLoraEngine(VllmEngine):
@@ -52,7 +53,7 @@ class VllmLoraEngine(VllmEngine):
         self._folder = Path(tempfile.mkdtemp(prefix="cadence-lora-"))
         self._ids = count(1)  # vLLM's adapter ids start at 1
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         adapters, scale, base = read_adapter_bytes(weights)
         if base != self.base:
             raise ValueError(

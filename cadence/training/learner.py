@@ -50,6 +50,7 @@ from cadence.training.policy_pass import PolicyPass, policy_pass
 from cadence.training.state import read_state, write_checkpoint, write_state
 from cadence.training.step_figures import summarise
 from cadence.training.train_group import TrainGroup, logprob_rows, sampled_tokens
+from cadence.wire.buffer import Buffer
 
 
 class Learner(Protocol):
@@ -59,9 +60,7 @@ class Learner(Protocol):
         """Divide the summed gradients by `normaliser`, clip, step at `lr` (None: the rate as it is)."""
         ...
 
-    def weights(
-        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
-    ) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         """The weights as safetensors bytes, serialised into `alloc(nbytes)` where they are built;
         with `dtype` (a torch dtype's name: the workers' precision), the floating-point ones in it."""
         ...
@@ -281,9 +280,7 @@ class TorchLearner:
         grads = [p.grad for p in self.trainable() if p.grad is not None]
         return normalise_and_clip(grads, normaliser, self.max_grad_norm)
 
-    def weights(
-        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
-    ) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         return tensors_to_bytes(self.tensors(), alloc, dtype)
 
     def tensors(self) -> dict[str, Tensor]:

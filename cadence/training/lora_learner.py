@@ -28,6 +28,7 @@ from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer
 from cadence.training.learner import TorchLearner
 from cadence.training.state import write_state
+from cadence.wire.buffer import Buffer
 from cadence.wire.digest import checksum
 
 
@@ -60,9 +61,7 @@ class LoraLearner(TorchLearner):
     def tensors(self) -> dict[str, Tensor]:
         return adapter_tensors(self.model)
 
-    def weights(
-        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
-    ) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         return adapter_bytes(self.tensors(), self.lora, self.base, alloc, dtype)
 
     def load(self, weights: Any, optimizer: dict[str, Any] | None) -> None:

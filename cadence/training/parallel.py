@@ -45,6 +45,7 @@ from cadence.training.collectives import CollectiveError, Collectives
 from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.state import read_state, write_checkpoint, write_state
 from cadence.training.step_figures import summarise
+from cadence.wire.buffer import Buffer
 
 log = structlog.get_logger()
 
@@ -84,9 +85,7 @@ class DistributedLearner:
         self._sums = {}
         return info
 
-    def weights(
-        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
-    ) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         if not self.local.sharded:
             return self.local.weights(alloc, dtype)
         return tensors_to_bytes(self.tensors(), alloc, dtype)

@@ -24,6 +24,7 @@ from cadence.model.checkpoint import state_nbytes
 from cadence.model.engine import Completion, GroupEnded, StoppedGroups
 from cadence.training.learner import TrainGroup
 from cadence.training.train_group import sampled_tokens
+from cadence.wire.buffer import Buffer
 from cadence.wire.digest import checksum
 
 _POLL_S = 0.005  # how often a simulated decode looks for a stop
@@ -39,7 +40,7 @@ class SimulatedEngine:
         self.token_ids = token_ids
         self.version_bytes = 0
 
-    def load(self, weights: bytes | bytearray) -> None:
+    def load(self, weights: bytes | Buffer) -> None:
         self.version_bytes = len(weights)
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -107,9 +108,7 @@ class SimulatedLearner:
         info, self.loss_tokens = {"loss_tokens": self.loss_tokens}, 0.0
         return info
 
-    def weights(
-        self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None
-    ) -> bytes | bytearray:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         """Stand-in bytes of the version (no floating-point weights: `dtype` changes nothing)."""
         seed = hashlib.sha256(f"simulated/{self.steps}".encode()).digest()
         return (seed * (self.cfg.weights_bytes // len(seed) + 1))[: self.cfg.weights_bytes]

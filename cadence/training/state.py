@@ -14,6 +14,7 @@ from torch import Tensor
 from cadence.model.checkpoint import save_checkpoint, state_dict_from_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.tokenizer import TextTokenizer
+from cadence.wire.buffer import Buffer
 from cadence.wire.digest import checksum
 
 
@@ -25,7 +26,7 @@ def write_checkpoint(
     return checksum(tensors_to_bytes(weights))
 
 
-def write_state(directory: Path, weights: bytes | bytearray, optimizer: dict[str, Any]) -> None:
+def write_state(directory: Path, weights: bytes | Buffer, optimizer: dict[str, Any]) -> None:
     """A resumable state: `model.safetensors` (the policy), `optimizer.pt` (AdamW's state_dict: moments
     and step counts by parameter index), `rng.pt` (torch's and Python's generators). The frozen
     reference is rebuilt from the config."""

@@ -12,6 +12,7 @@ state dict's) or any other holder of it keeps it out of `take`.
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 
@@ -32,7 +33,7 @@ class BufferPool:
                 return self._free.pop(i)
         return bytearray(nbytes)
 
-    def give(self, buffer: bytes | bytearray | memoryview) -> None:
+    def give(self, buffer: bytes | bytearray | memoryview | mmap.mmap) -> None:
         """`buffer` is done with (its owner keeps no reference); only bytearrays are kept, the newest."""
         if isinstance(buffer, bytearray) and self.keep > 0 and all(b is not buffer for b in self._free):
             self._free.append(buffer)

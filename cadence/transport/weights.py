@@ -1,7 +1,7 @@
 """Weights as safetensors bytes, served in bounded chunks and checked against a digest.
 
 Invariant: `pull_weights` returns its buffer only when the buffer has the announced size and its
-xxh3-128 `digest` equals the one the publisher announced for that version; anything else raises
+`digest` (the xxh3-128 of its pieces) equals the one the publisher announced for that version; anything else raises
 `WeightError` naming the version and the peer. Chunks are served as views of the stored bytes and
 travel as payload frames (see `cadence.wire.messages`), so neither side copies them into messages.
 """
@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import xxhash
-
 from cadence.transport.endpoint import Client
-from cadence.wire.digest import digest
+from cadence.wire.buffer import Buffer
+from cadence.wire.digest import Digest, digest
 from cadence.wire.messages import (
     Message,
     Payload,
@@ -39,7 +38,7 @@ class WeightError(RuntimeError):
 @dataclass(frozen=True)
 class StoredVersion:
     version: int
-    data: bytes | bytearray
+    data: bytes | Buffer
     digest: str
 
 
@@ -48,14 +47,14 @@ class WeightStore:
     is told the bytes of a version it lets go (a `BufferPool`'s `give`)."""
 
     def __init__(
-        self, chunk_bytes: int, keep: int, evicted: Callable[[bytes | bytearray], None] | None = None
+        self, chunk_bytes: int, keep: int, evicted: Callable[[bytes | Buffer], None] | None = None
     ) -> None:
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.evicted = evicted
         self._versions: OrderedDict[int, StoredVersion] = OrderedDict()
 
-    def put(self, version: int, data: bytes | bytearray, announced: str | None = None) -> StoredVersion:
+    def put(self, version: int, data: bytes | Buffer, announced: str | None = None) -> StoredVersion:
         """Hold `version`; with `announced`, only if the bytes' `digest` equals it."""
         xxh = digest(data)
         if announced is not None and announced != xxh:
@@ -147,7 +146,7 @@ async def pull_weights(
 
 
 class _Assembly:
-    """Chunks that arrive in any order, appended to one buffer in order, and their xxh3-128.
+    """Chunks that arrive in any order, appended to one buffer in order, and their digest.
 
     A new buffer grows as chunks are appended, so its pages are first touched while later chunks are
     still on the wire rather than all before the first request; a given `buffer` (of exactly the
@@ -166,7 +165,7 @@ class _Assembly:
         self._early: dict[int, Payload] = {}  # chunks that came before one they follow
         self._appended = 0  # chunks [0, _appended) are in `data`
         self._unhashed: list[Payload] = []
-        self._hash = xxhash.xxh3_128()
+        self._hash = Digest()
         self._job: asyncio.Future[None] | None = None
         self.received = 0
 
@@ -231,7 +230,7 @@ async def _expect(client: Client, kind: type[T], version: int, timeout_s: float)
 
 
 async def upload_weights(
-    client: Client, version: int, data: bytes | bytearray, chunk_bytes: int, timeout_s: float, key: str = ""
+    client: Client, version: int, data: bytes | Buffer, chunk_bytes: int, timeout_s: float, key: str = ""
 ) -> str:
     """Hand `version` to a publisher in another process, each chunk with the ticket made with the
     trainer's `key`; returns its digest once the publisher holds it. The chunks are views of `data`,

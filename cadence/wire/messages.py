@@ -275,7 +275,7 @@ class StopPeriod(Message, tag="stop_period"):
 class VersionReady(Message, tag="version_ready"):
     """Weights `version` are published; period `version` may start. Carries the last period's metrics
     as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run).
-    `digest`: the xxh3-128 of the version's bytes, the one every pull is verified against."""
+    `digest`: the version's bytes' digest (`wire/digest.py`), the one every pull is verified against."""
 
     version: Version
     digest: str
@@ -315,7 +315,7 @@ class SharedSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class WeightMeta(Message, tag="weight_meta"):
     """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
-    xxh3-128, which a puller checks the whole against. `shared`: where a worker on the publisher's
+    digest (`wire/digest.py`), which a puller checks the whole against. `shared`: where a worker on the publisher's
     host maps the same bytes instead of pulling them; None where the publisher does not share."""
 
     version: Version
@@ -351,7 +351,7 @@ class WeightUpload(Message, tag="weight_upload"):
     version: Version
     index: Count
     chunks: Count
-    digest: str  # xxh3-128 of the whole version
+    digest: str  # the whole version's digest (wire/digest.py)
     data: Payload
     ticket: str = ""  # made with the trainer's key: without the right one the publisher refuses the chunk
 

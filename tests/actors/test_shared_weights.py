@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import mmap
 import os
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from cadence.transport.inproc import InprocNetwork
 from cadence.transport.session import Session
 from cadence.transport.shared_memory import SharedVersions, sharing_problem
 from cadence.transport.weights import WeightStore, pull_weights
+from cadence.wire.buffer import Buffer
 from tests.conftest import tiny_config
 
 pytestmark = [
@@ -43,7 +45,7 @@ class Rig:
     client: Client
     weights: WorkerWeights
     engine: TorchRolloutEngine
-    versions: list[bytes | bytearray]
+    versions: list[bytes | Buffer]
 
 
 @asynccontextmanager
@@ -140,3 +142,36 @@ async def test_a_host_out_of_memory_for_a_slot_stops_sharing_and_the_versions_ar
             assert (await r.weights.fetch_and_load(r.client, 1))[0] == "zmq"
     said = [e["event"] for e in logs]
     assert said.count("shared_memory_failed") == 1 and said.count("shared_memory_fallback") == 1
+
+
+async def test_a_version_the_trainer_serialises_into_the_publishers_buffer_is_mapped_without_a_copy(
+    network: InprocNetwork,
+) -> None:
+    async with rig(network) as r:
+        shared = r.publisher.shared
+        assert shared is not None
+        learner = make_learner(CFG, make_tokenizer(CFG))
+        data = learner.weights(r.publisher.buffer, publish_dtype(CFG))  # as the trainer does
+        assert isinstance(data, mmap.mmap)
+        await r.publisher.publish(2, data)
+        assert next(s for s in shared._slots if s.version == 2).view is data  # offered where written
+        assert (await r.weights.fetch_and_load(r.client, 2))[0] == "shm"
+        reference = make_engine(CFG, make_tokenizer(CFG))
+        reference.load(await pull_weights(r.client, 2, 5.0))  # the same bytes, over ZeroMQ
+        assert r.engine.generate([1, 2, 3], [7, 8]) == reference.generate([1, 2, 3], [7, 8])
+
+
+async def test_a_buffer_the_host_has_no_memory_for_stops_sharing_and_is_the_pools(
+    network: InprocNetwork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with rig(network) as r:
+
+        def no_memory(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", no_memory)
+        with structlog.testing.capture_logs() as logs:
+            buffer = r.publisher.buffer(1 << 20)  # no slot of this size yet: a new one is asked for
+        assert isinstance(buffer, bytearray) and len(buffer) == 1 << 20
+        assert r.publisher.shared is None
+        assert [e["event"] for e in logs].count("shared_memory_failed") == 1

@@ -25,6 +25,7 @@ from cadence.training.learner import TrainGroup
 from cadence.training.resume import RunRecord
 from cadence.transport.endpoint import Client, RefusalLog
 from cadence.transport.inproc import InprocNetwork
+from cadence.wire.buffer import Buffer
 from cadence.wire.messages import (
     Consumed,
     EvalResult,
@@ -80,7 +81,7 @@ class RecordingLearner:
         figures = {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
         return figures | self.gap
 
-    def weights(self, alloc: Callable[[int], bytearray] = bytearray, dtype: str | None = None) -> bytes:
+    def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes:
         self.budgets.append(("weights", self.threads[-1]))
         self.dtypes.append(dtype)
         return f"weights after {sum(c[0] == 'step' for c in self.calls)} steps".encode()
@@ -132,7 +133,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     published: list[int] = []
 
-    async def publish(version: int, data: bytes | bytearray) -> str:
+    async def publish(version: int, data: bytes | Buffer) -> str:
         published.append(version)
         return f"sha{version}"
 

@@ -262,12 +262,19 @@ def test_a_stranger_that_registers_as_trainer_first_takes_nothing(tmp_path: Path
 
 def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_path: Path) -> None:
     """A worker registers, asks for 65 536 credits, heartbeats and never answers: it is given no more
-    than `rollout.inflight` prompts, each goes back to the queue once held past `rollout.hold_s`, and
-    the run's own worker ends the run."""
+    than `rollout.inflight` prompts, each goes back to the queue once held past the hold (derived:
+    while the run's own worker waits for work, 4 x the slowest group or one liveness timeout, 5 s
+    here, not the floor of 20, 100 s), and the run's own worker ends the run."""
     from cadence.wire.messages import Assignment, Heartbeat, Register, Welcome, decode_frames, encode_frames
 
     out = tmp_path / "run"
-    settings = ("periods=3", "rollout.workers=1", "rollout.inflight=2", "rollout.hold_s=3", "run_id='hoard'")
+    settings = (
+        "periods=3",
+        "rollout.workers=1",
+        "rollout.inflight=2",
+        "transport.liveness=10",
+        "run_id='hoard'",
+    )
     run = start_run(out, *[x for s in settings for x in ("--set", s)])
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -300,6 +307,7 @@ def test_a_registered_worker_that_hoards_and_never_answers_stalls_nothing(tmp_pa
     expired = [e for e in events(out, "dispatcher") if e["event"] == "assignment_expired"]
     hoarded = {i for e in expired if e["peer"] == "hoarder" for i in e["prompt_ids"]}
     assert hoarded and hoarded <= taken
+    assert all(e["held_s"] < 100 for e in expired if e["peer"] == "hoarder")  # under the floor
     capped = [e for e in events(out, "dispatcher") if e["event"] == "credits_capped"]
     assert capped and capped[0]["held"] == 2  # never more than its in-flight limit at once
     assert summary(out)["final_version"] == 3 and summary(out)["groups_trained"] == 3 * 4

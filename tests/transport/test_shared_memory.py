@@ -173,3 +173,60 @@ def test_a_worker_never_loads_a_half_written_version_while_versions_are_publishe
         shared.close()
     assert wrong == 0
     assert loaded >= 100, (loaded, refused)
+
+
+def test_a_version_written_into_a_taken_slot_is_offered_without_a_copy() -> None:
+    shared = SharedVersions(keep=2)
+    try:
+        buffer = shared.take(NBYTES)
+        buffer[:] = version_bytes(1)  # as the trainer serialises into it
+        slot = shared.write(1, buffer)
+        assert shared._slots[-1].view is buffer and shared.offer(1) == slot
+        assert bytes(SharedReader().map(meta(1, slot)).data) == version_bytes(1)
+        # a taken slot never written (the serialisation failed) goes back, free, to the next take
+        shared.take(NBYTES)
+        again = shared.take(NBYTES)
+        assert shared._made == 2 and len(shared._slots) == 1
+        again[:] = version_bytes(2)
+        assert shared.write(2, again).fd != slot.fd
+    finally:
+        shared.close()
+
+
+def test_a_slot_this_process_still_views_is_not_taken_until_let_go() -> None:
+    shared = SharedVersions(keep=1)
+    try:
+        first = shared.write(1, version_bytes(1))
+        stored = shared._slots[-1].view  # a stored version, a frame under way: a reference to it
+        assert shared.write(2, version_bytes(2)).fd != first.fd
+        assert bytes(stored[:8]) == version_bytes(1)[:8]
+        del stored
+        assert shared.write(3, version_bytes(3)).fd == first.fd
+    finally:
+        shared.close()
+
+
+def test_a_reader_keeps_a_slots_mapping_and_sees_it_written_again() -> None:
+    shared = SharedVersions(keep=2)  # versions go to two slots in turn: 1, 3, 5 to one, 2, 4 to the other
+    reader = SharedReader()
+    try:
+        slots = {v: shared.write(v, version_bytes(v)) for v in (1, 2)}
+        first = reader.map(meta(1, slots[1]))
+        kept = first.data
+        first.release()
+        reader.map(meta(2, slots[2])).release()
+        assert shared.write(3, version_bytes(3)) == slots[1]  # the first slot, written again
+        third = reader.map(meta(3, slots[1]))
+        assert third.data is kept and bytes(third.data) == version_bytes(3)  # its mapping, kept
+        third.data[0] ^= 0xFF  # a page of the worker's own: its mapping no longer shows the slot
+        third.release()
+        assert shared.write(4, version_bytes(4)) == slots[2]
+        assert shared.write(5, version_bytes(5)) == slots[1]
+        fifth = reader.map(meta(5, slots[1]))
+        assert fifth.data is not kept and bytes(fifth.data) == version_bytes(5)  # mapped afresh
+        fifth.release()
+    finally:
+        shared.close()
+    with pytest.raises(SharedError, match="gone"):  # and the reader lets its mappings of them go
+        reader.map(meta(5, slots[1]))
+    assert reader._kept == {}

@@ -8,6 +8,7 @@ import torch
 from cadence.model.checkpoint import state_dict_from_bytes, tensors_to_bytes
 from cadence.transport.buffers import BufferPool
 from cadence.transport.weights import WeightStore
+from cadence.wire.buffer import Buffer
 
 
 def test_a_given_back_buffer_of_the_size_is_handed_out_again() -> None:
@@ -86,7 +87,7 @@ def test_floating_point_tensors_are_written_in_the_dtype_asked_and_the_rest_as_t
 
 
 def test_the_store_gives_back_the_bytes_of_a_version_it_lets_go() -> None:
-    evicted: list[bytes | bytearray] = []
+    evicted: list[bytes | Buffer] = []
     store = WeightStore(chunk_bytes=16, keep=2, evicted=evicted.append)
     versions = [bytearray([v]) * 40 for v in range(4)]
     for v, data in enumerate(versions):

@@ -237,6 +237,31 @@ def test_an_assignment_held_past_the_hold_goes_back_for_another_worker() -> None
     assert Hold(fixed=5.0, floor=60.0).deadline() == 5.0  # rollout.hold_s, when set, is the hold
 
 
+def test_a_worker_holding_the_last_prompts_while_another_waits_holds_them_a_few_groups_long() -> None:
+    from cadence.dispatch.core import Hold
+
+    rounds = EvalRounds((), 0, 3, 1, keep_versions=2)
+    hold = Hold(fixed=0.0, floor=200.0, idle_floor=10.0)
+    c = DispatchCore(Numbered(), 3, 4, 4, rounds, max_credits=2, hold=hold)  # type: ignore[arg-type]
+    c.announce(0, 0.0)
+    c.credit(A, 2)
+    c.assign([Worker(A, "a")], "key", now=100.0)  # prompts 0, 1
+    c.credit(B, 2)
+    c.assign([Worker(B, "b")], "key", now=100.0)  # prompts 2, 3: nothing left in the queue
+    assert c.expire(now=150.0) == {}  # no group seen yet: the floor, whoever waits
+    c.consume(0, [2, 3], now=103.0)  # B's groups took 3 s: 4 x 3 = 12 s
+    assert c.deadline(A) == 200.0  # B has not asked for more: nobody waits
+    c.credit(B, 2)  # B asks for work the queue cannot give: it waits
+    assert c.deadline(A) == 12.0 and c.deadline(B) == 200.0
+    assert c.expire(now=111.0) == {}
+    assert c.expire(now=112.5) == {A: [0, 1]}  # held since 100, past 12 s while B waits
+    assert ids(c.assign([Worker(B, "b")], "key", now=112.5)) == [0, 1]
+    assert c.deadline(B) == 200.0  # nobody waits now: B holds them up to the floor
+    hold.idle_floor = 30.0
+    c.credit(A, 2)  # A (back, or another) waits: B's hold is the idle floor, over 4 x 3 s
+    assert c.deadline(B) == 30.0
+
+
 def test_asking_again_does_not_lift_the_cap_on_what_a_worker_holds() -> None:
     """A worker that asks for credits after each assignment holds at most `max_credits` prompts of
     the period; once the trainer has taken them, it gets more."""
