@@ -106,6 +106,16 @@ class RolloutConfig:
         " positions (between 64 and 512). A cache that does not fit the device is refused naming this key",
         Rule(ge=0, note="0: automatic"),
     )
+    batch_invariant: bool = doc(
+        True,
+        "the built-in engine on the CPU computes every product with at least the rows from which each"
+        " row comes out bit for bit as in any larger batch (12 on an AMD EPYC with two threads: measured"
+        " once a process, cadence/model/invariance.py) and its decode attention row by row, so a sample"
+        " depends only on its prompt, its seed and the weights, never on what it was decoded beside"
+        " (else the last bits of its logits do, and now and then a sampled token: 4 rows of 32 on"
+        " SmolLM2); off: exactly the rows held, faster while fewer than those are live (SmolLM2, one"
+        " prompt of 8 samples: 1.3-1.6x)",
+    )
     compile: Literal["auto", "on", "off"] = doc(
         "off",
         "the built-in engine's decode step compiled once a worker (torch.compile: Inductor's C++ on the"

@@ -225,6 +225,7 @@ def make_torch_engine(cfg: RunConfig, tokenizer: TextTokenizer, model: Transform
         dtype=dtype,
         rows=rows,
         compiled=compiled,
+        invariant=r.batch_invariant,
     )
     engine.warm_up(prompt_positions(cfg, model.cfg.max_position))
     return TorchRolloutEngine(engine, sampling_params(cfg))

@@ -41,9 +41,12 @@ class StepRunner:
     """Runs the decode step of ``model`` eager or compiled; ``compile_s`` is the time the compiled
     step's first calls took to compile (0 until one did), ``compiled`` whether it runs compiled now."""
 
-    def __init__(self, model: Transformer, compiled: bool, compiler: Compiler | None = None) -> None:
+    def __init__(
+        self, model: Transformer, compiled: bool, compiler: Compiler | None = None, by_rows: bool = True
+    ) -> None:
         self.model = model
         self.compiled = compiled
+        self.by_rows = by_rows  # decode_step's attention of each row alike whatever the batch
         self.compile_s = 0.0
         self._shapes: set[tuple[int, int, int]] = set()
         self._fn: Callable[..., Tensor] = decode_step
@@ -68,18 +71,24 @@ class StepRunner:
     ) -> Tensor:
         first = weights_first_here(tokens.device)  # a plain bool into the compiled step: a guard
         if not self.compiled:
-            return decode_step(self.model, keys, values, tokens, positions, write_at, width, first)
+            return decode_step(
+                self.model, keys, values, tokens, positions, write_at, width, first, self.by_rows
+            )
         shape = (tokens.shape[0], width, keys[0].shape[2])
         fresh = shape not in self._shapes
         begin = time.perf_counter()
         try:
             # no size taken as another's because they happen to be equal once (rows as kv heads)
             with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                logits = self._fn(self.model, keys, values, tokens, positions, write_at, width, first)
+                logits = self._fn(
+                    self.model, keys, values, tokens, positions, write_at, width, first, self.by_rows
+                )
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
             self.compiled = False
             log.warning("engine_compile_failed", error=repr(error)[:500], rows=shape[0], width=width)
-            return decode_step(self.model, keys, values, tokens, positions, write_at, width, first)
+            return decode_step(
+                self.model, keys, values, tokens, positions, write_at, width, first, self.by_rows
+            )
         if fresh:
             self._shapes.add(shape)
             took = time.perf_counter() - begin

@@ -68,7 +68,8 @@ class DecodeLoop:
     ``temperature`` and ``top_p`` as the call's params. ``bucketed``: a step computes a bucket of
     rows (few shapes, for a compiled step or a GPU's); otherwise exactly the rows held, the highest
     moved down into a free slot below whenever one frees (eager on the CPU, where a padded row costs
-    its full share of the step)."""
+    its full share of the step); either way at least ``least`` rows (as many as the slots at most),
+    from which each row's products come out alike whatever the others are (``invariance.py``)."""
 
     def __init__(
         self,
@@ -83,12 +84,14 @@ class DecodeLoop:
         top_p: float,
         readback: int = 1,
         bucketed: bool = True,
+        least: int = 1,
     ) -> None:
         self.cache, self.prefill, self.step = cache, prefill, step
         self.prompts, self.sizes = prompts, list(sizes)
         self.eos, self.temperature, self.top_p = eos, temperature, top_p
         self.readback = max(1, readback)
-        self.bucket = functools.partial(row_bucket, slots=cache.slots) if bucketed else _exact
+        bucket = functools.partial(row_bucket, slots=cache.slots) if bucketed else _exact
+        self.bucket = lambda rows: min(bucket(max(rows, least)), cache.slots)
         device = cache.device
         n, steps = uniforms.shape
         self.n, self.limit = n, steps

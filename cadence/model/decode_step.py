@@ -32,6 +32,7 @@ def decode_step(
     write_at: Tensor,
     width: int,
     weights_first: bool = False,
+    by_rows: bool = False,
 ) -> Tensor:
     """Float32 logits [B, V] of the next token of each of the slots 0..B-1.
 
@@ -41,7 +42,8 @@ def decode_step(
     each slot's newest token, at position ``positions`` [B] (its cache index too); ``write_at`` [B]:
     where its keys and values go (its position, or the spare last one for a row that writes nowhere);
     ``width``: the cache positions attended (every row's position is below it); ``weights_first``:
-    the float32 products as W·xᵀ (``project``; what ``weights_first_here`` says for this process)."""
+    the float32 products as W·xᵀ (``project``; what ``weights_first_here`` says for this process);
+    ``by_rows``: the attention of each row alike whatever the batch (``attend``)."""
     b = tokens.shape[0]
     cfg = model.cfg
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -67,12 +69,25 @@ def decode_step(
         k = k * cos + rotate_half(k) * sin
         keys[i].index_put_((rows, kv, at), k[:, :, 0])
         values[i].index_put_((rows, kv, at), v[:, :, 0])
-        out = F.scaled_dot_product_attention(
-            q, keys[i][:b, :, :width], values[i][:b, :, :width], attn_mask=seen, enable_gqa=grouped
-        )
+        out = attend(q, keys[i][:b, :, :width], values[i][:b, :, :width], seen, grouped, by_rows)
         x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
         x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), weights_first)
     return project(model.lm_head, model.model.norm(x), weights_first)[:, 0].float().contiguous()
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, seen: Tensor, grouped: bool, by_rows: bool = True) -> Tensor:
+    """Each row's query [B, H, 1, D] over its keys and values [B, KV, W, D] where ``seen`` [B, 1, 1, W].
+    ``by_rows`` on the CPU: as products of each key head's queries (GQA without repeating the keys),
+    every row's result then what it is in any batch, where the CPU's flash kernel splits its work by
+    the batch's size and a row's last bits change with it (about half the rows of 12 to 47, two
+    threads); as fast here. Otherwise ``scaled_dot_product_attention``."""
+    if not by_rows or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=grouped)
+    b, heads, _, dim = q.shape
+    kv = k.shape[1]
+    scores = torch.matmul(q.reshape(b, kv, heads // kv, dim), k.transpose(-1, -2)) * dim**-0.5
+    weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    return torch.matmul(weights, v).reshape(b, heads, 1, dim)
 
 
 def weights_first_here(device: torch.device) -> bool:

@@ -30,6 +30,8 @@ from torch import Tensor
 
 from cadence.model.compiled_step import Compiler, StepRunner
 from cadence.model.decode_loop import DecodeLoop, LoopStats
+from cadence.model.decode_step import weights_first_here
+from cadence.model.invariance import least_rows
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, row_bucket
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
@@ -119,7 +121,11 @@ class TorchEngine:
     ``readback``: the decode steps between two reads of which rows have ended (1 on the CPU, where a
     read costs nothing; more on a GPU, where each read waits for the device); ``buckets``: each step
     computes a bucket of rows (2, 4, 8, then multiples of 16) rather than exactly the rows held (None:
-    when compiled or off the CPU, where few shapes pay; eager on the CPU a padded row costs its share)."""
+    when compiled or off the CPU, where few shapes pay; eager on the CPU a padded row costs its share);
+    ``invariant``: on the CPU every product computes at least the rows from which each row comes out
+    as in any batch, and the decode attention row by row (``invariance.py``), so a sample depends only
+    on its prompt, its seed and the weights (off: exactly the rows held, the last bits of a row's
+    logits then depending on its neighbours)."""
 
     def __init__(
         self,
@@ -133,6 +139,7 @@ class TorchEngine:
         readback: int | None = None,
         compiler: Compiler | None = None,
         buckets: bool | None = None,
+        invariant: bool = True,
     ) -> None:
         if rows < 1:
             raise ValueError(f"the engine needs at least one row, got {rows}")
@@ -145,7 +152,8 @@ class TorchEngine:
         self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
         self._trunk_kv: KVCache | None = None  # of the weights loaded now
         self._cache: SlotCache | None = None
-        self.runner = StepRunner(self.model, compiled, compiler)
+        self.runner = StepRunner(self.model, compiled, compiler, invariant)
+        self.invariant = invariant
         # a step of a few fixed shapes where it pays (compiled, a GPU's); eager on the CPU: the rows held
         self.buckets = buckets if buckets is not None else (self.runner.compiled or self.device.type != "cpu")
         self.last_call = LoopStats()  # what the last generate_many computed
@@ -221,17 +229,31 @@ class TorchEngine:
         """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as
         segments of one row, each at the positions it has alone and attending ``start`` and its own
         earlier tokens only: a batch-1 cache for each (``start``'s entries, then its own) and the
-        logits [S, V] of each one's last token."""
+        logits [S, V] of each one's last token. Fewer tokens than the products need to give each
+        row alike whatever the others are (``invariance.py``) are padded with a segment of their
+        own, which no prompt sees; the head reads as many rows (the first ones beside the lasts)."""
         n, device = start.length, self.device
-        sizes = torch.tensor([len(o) for o in own], device=device)
-        segment = torch.repeat_interleave(torch.arange(len(own), device=device), sizes)  # [T]
+        least = self._least_rows(weights_first=False)
+        tokens = sum(len(o) for o in own)
+        rows = own + ([[self.eos_id] * (least - tokens)] if tokens < least else [])
+        sizes = torch.tensor([len(o) for o in rows], device=device)
+        segment = torch.repeat_interleave(torch.arange(len(rows), device=device), sizes)  # [T]
         local = torch.arange(len(segment), device=device) - (sizes.cumsum(0) - sizes)[segment]
-        mask = prompts_mask([len(o) for o in own], n)  # by blocks: no [T, T] tensor
-        ids = torch.tensor([[t for o in own for t in o]], dtype=torch.long, device=device)
-        last = (local == sizes[segment] - 1).unsqueeze(0)
+        mask = prompts_mask([len(o) for o in rows], n)  # by blocks: no [T, T] tensor
+        ids = torch.tensor([[t for o in rows for t in o]], dtype=torch.long, device=device)
+        last = (local == sizes[segment] - 1) & (segment < len(own))
+        read = last | (torch.cumsum(~last, 0) <= least - len(own))  # at least `least` rows for the head
         cache = start.fork()
-        logits = self.model(ids, (n + local).unsqueeze(0), mask, cache, logits_at=last)
-        return cache.segments(n, [len(o) for o in own]), logits
+        logits = self.model(ids, (n + local).unsqueeze(0), mask, cache, logits_at=read.unsqueeze(0))
+        return cache.segments(n, [len(o) for o in own]), logits[last[read]]
+
+    def _least_rows(self, weights_first: bool) -> int:
+        """The rows a product computes at least, so that each comes out alike whatever the others
+        are: measured on the CPU (``invariance.py``), 1 elsewhere."""
+        if self.device.type != "cpu" or not self.invariant:
+            return 1
+        cfg = self.model.cfg
+        return least_rows(cfg.hidden_size, cfg.intermediate_size, self.dtype, weights_first)
 
     def generate(
         self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams
@@ -287,6 +309,7 @@ class TorchEngine:
             params.top_p,
             self.readback,
             bucketed=self.buckets,
+            least=self._least_rows(weights_first_here(self.device)),
         )
         told = None if ended is None else functools.partial(_tell, ended)
         joins = None if joining is None else functools.partial(self._joins, joining, steps)
@@ -347,7 +370,8 @@ class TorchEngine:
             return 0.0
         begin = time.perf_counter()
         cache = self._slots(min(length, self.model.cfg.max_position))
-        sizes = sorted({row_bucket(n, self.rows) for n in range(1, self.rows + 1)})
+        least = self._least_rows(weights_first_here(self.device))
+        sizes = sorted({row_bucket(max(n, least), self.rows) for n in range(1, self.rows + 1)})
         for b in sizes:  # three tensors apart, as a call passes them (aliases would be guarded on)
             tokens = torch.zeros(b, dtype=torch.long, device=self.device)
             positions = torch.zeros_like(tokens)

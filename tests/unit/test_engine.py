@@ -11,6 +11,7 @@ import torch
 from cadence.model import engine as engine_module
 from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
+from cadence.model.decode_step import weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.transformer import hf_state_dict, init_model
@@ -106,9 +107,15 @@ def test_eos_stops_a_sample() -> None:
     bias = torch.zeros(2, 1, CFG.vocab_size)
     bias[0, 0, EOS] = 50.0  # row 0 all but surely ends on eos at its first decode step
     bias[1, 0, EOS] = -50.0  # row 1 all but surely runs on to the end
-    engine.model.lm_head.register_forward_hook(
-        lambda _m, inputs, out: out + bias if out.shape[0] == 2 else out
-    )
+
+    def biased(_m: torch.nn.Module, inputs: object, out: torch.Tensor) -> torch.Tensor:
+        if out.dim() != 3 or out.shape[1] != 1:
+            return out  # the prefill's head
+        out = out.clone()  # a decode step's [rows, 1, V]: the two samples in the first two slots
+        out[:2] += bias
+        return out
+
+    engine.model.lm_head.register_forward_hook(biased)
     short, long = engine.generate(PROMPT, [3, 4], SamplingParams(max_new_tokens=12))
     assert short.finished and short.tokens[-1] == EOS and len(short.tokens) <= 2
     assert len(short.logprobs) == len(short.tokens)
@@ -255,6 +262,12 @@ def _forward_widths(engine: TorchEngine) -> list[int]:
     return widths
 
 
+def _padded(engine: TorchEngine, widths: list[int]) -> list[int]:
+    """A prefill row's tokens as computed: at least the rows from which each comes out as alone."""
+    least = engine._least_rows(weights_first=False)
+    return [max(w, least) for w in widths]
+
+
 def _full_forward_logprobs(engine: TorchEngine, prompt: list[int], tokens: list[int]) -> list[float]:
     """The log-probs (T = 1) of ``tokens`` after ``prompt`` from one plain forward without a cache."""
     with torch.no_grad():
@@ -269,8 +282,9 @@ def test_a_batchs_prompts_prefill_in_one_forward_each_as_if_alone() -> None:
     seeds = [[sample_seed(0, 0, i, 0)] for i in range(len(prompts))]
     params = SamplingParams(max_new_tokens=1, temperature=1.0)
     got = trunked.generate_many(list(zip(prompts, seeds, strict=True)), params)
-    # the trunk; the own tokens of the prompts that begin with it; the others whole
-    assert widths == [len(TRUNK), 3 + 1 + 2, 2 + 3]
+    # the trunk; the own tokens of the prompts that begin with it; the others whole (a row padded to
+    # the rows from which each comes out as alone: invariance.py)
+    assert widths == [len(TRUNK), *_padded(trunked, [3 + 1 + 2, 2 + 3])]
     for prompt, group in zip(prompts, got, strict=True):
         expected = _full_forward_logprobs(trunked, prompt, group[0].tokens)
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
@@ -285,7 +299,7 @@ def test_a_calls_longer_common_beginning_is_computed_once_and_read_by_each_promp
     params = SamplingParams(max_new_tokens=4, temperature=1.0)
     got = trunked.generate_many(list(zip(prompts, seeds, strict=True)), params)
     # the trunk; the opening's own tokens beyond it; then every prompt's own tokens in one row
-    assert widths[:3] == [len(TRUNK), len(opening) - len(TRUNK), 2 + 1 + 5]
+    assert widths[:3] == [len(TRUNK), len(opening) - len(TRUNK), *_padded(trunked, [2 + 1 + 5])]
     for prompt, group in zip(prompts, got, strict=True):
         expected = _full_forward_logprobs(trunked, prompt, group[0].tokens)
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
@@ -293,10 +307,10 @@ def test_a_calls_longer_common_beginning_is_computed_once_and_read_by_each_promp
     plain = _engine(seed=3)
     widths = _forward_widths(plain)
     plain.generate_many(list(zip(prompts, seeds, strict=True)), params)
-    assert widths[:2] == [len(opening), 2 + 1 + 5]
+    assert widths[:2] == [len(opening), *_padded(plain, [2 + 1 + 5])]
     widths.clear()
     plain.generate(prompts[0], [1], params)
-    assert widths[0] == len(prompts[0])
+    assert widths[0] == _padded(plain, [len(prompts[0])])[0]
 
 
 def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,7 +320,8 @@ def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.Mo
     prompts = [[1, 4], [6, 3, 8], [9], [5, 7, 3, 1, 6]]
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
     got = engine.generate_many([(p, [sample_seed(0, 0, i, 0)]) for i, p in enumerate(prompts)], params)
-    assert widths[:3] == [2, 3 + 1, 5]  # a row, the next two together, the longest alone; then decode
+    # a row, the next two together, the longest alone (each padded as above); then decode
+    assert widths[:3] == _padded(engine, [2, 3 + 1, 5])
     for prompt, group in zip(prompts, got, strict=True):
         expected = _full_forward_logprobs(engine, prompt, group[0].tokens)
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
@@ -428,9 +443,12 @@ def test_a_stopped_group_leaves_the_batch_at_once_and_is_never_told() -> None:
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     # group 0's rows ended on their first token and left before any step, group 1's at the fourth
     # poll; group 3's two rows then move into the lowest slots: the steps compute two rows, not eight
-    # (eager on the CPU a step computes the rows held, no bucket: five, then two)
-    assert engine.last_call.live == [5, 5, 5] + [2] * (params.max_new_tokens - 4)
-    assert rows == [5, 5, 5] + [2] * (params.max_new_tokens - 4)
+    # (eager on the CPU a step computes the rows held, no bucket: five, then two; padded to the rows
+    # from which each comes out as alone, invariance.py)
+    live = [5, 5, 5] + [2] * (params.max_new_tokens - 4)
+    assert engine.last_call.live == live
+    least = engine._least_rows(weights_first_here(engine.device))
+    assert rows == [min(max(n, least), engine.rows) for n in live]
 
 
 def test_stopping_every_group_left_returns_at_once() -> None:

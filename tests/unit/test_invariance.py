@@ -1,0 +1,71 @@
+"""A sample depends on its prompt, its seed and the weights, never on what it was batched with: the
+products from `least_rows` rows on, the decode step's attention at any rows, and the engine's
+samples bit for bit, together or alone, exact rows or buckets (a model of SmolLM2's widths, where
+the CPU's kernels differ by the batch's size)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence.model.config import ModelConfig
+from cadence.model.decode_step import attend
+from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
+from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, least_rows
+from cadence.model.transformer import init_model
+
+WIDE = ModelConfig(  # SmolLM2-135M's widths and heads, two layers, a small vocabulary
+    vocab_size=512, hidden_size=576, num_layers=2, num_heads=9, num_kv_heads=3, intermediate_size=1536
+)
+EOS = 2
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(2)
+
+
+@pytest.mark.parametrize("weights_first", [False, True])
+def test_from_the_least_rows_on_every_row_of_a_product_is_as_in_any_larger_batch(weights_first: bool) -> None:
+    least = least_rows(WIDE.hidden_size, WIDE.intermediate_size, torch.float32, weights_first)
+    assert 1 <= least <= MAX_LEAST
+    g = torch.Generator().manual_seed(7)  # other matrices than the probe's, another shape of the model
+    w = torch.randn(WIDE.vocab_size, WIDE.hidden_size, generator=g)
+    x = torch.randn(2 * PROBE_ROWS, WIDE.hidden_size, generator=g)
+
+    def product(m: int) -> torch.Tensor:
+        return torch.mm(w, x[:m].t()).t() if weights_first else torch.mm(x[:m], w.t())
+
+    reference = product(2 * PROBE_ROWS)
+    for m in range(least, 2 * PROBE_ROWS):
+        assert torch.equal(product(m), reference[:m]), m
+
+
+def test_the_decode_steps_attention_gives_each_row_alike_at_any_rows() -> None:
+    g = torch.Generator().manual_seed(1)
+    rows, heads, kv, dim, width = 48, 9, 3, 64, 128
+    q = torch.randn(rows, heads, 1, dim, generator=g)
+    k, v = torch.randn(rows, kv, width, dim, generator=g), torch.randn(rows, kv, width, dim, generator=g)
+    seen = (torch.arange(width) <= torch.randint(0, width, (rows,), generator=g).unsqueeze(1)).view(
+        rows, 1, 1, width
+    )
+    whole = attend(q, k, v, seen, grouped=True)
+    for b in (1, 2, 5, 12, 17, 47):
+        assert torch.equal(attend(q[:b], k[:b], v[:b], seen[:b], grouped=True), whole[:b]), b
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=True)
+    assert torch.allclose(whole, sdpa, atol=1e-6)
+
+
+def test_a_sample_is_the_same_bit_for_bit_whatever_it_is_decoded_beside() -> None:
+    model = init_model(WIDE, seed=0)
+    prompts = [[5, 9, 4, 7, 11, 30], [8, 1], [3, 3, 6, 1, 5, 9, 12, 4, 40, 41], [6, 3, 8]]
+    groups = [(p, [sample_seed(0, 0, i, j) for j in range(4)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    together = TorchEngine(model, eos_id=EOS, rows=16).generate_many(groups, params)
+    alone = [TorchEngine(model, eos_id=EOS, rows=16).generate_many([g], params)[0] for g in groups]
+    bucketed = TorchEngine(model, eos_id=EOS, rows=16, buckets=True).generate_many(groups, params)
+    for other in (alone, bucketed):
+        assert [[(c.tokens, c.logprobs) for c in g] for g in other] == [
+            [(c.tokens, c.logprobs) for c in g] for g in together
+        ]
