@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.sampler import sample
-from cadence.model.slots import SlotCache, row_bucket, width_bucket
+from cadence.model.slots import SlotCache, step_rows, width_bucket
 from cadence.model.transformer import KVCache
 
 # What the loop asks of the engine.
@@ -55,11 +55,6 @@ class LoopStats:
     live: list[int] = field(default_factory=list)  # rows still sampling at each step (at most)
     admissions: list[int] = field(default_factory=list)  # rows admitted at each admission
     first_token_s: float = 0.0  # from the call's start to its first rows' first tokens
-
-
-def _exact(rows: int) -> int:
-    """The rows a step computes when it needs no few fixed shapes (eager on the CPU): those held."""
-    return rows
 
 
 class DecodeLoop:
@@ -90,8 +85,7 @@ class DecodeLoop:
         self.prompts, self.sizes = prompts, list(sizes)
         self.eos, self.temperature, self.top_p = eos, temperature, top_p
         self.readback = max(1, readback)
-        bucket = functools.partial(row_bucket, slots=cache.slots) if bucketed else _exact
-        self.bucket = lambda rows: min(bucket(max(rows, least)), cache.slots)
+        self.bucket = functools.partial(step_rows, slots=cache.slots, least=least, bucketed=bucketed)
         device = cache.device
         n, steps = uniforms.shape
         self.n, self.limit = n, steps

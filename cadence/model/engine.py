@@ -32,7 +32,7 @@ from cadence.model.compiled_step import Compiler, StepRunner
 from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.decode_step import weights_first_here
 from cadence.model.invariance import least_rows
-from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, row_bucket
+from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, step_rows
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
 from cadence.ops.block_attention import prompts_mask
@@ -371,7 +371,7 @@ class TorchEngine:
         begin = time.perf_counter()
         cache = self._slots(min(length, self.model.cfg.max_position))
         least = self._least_rows(weights_first_here(self.device))
-        sizes = sorted({row_bucket(max(n, least), self.rows) for n in range(1, self.rows + 1)})
+        sizes = sorted({step_rows(n, self.rows, least) for n in range(1, self.rows + 1)})
         for b in sizes:  # three tensors apart, as a call passes them (aliases would be guarded on)
             tokens = torch.zeros(b, dtype=torch.long, device=self.device)
             positions = torch.zeros_like(tokens)

@@ -31,6 +31,14 @@ def row_bucket(rows: int, slots: int) -> int:
     return min(-(-rows // 16) * 16, slots)
 
 
+def step_rows(rows: int, slots: int, least: int = 1, bucketed: bool = True) -> int:
+    """The rows a step computes for ``rows`` live ones: at least ``least`` (from which each row comes
+    out alike whatever the others are: ``invariance.py``), a bucket where ``bucketed``, else exactly
+    that many (eager on the CPU), never more than ``slots``."""
+    rows = max(rows, least)
+    return min(row_bucket(rows, slots) if bucketed else rows, slots)
+
+
 def width_bucket(positions: int, length: int) -> int:
     """The cache positions a step attends when its rows' positions are below ``positions``."""
     return min(-(-positions // WIDTH_STEP) * WIDTH_STEP, length)

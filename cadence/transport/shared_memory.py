@@ -265,12 +265,12 @@ class SharedReader:
         (a page this worker wrote) is mapped afresh and checked again."""
         kept = self._kept.pop(slot.name, None)
         fits = kept is not None and kept.slot == slot and len(kept.data) == meta.nbytes
-        if kept is not None and fits and digest(memoryview(kept.data)) == meta.digest:
+        if kept is not None and fits and digest(kept.data) == meta.digest:
             return self._keep(slot, kept.data)
         if kept is not None:
             _unmap(kept.data)
         data = _mapping(slot, meta)
-        if digest(memoryview(data)) != meta.digest:
+        if digest(data) != meta.digest:
             _unmap(data)
             raise SharedError(f"version {meta.version}: the slot failed its checksum (torn or stale)")
         return self._keep(slot, data)
@@ -285,23 +285,33 @@ class SharedReader:
         """Unmap the kept slots the publisher has let go (their memory goes with the last mapping)."""
         for name, kept in list(self._kept.items()):
             try:
-                alive = os.readlink(f"/proc/{kept.slot.pid}/fd/{kept.slot.fd}") == f"/memfd:{name} (deleted)"
+                alive = os.readlink(_fd_path(kept.slot)) == _link(kept.slot)
             except OSError:
                 alive = False
             if not alive:
                 _unmap(self._kept.pop(name).data)
 
 
+def _fd_path(slot: SharedSlot) -> str:
+    """Where the publisher's descriptor of the slot is seen from another process."""
+    return f"/proc/{slot.pid}/fd/{slot.fd}"
+
+
+def _link(slot: SharedSlot) -> str:
+    """What that descriptor's link reads while it is the slot named."""
+    return f"/memfd:{slot.name} (deleted)"
+
+
 def _open_slot(slot: SharedSlot, version: int) -> int:
     """A descriptor of the slot, checked to be the one named (`SharedError` when it is gone or another)."""
-    path = f"/proc/{slot.pid}/fd/{slot.fd}"
+    path = _fd_path(slot)
     try:
         link = os.readlink(path)
     except FileNotFoundError:
         raise SharedError(f"version {version}: its slot {path} is gone") from None
     except OSError as err:
         raise SharingImpossible(f"{path}: {err}") from err
-    if link != f"/memfd:{slot.name} (deleted)":
+    if link != _link(slot):
         raise SharedError(f"version {version}: {path} is {link!r}, not the slot {slot.name}")
     try:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)

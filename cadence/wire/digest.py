@@ -9,7 +9,7 @@ the pieces' xxh3-128, a published version's identity and what every transfer is 
 ```
 
 A publisher and a worker each hash a version on the critical path of every period; by pieces they
-hash it on every core (538 MB: 0.034 s on one core of an AMD EPYC, 0.018 s on two). `Digest` takes
+hash it on every core (538 MB: 0.034 s on one core of an AMD EPYC, 0.02-0.025 s on two). `Digest` takes
 the same bytes in parts of any size (a pull's chunks) and gives the same digest.
 
 Invariant: both are pure functions of the bytes, so any two actors agree on them.
