@@ -261,12 +261,14 @@ class TransportConfig:
     keys: str = doc(
         "",
         "folder made by `cadence keys`: with it every socket uses CURVE encryption and refuses peers"
-        " without the client key; empty, a run that binds beyond loopback (`cadence slurm submit`, a"
-        " transport.host that is not loopback) makes its own in the run folder (keys/, secrets 0600)",
+        " without the client key; empty, a run whose servers listen on TCP (`cadence slurm submit`, a"
+        " transport.host that is not loopback, transport.listen = tcp or a fixed port on loopback) makes"
+        " its own in the run folder (keys/, secrets 0600)",
     )
     unencrypted: bool = doc(
         False,
-        "bind beyond loopback without keys: anyone who reaches the ports and reads the run id can join"
+        "listen on TCP without keys: anyone who reaches the ports (on loopback, any other user of the"
+        " host) and reads the run id can join"
         " as a worker, send results and read the weights, and a reader of the network sees everything",
     )
 

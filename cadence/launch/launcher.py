@@ -26,14 +26,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cadence.config import ConfigError, RunConfig, load_config, to_dict
+from cadence.config import ConfigError, RunConfig, TransportConfig, load_config, to_dict
 from cadence.launch.secret import make_run_secret
 from cadence.launch.torchrun import die_with_parent, free_port, torchrun
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
 from cadence.training.resume import ResumeError, RunRecord, check_config, check_files, find_resume
 from cadence.transport.keys import make_keys
-from cadence.transport.zmq_socket import beyond_loopback, listen_address
+from cadence.transport.zmq_socket import LOCAL, listen_address
 
 
 class LaunchError(RuntimeError):
@@ -60,13 +60,13 @@ def prepare(
     cfg: RunConfig, out: Path, overwrite: bool = False, beyond: bool = False
 ) -> tuple[RunConfig, Path]:
     """Fresh run directory with the resolved config; earlier results in `out` are removed, which only
-    `overwrite` allows (`LaunchError` otherwise). A run that binds beyond loopback (`beyond`: its
-    launcher says so, or `transport.host`) gets keys of its own unless it has some or opted out
-    (`own_keys`)."""
+    `overwrite` allows (`LaunchError` otherwise). A run whose servers listen on TCP (`beyond`: its
+    launcher says so; or `on_tcp`, loopback included) gets keys of its own unless it has some or
+    opted out (`own_keys`)."""
     check_out(out, overwrite)
     cfg = dataclasses.replace(cfg, run_id=cfg.run_id or uuid.uuid4().hex[:12])
     out.mkdir(parents=True, exist_ok=True)
-    cfg = own_keys(cfg, out, beyond or beyond_loopback(f"tcp://{cfg.transport.host}:0"))
+    cfg = own_keys(cfg, out, beyond or on_tcp(cfg.transport))
     for name in ("metrics.jsonl", "eval.jsonl", "summary.json", "dispatcher.addr", "publisher.addr"):
         (out / name).unlink(missing_ok=True)
     for name in ("logs", "checkpoints", "samples", "tensorboard"):
@@ -120,11 +120,21 @@ def prepare_resume(cfg: RunConfig, out: Path) -> tuple[Path, int]:
 OWN_KEYS = "keys"  # the run folder's own CURVE keys
 
 
-def own_keys(cfg: RunConfig, out: Path, beyond: bool) -> RunConfig:
-    """`cfg`, with keys made in `out/keys` when it binds `beyond` loopback, names no `transport.keys` and
-    has not opted out (`transport.unencrypted`); keys already there (a run replaced) are kept."""
+def on_tcp(t: TransportConfig) -> bool:
+    """Whether a server of the run listens on TCP: beyond loopback anyone who reaches the host may
+    connect, on loopback any other user of the host (a Unix socket at `LOCAL` admits this user alone)."""
+    return any(
+        listen_address(t.listen, t.host, port, t.advertise_host) != LOCAL
+        for port in (0, t.trainer_port, t.publisher_port)
+    )
+
+
+def own_keys(cfg: RunConfig, out: Path, exposed: bool) -> RunConfig:
+    """`cfg`, with keys made in `out/keys` when its servers are `exposed` (on TCP), it names no
+    `transport.keys` and has not opted out (`transport.unencrypted`); keys already there (a run
+    replaced) are kept."""
     t = cfg.transport
-    if not beyond or t.keys or t.unencrypted:
+    if not exposed or t.keys or t.unencrypted:
         return cfg
     folder = (out / OWN_KEYS).resolve()
     if not (folder / "server.key_secret").exists():

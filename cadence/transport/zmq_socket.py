@@ -10,7 +10,8 @@ the wire to the receiver as a view of ZeroMQ's message, without a copy in Python
 a keys folder encrypts every socket with CURVE, and its servers accept only authorized client keys.
 Every receive gives the event loop a turn: a frame already waiting is received without one, so a
 peer sending faster than this process reads (a flood of garbage) would starve its other tasks.
-A server bound beyond loopback without keys logs `unencrypted_bind` once, naming the risk and the fix;
+A server bound on TCP without keys logs `unencrypted_bind` once, naming the risk (beyond loopback,
+whoever reaches the host; on loopback, any other user of it) and the fix;
 one bound at `LOCAL` (`transport.listen = "ipc"`) is reachable by this user's processes on this host
 alone.
 What a peer can make a socket hold is bounded in bytes: a connection's queue of at most
@@ -52,6 +53,15 @@ def beyond_loopback(address: str) -> bool:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:  # "*", an interface or host name
         return True
+
+
+def _unkeyed_risk(address: str) -> str:
+    """What a server on TCP without keys lets others do."""
+    who = "anyone who can reach this address" if beyond_loopback(address) else "any other user of this host"
+    return (
+        f"{who} and learns the run id (config.json) can join the run, send it work results and read its"
+        " weights" + ("; nothing is encrypted" if beyond_loopback(address) else "")
+    )
 
 
 LOCAL = "ipc://*"
@@ -226,14 +236,14 @@ class ZmqNetwork:
         self._servers: list[ZmqServer] = []
 
     def bind(self, name: str, address: str) -> ZmqServer:
-        if self.keys is None and beyond_loopback(address):
+        if self.keys is None and address.startswith("tcp://"):
             log.warning(
                 "unencrypted_bind",
                 server=name,
                 address=address,
-                risk="anyone who can reach this address and learns the run id (config.json) can join the"
-                " run, send it work results and read its weights; nothing is encrypted",
-                fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR",
+                risk=_unkeyed_risk(address),
+                fix="make keys with `cadence keys DIR`, copy DIR to every host and set transport.keys = DIR"
+                + ("" if beyond_loopback(address) else "; or listen on a Unix socket (transport.listen)"),
             )
         server = ZmqServer(
             self.ctx,

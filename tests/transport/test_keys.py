@@ -22,7 +22,7 @@ import zmq.auth
 from cadence import cli
 from cadence.transport.curve import PeerRefusals
 from cadence.transport.keys import ROLES, KeysError, make_keys
-from cadence.transport.zmq_socket import ZmqNetwork, ZmqServer, beyond_loopback
+from cadence.transport.zmq_socket import LOCAL, ZmqNetwork, ZmqServer, beyond_loopback
 from cadence.wire.messages import Heartbeat, WorkRequest
 
 RUN = "run-k"
@@ -252,14 +252,19 @@ def test_what_binds_beyond_loopback(address: str, exposed: bool) -> None:
     assert beyond_loopback(address) is exposed
 
 
-async def test_binding_beyond_loopback_without_keys_warns_with_the_fix(
+async def test_binding_on_tcp_without_keys_warns_with_the_fix(
     keys: Path, networks: Networks, logs: list[MutableMapping[str, Any]]
 ) -> None:
-    networks(None).bind("dispatcher", "tcp://127.0.0.1:*")
+    networks(None).bind("dispatcher", LOCAL)
     networks(keys).bind("dispatcher", "tcp://0.0.0.0:*")
-    assert not [e for e in logs if e["event"] == "unencrypted_bind"]  # loopback, or keyed: no warning
+    networks(keys).bind("publisher", "tcp://127.0.0.1:*")
+    assert not [e for e in logs if e["event"] == "unencrypted_bind"]  # a Unix socket, or keyed: no warning
     networks(None).bind("trainer", "tcp://0.0.0.0:*")
-    (warning,) = [e for e in logs if e["event"] == "unencrypted_bind"]
-    assert warning["log_level"] == "warning" and warning["server"] == "trainer"
-    assert warning["address"] == "tcp://0.0.0.0:*" and "can join the run" in warning["risk"]
-    assert "cadence keys" in warning["fix"] and "transport.keys" in warning["fix"]
+    networks(None).bind("publisher", "tcp://127.0.0.1:*")
+    beyond, loopback = [e for e in logs if e["event"] == "unencrypted_bind"]
+    assert beyond["log_level"] == "warning" and beyond["server"] == "trainer"
+    assert beyond["address"] == "tcp://0.0.0.0:*" and beyond["risk"].startswith("anyone who can reach")
+    assert "can join the run" in beyond["risk"] and "encrypted" in beyond["risk"]
+    assert "cadence keys" in beyond["fix"] and "transport.keys" in beyond["fix"]
+    assert loopback["server"] == "publisher" and loopback["risk"].startswith("any other user of this host")
+    assert "transport.listen" in loopback["fix"]

@@ -1,4 +1,5 @@
-"""A run that binds beyond loopback gets CURVE keys of its own, without a step from its user."""
+"""A run whose servers listen on TCP, beyond loopback or on it, gets CURVE keys of its own, without a
+step from its user; one on Unix sockets (the default on one host) needs none."""
 
 from __future__ import annotations
 
@@ -30,13 +31,29 @@ def test_a_run_bound_beyond_loopback_makes_its_own_keys(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "overrides",
+    [
+        ["transport.listen='tcp'"],  # tcp on loopback: any other user of the host could connect
+        ["transport.trainer_port=5601"],  # a fixed port (a tunnel's) listens on tcp
+        ["transport.advertise_host='gw.example.org'"],  # told to others: tcp
+    ],
+    ids=["tcp", "fixed-port", "advertised"],
+)
+def test_a_run_on_tcp_loopback_makes_its_own_keys_too(tmp_path: Path, overrides: list[str]) -> None:
+    cfg, _ = prepare(load_config(None, overrides), tmp_path / "run")
+    assert cfg.transport.keys == saved_keys(tmp_path / "run") == str((tmp_path / "run" / "keys").resolve())
+
+
+@pytest.mark.parametrize(
     ("overrides", "beyond", "want"),
     [
-        ([], False, ""),  # loopback: nobody else reaches it
+        ([], False, ""),  # loopback: Unix sockets in a 0700 folder, this user alone reaches them
+        (["transport.listen='ipc'", "transport.host='0.0.0.0'"], False, ""),  # Unix sockets whatever the host
         (["transport.host='0.0.0.0'", "transport.unencrypted=true"], False, ""),  # opted out
+        (["transport.listen='tcp'", "transport.unencrypted=true"], False, ""),  # opted out on loopback
         (["transport.keys='/given/keys'"], True, "/given/keys"),  # the user's own
     ],
-    ids=["loopback", "opted-out", "given"],
+    ids=["local", "ipc", "opted-out", "opted-out-loopback", "given"],
 )
 def test_no_keys_are_made_on_loopback_when_given_or_refused(
     tmp_path: Path, overrides: list[str], beyond: bool, want: str
