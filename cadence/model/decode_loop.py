@@ -41,9 +41,11 @@ Prefill = Callable[[Sequence[Sequence[int]]], list[tuple[KVCache, Tensor]]]
 Step = Callable[[Tensor, Tensor, Tensor, int], Tensor]  # (tokens, positions, write_at, width) -> logits
 Told = Callable[[int, list[tuple[list[int], list[float], bool]]], None]
 Stopped = Callable[[], Collection[int]]
-Joins = Callable[[int], Sequence[tuple[Sequence[int], Tensor]]]
-"""Asked at a readback, with the longest prompt a row's slot still holds, for groups to join the call:
-each its prompt and its rows' uniforms [rows, steps]; they take the indices after the call's groups."""
+Joins = Callable[[int], Sequence[tuple[Sequence[int], Tensor, int]]]
+"""Asked at a readback, with the longest prompt a row of the call's token limit still fits, for groups
+to join the call: each its prompt, its rows' uniforms [rows, steps] and its own token limit (at most
+the call's; a prompt may be longer by what its limit is shorter); they take the indices after the
+call's groups."""
 
 
 @dataclass
@@ -59,8 +61,8 @@ class LoopStats:
 
 class DecodeLoop:
     """One call's rows: ``prompts`` and each one's ``seeds`` (its rows, group after group);
-    ``uniforms`` [rows, steps] drawn by the caller; ``eos``, ``steps`` (each row's token limit),
-    ``temperature`` and ``top_p`` as the call's params. ``bucketed``: a step computes a bucket of
+    ``uniforms`` [rows, steps] drawn by the caller; ``eos``, ``steps`` (the call's token limit; a
+    group's own, at most that, in ``limits``), ``temperature`` and ``top_p`` as the call's params. ``bucketed``: a step computes a bucket of
     rows (few shapes, for a compiled step or a GPU's); otherwise exactly the rows held, the highest
     moved down into a free slot below whenever one frees (eager on the CPU, where a padded row costs
     its full share of the step); either way at least ``least`` rows (as many as the slots at most),
@@ -80,6 +82,7 @@ class DecodeLoop:
         readback: int = 1,
         bucketed: bool = True,
         least: int = 1,
+        limits: Sequence[int] | None = None,
     ) -> None:
         self.cache, self.prefill, self.step = cache, prefill, step
         self.prompts, self.sizes = prompts, list(sizes)
@@ -90,6 +93,10 @@ class DecodeLoop:
         n, steps = uniforms.shape
         self.n, self.limit = n, steps
         self.group_of = [g for g, size in enumerate(sizes) for _ in range(size)]
+        own = list(limits) if limits is not None else [steps] * len(sizes)
+        if len(own) != len(sizes) or not all(1 <= m <= steps for m in own):
+            raise ValueError(f"token limits {own} for {len(sizes)} groups of a call of {steps} new tokens")
+        self.row_limit = [own[g] for g in self.group_of]  # each row's own token limit
         starts = list(accumulate(sizes, initial=0))
         self.rows_of = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]
         # one spare row (n) and one spare column (steps) take what ended or padded rows write
@@ -103,6 +110,7 @@ class DecodeLoop:
         self.alive = torch.zeros(slots, dtype=torch.bool, device=device)
         self.row = torch.full((slots,), n, dtype=torch.long, device=device)
         self.ended_at = torch.zeros(slots, dtype=torch.long, device=device)
+        self.cap = torch.full((slots,), steps, dtype=torch.long, device=device)  # its row's limit
         self.pending: deque[int] = deque(r for r in range(n))
         self.held: dict[int, int] = {}  # slot -> row
         self.reach: dict[int, int] = {}  # slot -> its position at admission minus the step then
@@ -150,16 +158,23 @@ class DecodeLoop:
         if joins is None:
             return False
         groups = joins(self.cache.length - self.limit)
-        for prompt, uniforms in groups:
-            self.join(prompt, uniforms)
+        for prompt, uniforms, limit in groups:
+            self.join(prompt, uniforms, limit)
         return bool(groups)
 
-    def join(self, prompt: Sequence[int], uniforms: Tensor) -> int:
-        """Add a group to the call: ``prompt`` with a row for each of ``uniforms`` [rows, steps]; its
-        rows wait for free slots behind the others'. Its index (after every group before it)."""
+    def join(self, prompt: Sequence[int], uniforms: Tensor, limit: int | None = None) -> int:
+        """Add a group to the call: ``prompt`` with a row for each of ``uniforms`` [rows, steps], each
+        at most ``limit`` new tokens (None: the call's); its rows wait for free slots behind the
+        others'. Its index (after every group before it)."""
         m, steps = uniforms.shape
-        if m == 0 or steps != self.limit or len(prompt) + self.limit > self.cache.length:
-            raise ValueError(f"a group of {m} rows, {len(prompt)} prompt tokens and {steps} new ones cannot"
+        limit = self.limit if limit is None else limit
+        if (
+            m == 0
+            or steps != self.limit
+            or not 1 <= limit <= steps
+            or len(prompt) + limit > self.cache.length
+        ):
+            raise ValueError(f"a group of {m} rows, {len(prompt)} prompt tokens and {limit} new ones cannot"
                              f" join a call of {self.limit} new tokens in {self.cache.length} positions")  # fmt: skip
         n, g = self.n, len(self.sizes)
         spare = torch.tensor([n + m], device=self.cache.device)
@@ -171,6 +186,7 @@ class DecodeLoop:
         self.prompts = [*self.prompts, prompt]
         self.sizes.append(m)
         self.group_of += [g] * m
+        self.row_limit += [limit] * m
         self.rows_of.append(list(range(n, n + m)))
         self.left.append(m)
         self.ended_step.append(0)
@@ -181,8 +197,10 @@ class DecodeLoop:
 
     def _may_run(self) -> bool:
         """Whether some row held may still sample, as the host counts: a row samples its first token
-        when admitted and one a step after, at most ``limit`` in all."""
-        return any(self.clock - start < self.limit - 1 for start in self.admitted.values())
+        when admitted and one a step after, at most its limit in all."""
+        return any(
+            self.clock - start < self.row_limit[self.held[s]] - 1 for s, start in self.admitted.items()
+        )
 
     def _admit(self) -> None:
         """Pending rows into the free slots, in order: their groups' prompts prefilled together (once
@@ -212,7 +230,9 @@ class DecodeLoop:
         token, logprob = sample(logits, self.uniforms[row_t, 0], self.temperature, self.top_p)
         self.out_tokens[row_t, 0] = token
         self.out_logprobs[row_t, 0] = logprob
-        ended = (token == self.eos) | (self.limit <= 1)
+        cap = torch.tensor([self.row_limit[r] for r in rows], device=device)
+        ended = (token == self.eos) | (cap <= 1)
+        self.cap[slot_t] = cap
         self.token[slot_t] = token
         self.position[slot_t] = lengths
         self.count[slot_t] = 1
@@ -243,7 +263,7 @@ class DecodeLoop:
         self.out_logprobs[out_row, out_col] = logprob
         count += alive
         position += alive
-        ends = alive & ((token == self.eos) | (count >= self.limit))
+        ends = alive & ((token == self.eos) | (count >= self.cap[:b]))
         self.clock += 1
         self.ended_at[:b] = torch.where(ends, self.clock, self.ended_at[:b])
         self.token[:b] = torch.where(alive, token, self.token[:b])
@@ -315,7 +335,15 @@ class DecodeLoop:
             source, target = self.cache.highest() - 1, self.cache.lowest_free()
             width = width_bucket(self.reach[source] + self.clock + 1, self.cache.length)
             self.cache.move(source, target, width)
-            for state in (self.token, self.position, self.count, self.alive, self.row, self.ended_at):
+            for state in (
+                self.token,
+                self.position,
+                self.count,
+                self.alive,
+                self.row,
+                self.ended_at,
+                self.cap,
+            ):
                 state[target] = state[source]
             self.alive[source] = False
             self.held[target] = self.held.pop(source)

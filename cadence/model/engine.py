@@ -9,11 +9,13 @@ batch size and the other seeds; ``sample_seed`` makes that seed a pure function 
 (run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
 A prompt that begins with the engine's ``trunk`` (the chat template's beginning every prompt shares)
 reads the trunk's keys and values, computed once for each version loaded, and computes only its own
-tokens; any other prompt is computed whole. When every prompt of one call begins with a longer common
-beginning (the episodes of a batch: one opening, a system prompt and worked examples, for all), that
-beginning is computed once for the call and read by each. The prompts of a batch are computed together, one after
-another in one row, each attending only the trunk and itself at the positions it has alone, so a
-prompt's prefill is what it computes alone up to float summation order.
+tokens; any other prompt is computed whole. A longer beginning the caller says its prompts share
+(``shared``: the episodes of a batch, one opening, a system prompt and worked examples for all) is
+computed once a call and read by every prompt that begins with it; no other beginning is, so which
+prompts a call holds or admits together never decides how one is computed. The prompts admitted
+together are computed together, one after another in one row, each attending only what it begins
+with and itself at the positions it has alone, so a prompt's prefill is what it computes alone, bit
+for bit (``invariance.py``).
 """
 
 from __future__ import annotations
@@ -82,9 +84,12 @@ class Completion:
 GroupEnded = Callable[[int, list[Completion]], None]
 # Asked between two decode steps for the indices of the groups to stop now.
 StoppedGroups = Callable[[], Collection[int]]
-# Asked between two decode steps, with the most prompt tokens a group may have to join the call, for
-# (prompt, seeds) groups to join it: they take the indices after the call's groups, in order.
-JoiningGroups = Callable[[int], Sequence[tuple[Sequence[int], Sequence[int]]]]
+# Asked between two decode steps, with the most prompt tokens a group of the call's token limit may
+# have to join the call, for (prompt, seeds) groups to join it, or (prompt, seeds, limit) of a limit
+# of their own (at most the call's; the prompt may be longer by as much less): they take the indices
+# after the call's groups, in order.
+JoinedGroup = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], int]
+JoiningGroups = Callable[[int], Sequence[JoinedGroup]]
 
 
 def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
@@ -151,6 +156,7 @@ class TorchEngine:
         self.readback = readback if readback is not None else (1 if self.device.type == "cpu" else 8)
         self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
         self._trunk_kv: KVCache | None = None  # of the weights loaded now
+        self._shared_kv: tuple[tuple[int, ...], KVCache] | None = None  # the last shared beginning's
         self._cache: SlotCache | None = None
         self.runner = StepRunner(self.model, compiled, compiler, invariant)
         self.invariant = invariant
@@ -176,6 +182,7 @@ class TorchEngine:
             )
             load_hf_state_dict(self.model, state, assign=fits)
         self._trunk_kv = None
+        self._shared_kv = None
 
     def _begins_with_trunk(self, prompt: Sequence[int]) -> bool:
         n = len(self.trunk)
@@ -193,24 +200,31 @@ class TorchEngine:
         self.model(row, cache=cache, logits_at=torch.zeros_like(row, dtype=torch.bool))
         return cache
 
-    def _prefill_many(self, prompts: Sequence[Sequence[int]]) -> list[tuple[KVCache, Tensor]]:
+    def _prefill_many(
+        self, prompts: Sequence[Sequence[int]], shared: Sequence[int] = ()
+    ) -> list[tuple[KVCache, Tensor]]:
         """Each prompt's batch-1 cache and its last position's logits [1, V]. A prompt that begins
-        with the trunk reads the trunk's keys and values and computes only its own tokens; any other
-        is computed whole. The tokens computed lie one prompt after another in rows of at most
-        ``PREFILL_ROW_TOKENS`` (a prompt longer than that alone in its row), one forward a row: one
-        matrix product for every prompt's tokens instead of one a prompt."""
+        with ``shared`` (of at least ``MIN_TRUNK`` tokens, beyond the trunk) and is longer reads its
+        keys and values, computed once here, and computes only its own tokens; else one that begins
+        with the trunk reads the trunk's; any other is computed whole. So how a prompt is computed
+        depends on it and ``shared`` alone, never on the prompts beside it. The tokens computed lie
+        one prompt after another in rows of at most ``PREFILL_ROW_TOKENS`` (a prompt longer than
+        that alone in its row), one forward a row: one matrix product for every prompt's tokens
+        instead of one a prompt."""
         out: dict[int, tuple[KVCache, Tensor]] = {}
-        trunked = [self._begins_with_trunk(p) for p in prompts]
-        common = shared_trunk(prompts)
-        plan: list[tuple[list[int], int, KVCache | None]]
-        if common >= MIN_TRUNK and common > (len(self.trunk) if all(trunked) else 0):
-            # every prompt of the call begins alike beyond the trunk (an episode's opening and turns)
-            plan = [(list(range(len(prompts))), common, self._prefix_cache(prompts[0][:common]))]
-        else:
-            plan = [
-                ([i for i, t in enumerate(trunked) if t], len(self.trunk), None),
-                ([i for i, t in enumerate(trunked) if not t], 0, None),
-            ]
+        n = len(shared) if len(shared) >= MIN_TRUNK and len(shared) > len(self.trunk) else 0
+        on_shared = [bool(n) and len(p) > n and list(p[:n]) == list(shared) for p in prompts]
+        trunked = [not s and self._begins_with_trunk(p) for p, s in zip(prompts, on_shared, strict=True)]
+        whole = [i for i, (s, t) in enumerate(zip(on_shared, trunked, strict=True)) if not s and not t]
+        plan: list[tuple[list[int], int, KVCache | None]] = [
+            (
+                [i for i, s in enumerate(on_shared) if s],
+                n,
+                self._prefix_cache(shared) if any(on_shared) else None,
+            ),
+            ([i for i, t in enumerate(trunked) if t], len(self.trunk), None),
+            (whole, 0, None),
+        ]
         for indices, cut, prefix in plan:
             for row in fill_in_order([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
                 picked = [indices[j] for j in row]
@@ -221,9 +235,13 @@ class TorchEngine:
 
     def _prefix_cache(self, prefix: Sequence[int]) -> KVCache:
         """The keys and values of ``prefix`` (the trunk's read, not computed again, when it begins
-        with it), for the prompts of one call that all begin with it."""
-        n = len(self.trunk) if self._begins_with_trunk(prefix) else 0
-        return self._extend(self._trunk_cache().fork() if n else KVCache(), prefix[n:])
+        with it), for the prompts that begin with it; the last one is kept until the next load (an
+        episode batch's admissions read it again and again)."""
+        key = tuple(prefix)
+        if self._shared_kv is None or self._shared_kv[0] != key:
+            n = len(self.trunk) if self._begins_with_trunk(prefix) else 0
+            self._shared_kv = (key, self._extend(self._trunk_cache().fork() if n else KVCache(), prefix[n:]))
+        return self._shared_kv[1]
 
     def _prefill_segments(self, start: KVCache, own: list[list[int]]) -> tuple[list[KVCache], Tensor]:
         """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as
@@ -270,6 +288,9 @@ class TorchEngine:
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
         joining: JoiningGroups | None = None,
+        limits: Sequence[int] | None = None,
+        shared: Sequence[int] = (),
+        positions: int = 0,
     ) -> list[list[Completion]]:
         """For each (prompt, seeds), ``len(seeds)`` samples of the prompt, decoded together
         (``decode_loop.py``): each sample a row in a slot of the engine's cache, admitted as slots free
@@ -284,45 +305,63 @@ class TorchEngine:
         ``joining(room)`` is asked between two decode steps for more groups of at most ``room`` prompt
         tokens and at least one seed: each joins the call (continuous batching across a worker's
         assignments), its rows admitted as slots free up, told to ``ended`` and returned like the
-        call's own, at the indices after them in the order they came. None of these changes any
-        sample."""
+        call's own, at the indices after them in the order they came. ``limits``: each group's own
+        token limit, at most ``params.max_new_tokens`` (the episodes' turns of one call); a sample
+        cut at its limit is the first tokens of the one a larger limit gives. ``shared``: a beginning
+        the caller knows its prompts share, computed once and read by each that begins with it
+        (``_prefill_many``); ``positions``: a row's positions to hold at least (for groups that will
+        join with longer prompts: an episode's later turns). None of these changes any sample."""
         steps = params.max_new_tokens
-        for prompt, _ in groups:
-            self._check(prompt, steps)
+        own = self._limits(groups, steps, limits)
         sizes = [len(seeds) for _, seeds in groups]
         if ended is not None:
             for i in [i for i, n in enumerate(sizes) if n == 0]:  # ended before any step
                 ended(i, [])
         if not any(sizes):
             return [[] for _ in sizes]
-        uniforms = self._uniforms([seed for _, group_seeds in groups for seed in group_seeds], steps)
-        cache = self._slots(max(len(p) for p, s in groups if s) + steps)
+        longest = max(len(p) + n for (p, s), n in zip(groups, own, strict=True) if s)
         loop = DecodeLoop(
-            cache,
-            self._prefill_many,
+            self._slots(min(max(longest, positions), self.model.cfg.max_position)),
+            functools.partial(self._prefill_many, shared=list(shared)),
             self._run_step,
             [list(p) for p, _ in groups],
             sizes,
-            uniforms,
+            self._uniforms([seed for _, group_seeds in groups for seed in group_seeds], steps),
             self.eos_id,
             params.temperature,
             params.top_p,
             self.readback,
             bucketed=self.buckets,
             least=self._least_rows(weights_first_here(self.device)),
+            limits=own,
         )
-        told = None if ended is None else functools.partial(_tell, ended)
         joins = None if joining is None else functools.partial(self._joins, joining, steps)
-        done = loop.run(told, stopped, joins)
+        done = loop.run(None if ended is None else functools.partial(_tell, ended), stopped, joins)
         self.last_call = loop.stats
         return [[Completion(t, lp, f) for t, lp, f in done.get(i, [])] for i in range(len(loop.sizes))]
 
-    def _joins(self, joining: JoiningGroups, steps: int, room: int) -> list[tuple[Sequence[int], Tensor]]:
-        """The groups `joining` gives, each with its rows' uniforms, for a call of `steps` new tokens."""
-        more = joining(room)
-        for prompt, _ in more:
-            self._check(prompt, steps)
-        return [(prompt, self._uniforms(seeds, steps)) for prompt, seeds in more]
+    def _limits(
+        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], steps: int, limits: Sequence[int] | None
+    ) -> list[int]:
+        """Each group's token limit (the call's where not given), each checked with its prompt."""
+        own = list(limits) if limits is not None else [steps] * len(groups)
+        if len(own) != len(groups) or not all(1 <= n <= steps for n in own):
+            raise ValueError(f"token limits {own} for {len(groups)} groups of at most {steps} new tokens")
+        for (prompt, _), n in zip(groups, own, strict=True):
+            self._check(prompt, n)
+        return own
+
+    def _joins(
+        self, joining: JoiningGroups, steps: int, room: int
+    ) -> list[tuple[Sequence[int], Tensor, int]]:
+        """The groups `joining` gives, each with its rows' uniforms and its token limit, for a call of
+        `steps` new tokens."""
+        out: list[tuple[Sequence[int], Tensor, int]] = []
+        for prompt, seeds, *own in joining(room):
+            limit = own[0] if own else steps
+            self._check(prompt, limit)
+            out.append((prompt, self._uniforms(seeds, steps), limit))
+        return out
 
     def _uniforms(self, seeds: Sequence[int], steps: int) -> Tensor:
         """[rows, steps]: the uniforms each seed's generator draws, one a step."""

@@ -7,7 +7,7 @@ the worker decides which version that is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -87,6 +87,36 @@ class TurnEngine(RolloutEngine, Protocol):
 
 
 @runtime_checkable
+class LimitedEngine(TurnEngine, Protocol):
+    """A `TurnEngine` whose calls take a token limit a group (`limits`, each at most the call's
+    `max_new_tokens`), so that the episodes' turns of different room decode in one call, the
+    beginning they share, and turns joining while it decodes: the built-in one (`limited`, which a
+    runtime check can see)."""
+
+    limited: bool
+
+    def generate_many(
+        self,
+        groups: list[tuple[list[int], list[int]]],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        ended: GroupEnded | None = None,
+        stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
+        limits: Sequence[int] | None = None,
+        shared: Sequence[int] = (),
+        positions: int = 0,
+    ) -> list[list[Completion]]:
+        """`TurnEngine.generate_many`, group `i` at most `limits[i]` new tokens: the first tokens of
+        what a call of `max_new_tokens` samples for it; `shared`: a beginning the prompts share (an
+        episode batch's opening), computed once for every prompt that begins with it; `joining` as
+        `JoiningEngine`'s (a group may carry its own limit), with `positions` a row for the longer
+        prompts that join."""
+        ...
+
+
+@runtime_checkable
 class JoiningEngine(RolloutEngine, Protocol):
     """An engine whose calls take groups while they decode (continuous batching across a worker's
     assignments): the built-in one (`joins`, which a runtime check can see: a signature it cannot)."""
@@ -110,10 +140,11 @@ class JoiningEngine(RolloutEngine, Protocol):
 
 
 class TorchRolloutEngine:
-    """The built-in engine behind the worker's `RolloutEngine`, `TurnEngine` and `JoiningEngine`
-    interfaces."""
+    """The built-in engine behind the worker's `RolloutEngine`, `TurnEngine`, `LimitedEngine` and
+    `JoiningEngine` interfaces."""
 
     joins = True
+    limited = True
 
     def __init__(self, engine: TorchEngine, params: SamplingParams) -> None:
         self.engine = engine
@@ -142,6 +173,18 @@ class TorchRolloutEngine:
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
         joining: JoiningGroups | None = None,
+        limits: Sequence[int] | None = None,
+        shared: Sequence[int] = (),
+        positions: int = 0,
     ) -> list[list[Completion]]:
         params = self.params.overridden(temperature, max_new_tokens)
-        return self.engine.generate_many(groups, params, ended=ended, stopped=stopped, joining=joining)
+        return self.engine.generate_many(
+            groups,
+            params,
+            ended=ended,
+            stopped=stopped,
+            joining=joining,
+            limits=limits,
+            shared=shared,
+            positions=positions,
+        )

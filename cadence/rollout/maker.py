@@ -30,9 +30,10 @@ from cadence.model.rollout_engine import JoiningEngine, RolloutEngine, TurnEngin
 from cadence.model.tokenizer import TextTokenizer
 from cadence.monitor.span import Overlapping
 from cadence.rollout.joining import Joining
-from cadence.rollout.play import EngineGenerate, Hold, PlaysEpisodes
+from cadence.rollout.play import Hold, PlaysEpisodes
 from cadence.rollout.results import GroupSamples
 from cadence.rollout.single_turn import Ready, Scorer, complete
+from cadence.rollout.streaming import engine_generate
 from cadence.tasks.base import Prompt
 
 
@@ -93,7 +94,7 @@ class GroupMaker:
                 self.engine, self.tokenizer, self.scorer, seeded, temperature, hold, ready, stopped, joining
             )
         assert isinstance(self.engine, TurnEngine)
-        generate = EngineGenerate(self.engine, temperature, hold)
+        generate = engine_generate(self.engine, temperature, hold)
         groups = [(p, seeds, self.tokenizer.encode_prompt(p.text)) for p, seeds in seeded]
         made = await self.episodes.run(generate, groups, self.tokenizer.eos_id, waits, period)
         if stopped is not None and stopped():

@@ -5,8 +5,10 @@ two sibling layers, the model and the tasks.
 
 ```
  runner: generate(contexts, turn seeds, room) ─► a thread: hold() (the worker's engine lock, thread
-   budget, version check) ─► per distinct room (clipped to the model's positions) one
-   engine.generate_many([(context, [seed]), ...], temperature, room) ─► Generated(ids, log-probs, eos?)
+   budget, version check) ─► one engine.generate_many([(context, [seed]), ...], temperature, the
+   longest room, limits = each one's room clipped to the model's positions, shared = the beginning
+   the contexts share, computed once) (an engine without per-group limits: one call per distinct
+   room) ─► Generated(ids, log-probs, eos?)
  a group's EpisodeResults ─► one prompt (what every episode's first message shares) and per sample
    the ids after it, a mask (0 where the environment wrote), log-probs (0.0 there), score, figures
 ```
@@ -28,10 +30,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
-from cadence.model.rollout_engine import TurnEngine
-from cadence.model.tokenizer import TextTokenizer
-from cadence.model.turns import ChatTurns
+from cadence.model.engine import Completion
+from cadence.model.rollout_engine import LimitedEngine, TurnEngine
 from cadence.monitor.span import Overlapping
+from cadence.ops.packing import shared_trunk
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt
 from cadence.tasks.environments.base import EnvironmentFactory
@@ -81,17 +83,34 @@ class EngineGenerate:
     def generate(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], max_new_tokens: Sequence[int]
     ) -> list[Generated]:
-        """The same, on this thread: one `generate_many` for the prompts of each token limit."""
+        """The same, on this thread: one `generate_many` for every prompt with room, each at its own
+        token limit where the engine takes them (`LimitedEngine`), else one for each limit."""
         limits = [min(n, self.max_context - len(p)) for p, n in zip(prompts, max_new_tokens, strict=True)]
         out: list[Generated] = [Generated([], [], False)] * len(prompts)  # no room: nothing sampled
         with self.hold():
-            for limit in sorted({n for n in limits if n >= 1}):
-                picked = [i for i, n in enumerate(limits) if n == limit]
-                asked = [(list(prompts[i]), [seeds[i]]) for i in picked]
-                groups = self.engine.generate_many(asked, self.temperature, max_new_tokens=limit)
-                for i, (completion,) in zip(picked, groups, strict=True):
+            if isinstance(self.engine, LimitedEngine):
+                calls = [[i for i, n in enumerate(limits) if n >= 1]]
+            else:
+                calls = [
+                    [i for i, n in enumerate(limits) if n == m] for m in sorted({n for n in limits if n >= 1})
+                ]
+            for picked in [c for c in calls if c]:
+                for i, (completion,) in zip(picked, self._call(prompts, seeds, limits, picked), strict=True):
                     out[i] = Generated(completion.tokens, completion.logprobs, completion.finished)
         return out
+
+    def _call(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], limits: list[int], picked: list[int]
+    ) -> list[list[Completion]]:
+        asked = [(list(prompts[i]), [seeds[i]]) for i in picked]
+        longest = max(limits[i] for i in picked)
+        if isinstance(self.engine, LimitedEngine):
+            own = [limits[i] for i in picked]
+            shared = asked[0][0][: shared_trunk([p for p, _ in asked])]  # the batch's opening, at least
+            return self.engine.generate_many(
+                asked, self.temperature, max_new_tokens=longest, limits=own, shared=shared
+            )
+        return self.engine.generate_many(asked, self.temperature, max_new_tokens=longest)
 
 
 @dataclass(frozen=True)
@@ -123,18 +142,6 @@ class Episodes:
         finally:
             if waits is not None:
                 waits.close()
-
-
-def episode_runner(
-    engine: TurnEngine,
-    tokenizer: TextTokenizer,
-    factory: EnvironmentFactory,
-    bounds: Bounds,
-    role: str = "user",
-    temperature: float | None = None,
-) -> EpisodeRunner:
-    """The runner of `factory`'s episodes on `engine`, their messages in `tokenizer`'s chat template."""
-    return EpisodeRunner(factory, EngineGenerate(engine, temperature), ChatTurns(tokenizer, role), bounds)
 
 
 def shared_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:

@@ -7,28 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import string
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from cadence.model.config import ModelConfig
-from cadence.model.engine import (
-    Completion,
-    GroupEnded,
-    JoiningGroups,
-    SamplingParams,
-    StoppedGroups,
-    TorchEngine,
-    prompt_trunk,
-)
+from cadence.model.engine import Completion, JoinedGroup, SamplingParams, TorchEngine, prompt_trunk
 from cadence.model.hf_tokenizer import HFTokenizer
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer, TextTokenizer
 from cadence.model.transformer import Transformer, init_model
 from cadence.model.turns import render
-from cadence.rollout.play import EngineGenerate, episode_runner
+from cadence.rollout.play import EngineGenerate
+from cadence.rollout.streaming import episode_runner
 from cadence.tasks.base import Prompt, Score
 from cadence.tasks.environments.base import Environment, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
@@ -60,20 +55,32 @@ class Recording(TorchEngine):
         self.sampled: dict[int, tuple[list[int], Completion]] = {}  # seed -> (prompt, completion)
 
     def generate_many(
-        self,
-        groups: Sequence[tuple[Sequence[int], Sequence[int]]],
-        params: SamplingParams,
-        *,
-        ended: GroupEnded | None = None,
-        stopped: StoppedGroups | None = None,
-        joining: JoiningGroups | None = None,
+        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams, **kwargs: Any
     ) -> list[list[Completion]]:
-        assert joining is None  # episodes never join a running call
-        out = super().generate_many(groups, params, ended=ended, stopped=stopped)
-        for (prompt, seeds), completions in zip(groups, out, strict=True):
+        joined: list[JoinedGroup] = []  # the turns that joined the call, in order
+        if (joining := kwargs.get("joining")) is not None:
+
+            def recorded(room: int) -> Sequence[JoinedGroup]:
+                more = joining(room)
+                joined.extend(more)
+                return more
+
+            kwargs["joining"] = recorded
+        out = super().generate_many(groups, params, **kwargs)
+        for (prompt, seeds, *_), completions in zip([*groups, *joined], out, strict=True):
             for seed, completion in zip(seeds, completions, strict=True):
                 self.sampled[seed] = (list(prompt), completion)
         return out
+
+
+class Counting(TorchEngine):
+    """The built-in engine, counting its `generate_many` calls."""
+
+    calls = 0
+
+    def generate_many(self, *args: Any, **kwargs: Any) -> list[list[Completion]]:
+        self.calls += 1
+        return super().generate_many(*args, **kwargs)
 
 
 class Chatter(Environment):
@@ -227,3 +234,88 @@ def test_engine_generate_clips_to_the_models_positions_and_keeps_the_order() -> 
     assert out[0].tokens == [] and not out[0].finished  # 30 positions hold no new token after 30
     assert 1 <= len(out[1].tokens) <= 4 and 1 <= len(out[2].tokens) <= 8
     assert out[2].tokens == engine.generate(short, [3], SamplingParams(max_new_tokens=8))[0].tokens
+
+
+def test_turns_of_different_room_decode_in_one_call_as_they_would_apart() -> None:
+    """The built-in engine takes a token limit a group: turns of rooms 2, 5 and 9 are one call, each
+    turn what a call of its own room samples, bit for bit."""
+    engine = Counting(_tiny(CHARS, max_position=60), CHARS.eos_id)
+    generate = EngineGenerate(TorchRolloutEngine(engine, SamplingParams(max_new_tokens=1, temperature=1.0)))
+    prompts = [CHARS.encode_prompt(text) for text in ("Hi", "Say a word", "Go on")]
+    out = asyncio.run(generate(prompts, [4, 5, 6], [2, 9, 5]))
+    assert engine.calls == 1
+    for prompt, seed, room, turn in zip(prompts, [4, 5, 6], [2, 9, 5], out, strict=True):
+        (alone,) = engine.generate(prompt, [seed], SamplingParams(max_new_tokens=room))
+        assert (turn.tokens, turn.logprobs, turn.finished) == (alone.tokens, alone.logprobs, alone.finished)
+        assert 1 <= len(turn.tokens) <= room
+
+
+class Pausing(Chatter):
+    """Chatter whose replies take 0 to 30 ms, by the episode's seed and turn."""
+
+    def __init__(self, prompt: Prompt, seed: int) -> None:
+        super().__init__(prompt, seed)
+        self.seed, self.turns = seed, 0
+
+    async def step(self, response: str) -> Reply:
+        self.turns += 1
+        await asyncio.sleep(((self.seed * 7 + self.turns * 3) % 4) * 0.01)
+        return await super().step(response)
+
+
+class Waiting(Recording):
+    """The engine, its first call waiting (at most 20 s) once a turn of it has ended until another
+    turn is offered to join it: a join however fast the engine is beside the environments."""
+
+    waited = False
+
+    def generate_many(
+        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams, **kwargs: Any
+    ) -> list[list[Completion]]:
+        ended, joining = kwargs.get("ended"), kwargs.get("joining")
+        if ended is not None and joining is not None and not self.waited:
+            told = [0]
+
+            def counted(i: int, completions: list[Completion]) -> None:
+                told[0] += 1
+                ended(i, completions)
+
+            def waiting(room: int) -> Sequence[JoinedGroup]:
+                more, deadline = joining(room), time.monotonic() + 20
+                while told[0] and not more and not self.waited and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    more = joining(room)
+                self.waited = self.waited or bool(told[0])
+                return more
+
+            kwargs |= {"ended": counted, "joining": waiting}
+        return super().generate_many(groups, params, **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_an_episodes_next_turn_joins_the_running_call_and_samples_what_it_samples_alone() -> None:
+    """Episodes whose environments reply after different pauses: their later turns join the engine's
+    running call instead of waiting for the batch's slowest turn, and every turn is, bit for bit,
+    what the engine samples for its context and seed alone (with the batch's shared beginning), so
+    the episodes come out the same whatever the pauses."""
+    bounds = Bounds(max_turns=4, max_turn_tokens=6)
+    episodes = [(Prompt(0, "Say a word.", ""), s) for s in range(6)]
+    worker = Waiting(_tiny(CHARS), CHARS.eos_id, rows=16)
+    runner = episode_runner(
+        TorchRolloutEngine(worker, SamplingParams(6, temperature=1.0)), CHARS, Pausing, bounds
+    )
+    paused = asyncio.run(runner.run(episodes))
+    assert runner.joined_turns > 0 and worker.waited
+    quick = Recording(_tiny(CHARS), CHARS.eos_id, rows=16)
+    at_once = _run(quick, CHARS, bounds, episodes)
+    assert [(r.tokens, r.logprobs, r.mask) for r in paused] == [
+        (r.tokens, r.logprobs, r.mask) for r in at_once
+    ]
+    shared = CHARS.encode_prompt("Say a word.")[:-1]  # what every context begins with
+    alone = TorchEngine(_tiny(CHARS), CHARS.eos_id, rows=16)
+    for seed, (prompt, completion) in worker.sampled.items():  # a turn cut at its room: the first tokens
+        ((mine,),) = alone.generate_many(
+            [(prompt, [seed])], SamplingParams(6, temperature=1.0), shared=shared
+        )
+        assert mine.tokens[: len(completion.tokens)] == completion.tokens
+        assert mine.logprobs[: len(completion.tokens)] == completion.logprobs

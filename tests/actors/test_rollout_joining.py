@@ -9,11 +9,19 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from cadence.launch.build import make_engine, make_learner, make_tokenizer
-from cadence.model.engine import Completion, GroupEnded, JoiningGroups, StoppedGroups, sample_seed
+from cadence.model.engine import (
+    Completion,
+    GroupEnded,
+    JoinedGroup,
+    JoiningGroups,
+    StoppedGroups,
+    sample_seed,
+)
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.transport.inproc import InprocNetwork
 from cadence.wire.messages import Assignment, EvalResult, GroupResult, StopPeriod, WorkRequest
@@ -43,12 +51,13 @@ class HeldOpen(TorchRolloutEngine):
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
         joining: JoiningGroups | None = None,
+        **more_kwargs: Any,
     ) -> list[list[Completion]]:
         self.calls += 1
         if joining is not None and self.calls == 1:
             ask, waited = joining, [False]
 
-            def waiting(room: int) -> Sequence[tuple[Sequence[int], Sequence[int]]]:
+            def waiting(room: int) -> Sequence[JoinedGroup]:
                 self.started.set()
                 deadline = time.monotonic() + 20
                 while not (more := ask(room)) and not waited[0] and time.monotonic() < deadline:
@@ -62,7 +71,7 @@ class HeldOpen(TorchRolloutEngine):
 
             joining = waiting
         return super().generate_many(
-            groups, temperature, max_new_tokens, ended=ended, stopped=stopped, joining=joining
+            groups, temperature, max_new_tokens, ended=ended, stopped=stopped, joining=joining, **more_kwargs
         )
 
 

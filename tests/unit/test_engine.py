@@ -290,24 +290,31 @@ def test_a_batchs_prompts_prefill_in_one_forward_each_as_if_alone() -> None:
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
 
 
-def test_a_calls_longer_common_beginning_is_computed_once_and_read_by_each_prompt() -> None:
+def test_a_shared_beginning_named_by_the_caller_is_computed_once_and_read_by_each_prompt() -> None:
     trunked = TorchEngine(init_model(CFG, seed=3), eos_id=EOS, trunk=TRUNK)
     widths = _forward_widths(trunked)
     opening = TRUNK + [10, 11, 12, 13, 14, 2, 6]  # an episode's opening, beyond the trunk
     prompts = [opening + [4, 9], opening + [5], opening + [4, 9, 8, 8, 3]]  # turns of three episodes
     seeds = [[sample_seed(0, 0, i, 0)] for i in range(len(prompts))]
     params = SamplingParams(max_new_tokens=4, temperature=1.0)
-    got = trunked.generate_many(list(zip(prompts, seeds, strict=True)), params)
+    got = trunked.generate_many(list(zip(prompts, seeds, strict=True)), params, shared=opening)
     # the trunk; the opening's own tokens beyond it; then every prompt's own tokens in one row
     assert widths[:3] == [len(TRUNK), len(opening) - len(TRUNK), *_padded(trunked, [2 + 1 + 5])]
     for prompt, group in zip(prompts, got, strict=True):
         expected = _full_forward_logprobs(trunked, prompt, group[0].tokens)
         assert group[0].logprobs == pytest.approx(expected, abs=1e-5)
-    # without the trunk, the common beginning is computed whole; a single prompt has none of its own
+    # unnamed, no beginning beyond the trunk is shared, whatever the prompts have in common: each
+    # prompt is computed as it would be alone
+    widths.clear()
+    trunked.generate_many(list(zip(prompts, seeds, strict=True)), params)
+    assert widths[:1] == _padded(trunked, [3 * (len(opening) - len(TRUNK)) + 2 + 1 + 5])  # one row
+    # without the trunk, the named beginning is computed whole; a prompt that does not begin with it,
+    # or a single prompt, is computed whole
     plain = _engine(seed=3)
     widths = _forward_widths(plain)
-    plain.generate_many(list(zip(prompts, seeds, strict=True)), params)
-    assert widths[:2] == [len(opening), *_padded(plain, [2 + 1 + 5])]
+    other = [10, 11, 4]
+    plain.generate_many(list(zip([*prompts, other], [*seeds, [9]], strict=True)), params, shared=opening)
+    assert widths[:3] == [len(opening), *_padded(plain, [2 + 1 + 5]), *_padded(plain, [len(other)])]
     widths.clear()
     plain.generate(prompts[0], [1], params)
     assert widths[0] == _padded(plain, [len(prompts[0])])[0]

@@ -252,6 +252,25 @@ def test_groups_that_join_a_running_call_give_the_samples_they_give_alone() -> N
     assert max(narrow.last_call.live) <= 4 and sum(narrow.last_call.admissions) == 15
 
 
+def test_a_group_of_its_own_token_limit_samples_what_a_call_of_that_limit_does() -> None:
+    """Groups of limits 1, 3, 7 and 12 in one call of 12 new tokens (the episodes' turns of different
+    room), rows admitted as others end: each group's samples are, bit for bit, what a call of its own
+    limit gives, and what a call of 12 gives cut at its limit where that one did not end before."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    groups, limits = _groups(2)[:4], [3, 12, 1, 7]
+    engine = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=3)
+    got = engine.generate_many(groups, params, limits=limits)
+    assert sum(engine.last_call.admissions) == 8
+    longest = engine.generate_many(groups, params)
+    for group, limit, mine, whole in zip(groups, limits, got, longest, strict=True):
+        _same([mine], engine.generate_many([group], SamplingParams(limit, temperature=1.0)), tol=0.0)
+        assert all(len(c.tokens) <= limit for c in mine)
+        for cut, full in zip(mine, whole, strict=True):
+            assert cut.tokens == full.tokens[:limit] and cut.logprobs == full.logprobs[:limit]
+    with pytest.raises(ValueError, match=r"token limits \[3, 13\] for 2 groups of at most 12"):
+        engine.generate_many(groups[:2], params, limits=[3, 13])
+
+
 def test_a_group_that_cannot_join_is_refused_with_the_reason() -> None:
     """A group of no seeds (nothing to decode) may not join; nor a prompt the model cannot hold."""
     engine = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=2)

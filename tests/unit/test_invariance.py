@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import attend
-from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
+from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, least_rows
 from cadence.model.transformer import init_model
 
@@ -69,3 +69,33 @@ def test_a_sample_is_the_same_bit_for_bit_whatever_it_is_decoded_beside() -> Non
         assert [[(c.tokens, c.logprobs) for c in g] for g in other] == [
             [(c.tokens, c.logprobs) for c in g] for g in together
         ]
+
+
+def test_prompts_that_begin_alike_beyond_the_trunk_are_computed_alike_together_alone_or_joined() -> None:
+    """Three prompts that share a beginning beyond the engine's trunk ("What is " after the chat
+    template's): decoded in one call, each alone, or two joining the first's call, every sample is
+    the same bit for bit; only a beginning the caller names (`shared`, an episode batch's opening)
+    is computed once for the prompts that begin with it."""
+    model = init_model(WIDE, seed=0)
+    trunk = [1, 7, 7, 3, 9, 12]  # the chat template's beginning every prompt shares
+    begin = trunk + [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]  # "What is " and more: beyond MIN_TRUNK
+    prompts = [begin + [30, 31], begin + [40, 41, 42, 43, 44], begin + [50]]
+    groups = [(p, [sample_seed(0, 0, i, j) for j in range(3)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+
+    def engine() -> TorchEngine:
+        return TorchEngine(model, eos_id=EOS, rows=16, trunk=trunk)
+
+    def bits(out: list[list[Completion]]) -> list[list[tuple[list[int], list[float]]]]:
+        return [[(c.tokens, c.logprobs) for c in group] for group in out]
+
+    together = engine().generate_many(groups, params)
+    alone = [engine().generate_many([g], params)[0] for g in groups]
+    later = list(groups[1:])
+    joined = engine().generate_many(groups[:1], params, joining=lambda room: [later.pop(0)] if later else [])
+    assert bits(alone) == bits(joined) == bits(together)
+    named = engine().generate_many(groups, params, shared=begin)  # computed once, read by each
+    assert [[c.tokens for c in g] for g in named] == [[c.tokens for c in g] for g in together]
+    for ours, theirs in zip(named, together, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

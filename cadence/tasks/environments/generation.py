@@ -11,9 +11,9 @@ gave them. `turn_seed(seed, 0) == seed`, so an episode's first turn is the singl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cadence.tasks.environments.base import Opening
 
@@ -39,6 +39,42 @@ class Generate(Protocol):
     ) -> list[Generated]:
         """One continuation of each prompt, sample i drawn from `seeds[i]` alone, at most
         `max_new_tokens[i]` tokens (the runner keeps prompt and new tokens within `max_context`)."""
+        ...
+
+
+Row = tuple[Sequence[int], int, int]  # a turn to sample: its context's ids, its seed, its token limit
+
+
+class Offers(Protocol):
+    """Turns offered to a running call (`Streaming.stream`), taken by the engine's thread."""
+
+    def take(self, fits: Callable[[Sequence[int], int], bool]) -> list[Row]:
+        """(Any thread.) The turns offered and not taken yet for which `fits(context, limit)`, in the
+        order they came; the others stay offered."""
+        ...
+
+
+@runtime_checkable
+class Streaming(Generate, Protocol):
+    """A `Generate` whose call takes more turns while it decodes and tells each as it ends: an
+    episode's next turn joins the running call as soon as its environment has replied."""
+
+    async def stream(
+        self,
+        rows: Sequence[Row],
+        told: Callable[[int, Generated], None],
+        offers: Offers,
+        steps: int,
+        shared: Sequence[int] = (),
+        positions: int = 0,
+    ) -> None:
+        """Sample `rows` together, and the turns `offers` gives while they decode (each at most `steps`
+        new tokens); `told(i, turn)`, on the event loop, as turn `i` ends (`i` counts `rows`, then
+        the turns taken, in the order taken). Returns once every turn taken has been told (a turn
+        the model has no room for at once, with no tokens). `shared`: a beginning every context of
+        the batch has, computed once; `positions`: the most a context and its turn will take, so that
+        later turns fit the call. A turn's sample depends on its context, seed and limit, `shared`
+        and the weights alone, bit for bit, never on what it is decoded beside or when it joins."""
         ...
 
 

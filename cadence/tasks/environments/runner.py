@@ -1,14 +1,15 @@
-"""The episode runner: a batch of episodes run turn by turn, every live episode's turn generated in one
-call, token in and token out.
+"""The episode runner: a batch of episodes run turn by turn, each at its own pace, token in and token
+out; their turns decode together (`turn_gate.py`): the batch's first turns in one call, and each next
+turn joins the running call as soon as its environment has replied (where the engine can).
 
 ```
  for each (prompt, seed), on an event loop of its own (`episode_loop.py`):
    env = factory(prompt, seed); env.setting = (the template's tool format, step_timeout_s)
    ids = encode_prompt(await env.start(), env.tools())
- while any episode is live:
+ each episode, while live:
    past its time, its token budget or the engine's context ─► ended (episode_timeout, token_budget, context)
-   generate(every live context, turn seeds, room) ─► each: + model ids (mask 1, their log-probs)
-   each, at once: reply = await env.step(text)    (timed out: "[tool timed out after 2.0 s]")
+   gate.turn(its context, turn seed, room) ─► + model ids (mask 1, their log-probs)
+   reply = await env.step(text)    (timed out: "[tool timed out after 2.0 s]")
      done ─► ended "done"; the model's max_turns ─► "max_turns"; raised ─► "error"
      else each text cut at max_message_chars (a marker the model reads; logged), then
           + encode_reply(message) or encode_results(tool results) (mask 0), if budget and context
@@ -16,7 +17,9 @@ call, token in and token out.
  each: score = await env.score(transcript) (an "error" episode: Bounds.on_error); await env.close()
 ```
 
-Invariant: every episode given comes back, in order, ended and scored; a context only grows by the ids
+Invariant: every episode given comes back, in order, ended and scored; its turns, and so its
+result, depend on its own prompt, seed and environment and the batch's shared opening, never on when
+the other episodes' turns ran; a context only grows by the ids
 the engine sampled and the ids `encode_reply` gave, never by decoding and encoding again, and never
 past `max_tokens` after the prompt nor past the engine's `max_context` in all; an
 environment's failure ends its own episode only (logged, scored `on_error`); the engine's is raised,
@@ -49,6 +52,7 @@ from cadence.tasks.environments.bounds import Bounds, truncate
 from cadence.tasks.environments.episode_loop import EpisodeLoop
 from cadence.tasks.environments.episode_record import Episode, EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec, turn_seed
+from cadence.tasks.environments.turn_gate import TurnGate, all_or_none, common_beginning
 
 log = structlog.get_logger()
 
@@ -69,18 +73,27 @@ class EpisodeRunner:
         self.bounds = bounds
         self.clock = clock
         self.waits = guard.WallTime(clock, waits)  # every call of start, step, score and close timed
+        self.engine_calls = 0  # of the last batch: the engine's calls
+        self.joined_turns = 0  # of the last batch: turns that joined a running call
 
     async def run(self, episodes: Sequence[tuple[Prompt, int]]) -> list[EpisodeResult]:
         """Run one episode for each (prompt, sample seed) to its end; their results in order
         (`env_wall_s` then holds the wall seconds in which any of their environment calls ran)."""
         self.waits = guard.WallTime(self.clock, self.waits.also)
         opened = await asyncio.gather(*(self._open(prompt, seed) for prompt, seed in episodes))
+        contexts = [episode.context() for episode in opened if episode.live]
+        gate = TurnGate(
+            self.generate,
+            lambda: sum(episode.live for episode in opened),
+            self.bounds.max_turn_tokens,
+            common_beginning(contexts),
+        )
         try:
-            while live := [episode for episode in opened if episode.live]:
-                await self._turn(live)
+            await all_or_none([self._play(episode, gate) for episode in opened], gate.run())
         except BaseException:  # the engine failed or the run was cancelled: free what episodes hold
             await asyncio.shield(asyncio.gather(*(self._release(episode) for episode in opened)))
             raise
+        self.engine_calls, self.joined_turns = gate.calls, gate.joined
         return list(await asyncio.gather(*(self._close(episode) for episode in opened)))
 
     async def _open(self, prompt: Prompt, seed: int) -> Episode:
@@ -132,28 +145,25 @@ class EpisodeRunner:
             return "context"
         return None
 
-    async def _turn(self, live: list[Episode]) -> None:
-        """One model turn of every live episode within its bounds, then the environments' replies."""
-        ready = []
-        for episode in live:
-            if self.clock() >= episode.deadline:
-                episode.end("episode_timeout")
-            elif full := self._full(episode):
-                if episode.model_turns == 0:
-                    guard.no_room(episode, full, self.bounds.max_tokens, self.generate.max_context)
-                episode.end(full)
-            else:
-                ready.append(episode)
-        if not ready:
-            return
-        generated = await self.generate(
-            [episode.context() for episode in ready],
-            [turn_seed(episode.seed, episode.model_turns) for episode in ready],
-            [self._room(episode) for episode in ready],
-        )
-        for episode, turn in zip(ready, generated, strict=True):
-            episode.add_model_turn(turn, self.codec.decode_response(turn.tokens))
-        await asyncio.gather(*(self._answer(e, turn) for e, turn in zip(ready, generated, strict=True)))
+    async def _play(self, episode: Episode, gate: TurnGate) -> None:
+        """The episode's model turns within its bounds, each followed by its environment's reply."""
+        try:
+            while episode.live:
+                if self.clock() >= episode.deadline:
+                    episode.end("episode_timeout")
+                elif full := self._full(episode):
+                    if episode.model_turns == 0:
+                        guard.no_room(episode, full, self.bounds.max_tokens, self.generate.max_context)
+                    episode.end(full)
+                else:
+                    context = episode.context()
+                    reach = len(context) + self.bounds.max_tokens - len(episode.tokens)
+                    seed = turn_seed(episode.seed, episode.model_turns)
+                    turn = await gate.turn(context, seed, self._room(episode), reach)
+                    episode.add_model_turn(turn, self.codec.decode_response(turn.tokens))
+                    await self._answer(episode, turn)
+        finally:
+            gate.poke()
 
     async def _answer(self, episode: Episode, turn: Generated) -> None:
         """The environment's reply to the model's turn, appended unless the episode ends here."""
