@@ -4,12 +4,21 @@ token in, token out."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
-from cadence.model.engine import Completion, GroupEnded, StoppedGroups
+from cadence.model.engine import (
+    Completion,
+    GroupEnded,
+    JoinedGroup,
+    SamplingParams,
+    StoppedGroups,
+    TorchEngine,
+)
 from cadence.model.rollout_engine import TurnEngine
 from cadence.tasks.environments.generation import TurnCodec, turn_seed
 from cadence.wire.buffer import Buffer
@@ -103,3 +112,35 @@ def check_episode(
     assert list(mask) == want_mask
     assert list(logprobs) == want_logprobs
     assert len(prompt) + len(tokens) <= engine.max_context
+
+
+class JoinWaiting(TorchEngine):
+    """The built-in engine whose first call that takes joins waits (at most 20 s), once a row of it has
+    ended, until something is offered to join it: a join however fast the engine is beside the
+    environments or agents that ask. Counts its calls (`calls`) and the groups that joined (`joined`)."""
+
+    calls = 0
+    joined = 0
+
+    def generate_many(
+        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams, **kwargs: Any
+    ) -> list[list[Completion]]:
+        self.calls += 1
+        ended, joining = kwargs.get("ended"), kwargs.get("joining")
+        if ended is not None and joining is not None:
+            told, waits = [0], not self.joined
+
+            def counted(i: int, completions: list[Completion]) -> None:
+                told[0] += 1
+                ended(i, completions)
+
+            def waiting(room: int) -> Sequence[JoinedGroup]:
+                more, deadline = joining(room), time.monotonic() + 20
+                while waits and told[0] and not more and not self.joined and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    more = joining(room)
+                self.joined += len(more)
+                return more
+
+            kwargs |= {"ended": counted, "joining": waiting}
+        return super().generate_many(groups, params, **kwargs)

@@ -15,17 +15,20 @@ import pytest
 import torch
 
 from cadence.model.checkpoint import load_checkpoint
+from cadence.model.engine import SamplingParams
 from cadence.model.hf_tokenizer import HFTokenizer
+from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.rollout.agent.calls import choice_seed
 from cadence.rollout.agent.episodes import AgentEpisodes, AgentTask
 from cadence.rollout.agent.sampling import Sampling
 from cadence.rollout.play import EngineGenerate
 from cadence.rollout.results import GroupSamples
+from cadence.rollout.streaming import StreamingGenerate
 from cadence.tasks.base import Prompt
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.generation import Generated
 from tests.agent_rig import byte_checkpoint, recording_engine
-from tests.turns import RecordingTurns
+from tests.turns import JoinWaiting, RecordingTurns
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -387,3 +390,26 @@ async def test_a_stop_string_cuts_the_answer_and_the_turns_end_is_the_templates(
     after = bodies[1]["prompt_token_ids"][len(bodies[0]["prompt_token_ids"]) + len(choice["token_ids"]) :]
     assert tokenizer.decode(after, skip_special=False).startswith("<|im_end|>\n<|im_start|>user\nSure?")
     assert group.episodes is not None and group.episodes.sequences == [1]
+
+
+async def test_an_agents_call_made_while_the_engine_decodes_joins_its_running_call(checkpoint: Path) -> None:
+    """On the built-in engine an agent's next call joins the engine's running call, and every call is
+    answered with its own sample."""
+    tokenizer = HFTokenizer(checkpoint)
+    model, _ = load_checkpoint(checkpoint)
+    engine = JoinWaiting(model, tokenizer.eos_id)
+    held = StreamingGenerate(TorchRolloutEngine(engine, SamplingParams(16, temperature=1.0)))
+    answered: dict[int, list[int]] = {}
+
+    async def agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
+        messages: list[Any] = ask(task)
+        for _ in range(3):
+            reply = await client.chat.completions.create(model=task.model, messages=messages, max_tokens=8)
+            answered.setdefault(task.seed, []).append(len(reply.model_dump()["choices"][0]["token_ids"]))
+            messages += [reply.choices[0].message, {"role": "user", "content": "More."}]
+        return 0.0
+
+    group = await play(agent, held, tokenizer, seeds=[1, 2, 3, 4])
+    assert engine.joined > 0  # a call made while the engine decoded went into that engine call
+    assert sorted(answered) == [1, 2, 3, 4] and all(len(n) == 3 and min(n) >= 1 for n in answered.values())
+    assert group.episodes is not None and group.episodes.turns == [3, 3, 3, 3]

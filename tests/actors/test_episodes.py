@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import string
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from cadence.tasks.environments.base import Environment, Reply, Transcript
 from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import turn_seed
+from tests.turns import JoinWaiting
 
 ReplyIds = Callable[[str, bool], list[int]]
 SMOLLM2 = Path.home() / ".cache" / "cadence" / "smollm2-135m-instruct"
@@ -263,33 +263,8 @@ class Pausing(Chatter):
         return await super().step(response)
 
 
-class Waiting(Recording):
-    """The engine, its first call waiting (at most 20 s) once a turn of it has ended until another
-    turn is offered to join it: a join however fast the engine is beside the environments."""
-
-    waited = False
-
-    def generate_many(
-        self, groups: Sequence[tuple[Sequence[int], Sequence[int]]], params: SamplingParams, **kwargs: Any
-    ) -> list[list[Completion]]:
-        ended, joining = kwargs.get("ended"), kwargs.get("joining")
-        if ended is not None and joining is not None and not self.waited:
-            told = [0]
-
-            def counted(i: int, completions: list[Completion]) -> None:
-                told[0] += 1
-                ended(i, completions)
-
-            def waiting(room: int) -> Sequence[JoinedGroup]:
-                more, deadline = joining(room), time.monotonic() + 20
-                while told[0] and not more and not self.waited and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                    more = joining(room)
-                self.waited = self.waited or bool(told[0])
-                return more
-
-            kwargs |= {"ended": counted, "joining": waiting}
-        return super().generate_many(groups, params, **kwargs)
+class Waiting(JoinWaiting, Recording):
+    """The recording engine that waits for a join in its first call (`JoinWaiting`)."""
 
 
 @pytest.mark.timeout(120)
@@ -305,7 +280,7 @@ def test_an_episodes_next_turn_joins_the_running_call_and_samples_what_it_sample
         TorchRolloutEngine(worker, SamplingParams(6, temperature=1.0)), CHARS, Pausing, bounds
     )
     paused = asyncio.run(runner.run(episodes))
-    assert runner.joined_turns > 0 and worker.waited
+    assert runner.joined_turns > 0 and worker.joined > 0
     quick = Recording(_tiny(CHARS), CHARS.eos_id, rows=16)
     at_once = _run(quick, CHARS, bounds, episodes)
     assert [(r.tokens, r.logprobs, r.mask) for r in paused] == [

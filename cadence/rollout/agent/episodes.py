@@ -92,7 +92,7 @@ class AgentEpisodes:
         pairs = [(prompt, seed) for prompt, seeds, _ in groups for seed in seeds]
         live = [len(pairs)]
         clock = waits.clock if waits is not None else self.clock  # the worker's, for its spans
-        batcher = Batcher(generate, lambda: live[0], self.gather_s, clock)
+        batcher = Batcher(generate, lambda: live[0], self.gather_s, clock, self.bounds.max_turn_tokens)
         spans = dict(waits.fields) if waits is not None else None
         serving = Serving(
             batcher,

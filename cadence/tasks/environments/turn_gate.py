@@ -33,6 +33,7 @@ from cadence.tasks.environments.generation import Generate, Generated, Row, Stre
 class _Asked:
     row: Row
     reach: int  # the positions its episode may still come to need (its context and budget)
+    asker: int  # who asked (an episode, an agent's call): the gate waits for each live one once
     done: asyncio.Future[Generated]
 
 
@@ -72,40 +73,68 @@ class RowOffers:
 
 
 class TurnGate:
-    """Serves the turns of `live()` episodes on `generate`, each at most `steps` new tokens; `shared`
-    is the beginning every episode's context has (computed once a call where the engine can)."""
+    """Serves the turns of `live()` askers (episodes, agents) on `generate`, each at most `steps` new
+    tokens; `shared` is the beginning every context has (computed once a call where the engine
+    can); None: each call's own rows' common beginning (the agents', whose contexts the gate cannot
+    know ahead, so that a row's last bits then depend on what it was gathered with)."""
 
     def __init__(
         self,
         generate: Generate,
         live: Callable[[], int],
         steps: int,
-        shared: Sequence[int] = (),
+        shared: Sequence[int] | None = (),
         gather_s: float = 0.003,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.generate = generate
         self.live = live
         self.steps = steps
-        self.shared = list(shared)
+        self.shared = None if shared is None else list(shared)
         self.gather_s = gather_s
         self.clock = clock
         self.pending: list[_Asked] = []
+        self.running: list[_Asked] = []  # the running call's own turns
         self.offers: RowOffers | None = None  # the running call's, while it takes turns
         self.changed = asyncio.Event()
         self.calls = 0  # engine calls made
         self.joined = 0  # turns that joined a running call
+        self.failure: BaseException | None = None  # the engine's first, kept for the batch's owner
+        self._closed: BaseException | None = None
 
-    async def turn(self, context: Sequence[int], seed: int, room: int, reach: int = 0) -> Generated:
+    async def turn(
+        self, context: Sequence[int], seed: int, room: int, reach: int = 0, asker: int = -1
+    ) -> Generated:
         """The episode's next turn: at most `room` tokens after `context`, drawn from `seed`; `reach`:
         the most positions the episode's context may come to (so that its later turns fit)."""
-        asked = _Asked((list(context), seed, room), max(reach, len(context) + room), asyncio.Future())
-        if self.offers is not None and self.offers.offer(asked):
-            self.joined += 1
-        else:
-            self.pending.append(asked)
-            self.changed.set()
-        return await asked.done
+        (done,) = self.ask([(context, seed, room)], reach, asker)
+        return await done
+
+    def ask(self, rows: Sequence[Row], reach: int = 0, asker: int = -1) -> list[asyncio.Future[Generated]]:
+        """Each row's turn, to await (an agent's call of several choices: `asker` names it once)."""
+        out = []
+        for context, seed, room in rows:
+            asked = _Asked(
+                (list(context), seed, room), max(reach, len(context) + room), asker, asyncio.Future()
+            )
+            if self._closed is not None:
+                asked.done.set_exception(self._closed)
+            elif self.offers is not None and self.offers.offer(asked):
+                self.joined += 1
+            else:
+                self.pending.append(asked)
+                self.changed.set()
+            out.append(asked.done)
+        return out
+
+    def close(self, why: BaseException) -> None:
+        """Nothing more is answered: every turn asked and not answered yet, and every one asked after,
+        gets `why`."""
+        self._closed = why
+        left = self.offers.close() if self.offers is not None else []
+        taken = self.offers.taken if self.offers is not None else []
+        _fail([*self.pending, *self.running, *taken, *left], why)
+        self.pending, self.running = [], []
 
     def poke(self) -> None:
         """An episode ended: the pending turns may not wait for it."""
@@ -119,7 +148,7 @@ class TurnGate:
             if not self.pending:
                 continue
             deadline = self.clock() + self.gather_s
-            while len(self.pending) < self.live() and (left := deadline - self.clock()) > 0:
+            while self._askers() < self.live() and (left := deadline - self.clock()) > 0:
                 try:
                     await asyncio.wait_for(self.changed.wait(), left)
                 except TimeoutError:
@@ -127,10 +156,17 @@ class TurnGate:
                 self.changed.clear()
             asked, self.pending = self.pending, []
             self.calls += 1
+            self.running = asked
             if isinstance(self.generate, Streaming):
                 await self._stream(self.generate, asked)
             else:
                 await self._generate(asked)
+            self.running = []
+
+    def _askers(self) -> int:
+        """How many have a turn pending (an asker of -1 counts once a turn)."""
+        named = {a.asker for a in self.pending if a.asker >= 0}
+        return len(named) + sum(1 for a in self.pending if a.asker < 0)
 
     async def _generate(self, asked: list[_Asked]) -> None:
         contexts, seeds, rooms = (
@@ -141,6 +177,7 @@ class TurnGate:
         try:
             made = await self.generate(contexts, seeds, rooms)
         except Exception as exc:
+            self.failure = self.failure or exc
             _fail(asked, exc)
             return
         for a, turn in zip(asked, made, strict=True):
@@ -154,16 +191,21 @@ class TurnGate:
             _answer(asked[i] if i < len(asked) else offers.taken[i - len(asked)], turn)
 
         positions = max(a.reach for a in asked)
+        rows = [a.row for a in asked]
+        shared = common_beginning([r[0] for r in rows]) if self.shared is None else self.shared
         try:
-            await generate.stream([a.row for a in asked], told, offers, self.steps, self.shared, positions)
+            await generate.stream(rows, told, offers, self.steps, shared, positions)
         except Exception as exc:
+            self.failure = self.failure or exc
             _fail(asked + offers.taken, exc)
         finally:
             self.offers = None
             left = offers.close()
             self.joined -= len(left)
-            self.pending = left + self.pending
-            if self.pending:
+            if self._closed is not None:
+                _fail(left, self._closed)
+            elif left:
+                self.pending = left + self.pending
                 self.changed.set()
         unanswered = [a for a in asked + offers.taken if not a.done.done()]
         _fail(unanswered, RuntimeError(f"the engine's call returned without {len(unanswered)} turns"))
