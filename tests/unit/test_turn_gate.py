@@ -128,3 +128,22 @@ def test_the_common_beginning_stops_short_of_the_shortest_context() -> None:
     assert common_beginning([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 3]]) == [1, 2]
     assert common_beginning([[1, 2, 3]]) == [] and common_beginning([]) == []
     assert common_beginning([[5, 6], [4, 6]]) == []
+
+
+def test_a_batch_cancelled_while_its_episodes_play_ends_cancelled_with_nothing_left_running() -> None:
+    started: list[str] = []
+
+    async def forever(name: str) -> None:
+        started.append(name)
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        batch = asyncio.ensure_future(all_or_none([forever("a"), forever("b")], forever("gate")))
+        while len(started) < 3:
+            await asyncio.sleep(0)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+    asyncio.run(main())

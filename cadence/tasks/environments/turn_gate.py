@@ -19,7 +19,6 @@ never on the turns it is decoded beside nor on when it joined.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -59,8 +58,11 @@ class RowOffers:
         with self._lock:
             if self._closed:
                 return []
-            now = [a for a in self._offered if fits(a.row[0], a.row[2])]
-            self._offered = [a for a in self._offered if a not in now]
+            now: list[_Asked] = []
+            rest: list[_Asked] = []
+            for a in self._offered:
+                (now if fits(a.row[0], a.row[2]) else rest).append(a)
+            self._offered = rest
             self.taken += now
         return [a.row for a in now]
 
@@ -251,6 +253,5 @@ async def all_or_none(work: Sequence[Coroutine[Any, Any, None]], server: Corouti
     finally:
         for task in [*tasks, serving]:
             task.cancel()
-        for task in [*tasks, serving]:
-            with contextlib.suppress(BaseException):
-                await task
+        # their ends awaited, their exceptions dropped; a cancellation of this task itself still ends it
+        await asyncio.gather(*tasks, serving, return_exceptions=True)
