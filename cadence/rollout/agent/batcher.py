@@ -54,9 +54,11 @@ class Batcher:
     def engine_calls(self) -> int:
         return self.gate.calls
 
-    async def sample(self, rows: Sequence[Row]) -> list[Generated]:
-        """One continuation of each row, generated with whatever else is pending or decoding."""
-        made = await asyncio.gather(*self.gate.ask(rows, asker=next(self._callers)), return_exceptions=True)
+    async def sample(self, rows: Sequence[Row], reach: int = 0) -> list[Generated]:
+        """One continuation of each row, generated with whatever else is pending or decoding; `reach`:
+        the positions its conversation may come to (so that its later calls fit a running call)."""
+        asked = self.gate.ask(rows, reach, asker=next(self._callers))
+        made = await asyncio.gather(*asked, return_exceptions=True)
         for turn in made:
             if isinstance(turn, BaseException):
                 raise turn

@@ -117,11 +117,12 @@ class EpisodeCalls:
                     code="context_length_exceeded",
                 )
             self._refuse("context", f"the conversation fills the model's {s.max_context} positions")
+        budget = bounds.max_tokens - placed.held(self.trace.nodes)
         room = min(
             request.token_limit or bounds.max_turn_tokens,
             bounds.max_turn_tokens,
             s.max_context - len(placed.ids),
-            bounds.max_tokens - placed.held(self.trace.nodes),
+            budget,
         )
         if room < 1:
             self._refuse(
@@ -129,7 +130,7 @@ class EpisodeCalls:
             )
         call, self.calls = self.calls, self.calls + 1
         seeds = [choice_seed(self.seed, call, j) for j in range(request.n)]
-        made = await s.batcher.sample([(placed.ids, seed, room) for seed in seeds])
+        made = await s.batcher.sample([(placed.ids, seed, room) for seed in seeds], len(placed.ids) + budget)
         family = self.trace.renderer.family if request.reads_calls else None
         choices = [self._choice(g, request.stops, family, bool(request.logprobs)) for g in made]
         for choice, generated in zip(choices, made, strict=True):
