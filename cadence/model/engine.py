@@ -321,7 +321,7 @@ class TorchEngine:
             return [[] for _ in sizes]
         longest = max(len(p) + n for (p, s), n in zip(groups, own, strict=True) if s)
         loop = DecodeLoop(
-            self._slots(min(max(longest, positions), self.model.cfg.max_position)),
+            self._reserve(longest, positions),
             functools.partial(self._prefill_many, shared=list(shared)),
             self._run_step,
             [list(p) for p, _ in groups],
@@ -383,6 +383,18 @@ class TorchEngine:
         self._cache = None  # the old one freed before the new one is made
         self._cache = self.allocate(length)
         return self._cache
+
+    def _reserve(self, needed: int, hinted: int) -> SlotCache:
+        """The cache for rows of `needed` positions, of `hinted` where that fits the device (rows that
+        will join with longer prompts); else of what is needed, the error naming what does not fit."""
+        wanted = min(max(needed, hinted), self.model.cfg.max_position)
+        try:
+            return self._slots(wanted)
+        except ValueError:
+            if wanted <= needed:
+                raise
+            log.info("engine_cache_hint_refused", rows=self.rows, positions=wanted, needed=needed)
+            return self._slots(needed)
 
     def allocate(self, length: int) -> SlotCache:
         """A slot cache of ``self.rows`` slots of ``length`` positions, or the error naming the rows

@@ -4,6 +4,7 @@ and a cache that does not fit."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from torch import Tensor
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import decode_step, project, weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
-from cadence.model.slots import SlotCache, row_bucket, width_bucket
+from cadence.model.slots import SlotCache, cache_bytes, row_bucket, width_bucket
 from cadence.model.transformer import init_model
 
 CFG = ModelConfig(
@@ -190,6 +191,26 @@ def test_a_cache_that_does_not_fit_is_refused_naming_the_setting() -> None:
     engine = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=1 << 40)
     with pytest.raises(ValueError, match="rollout.engine_rows"):
         engine.generate([1, 5], [1], SamplingParams(max_new_tokens=4))
+
+
+def test_a_cache_hinted_longer_than_fits_is_made_as_long_as_the_call_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Room for the rows of this call (256 positions) and not for the hinted 512 (an episode's later
+    turns): the call goes on with the cache it needs, and says so; past that, the setting is named."""
+    import cadence.model.engine as engine_module
+
+    cfg = dataclasses.replace(CFG, max_position=1024)
+    engine = TorchEngine(init_model(cfg, seed=8), eos_id=EOS, rows=4)
+    monkeypatch.setattr(engine_module, "device_room", lambda device: cache_bytes(cfg, 4, 256, torch.float32))
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    with structlog.testing.capture_logs() as logs:
+        got = engine.generate_many([([1, 5], [1])], params, positions=512)
+    assert [len(c.tokens) for c in got[0]] == [len(engine.generate([1, 5], [1], params)[0].tokens)]
+    assert engine._cache is not None and engine._cache.length == 256
+    assert [e["positions"] for e in logs if e["event"] == "engine_cache_hint_refused"] == [512]
+    with pytest.raises(ValueError, match="rollout.engine_rows"):
+        engine.generate_many([([1] * 300, [1])], params)
 
 
 @pytest.mark.skipif(
