@@ -181,6 +181,11 @@ class TorchEngine:
                 )
             )
             load_hf_state_dict(self.model, state, assign=fits)
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """The model's weights were written (a load, adapters copied in): what was computed with the
+        old ones (the trunk's and a shared beginning's keys and values) is computed again."""
         self._trunk_kv = None
         self._shared_kv = None
 

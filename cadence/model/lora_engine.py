@@ -8,7 +8,7 @@
    ─► each target W = base W + scale B A (float32, then the engine's dtype), recomputed from the base
       every version, never accumulated, into the same buffer each version (the engine computes with
       it; no version loads while a batch is made); the other tensors are the base's own (no copy)
-   generate, generate_many, max_context: the engine's
+   generate, generate_many (joining groups and a limit a group too), max_context: the engine's
 ```
 
 With `apply = "step"` the engine's model carries the adapters itself (`LoraLinear`) and a load copies
@@ -21,11 +21,12 @@ base's outputs bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import torch
 from torch import Tensor
 
-from cadence.model.engine import Completion, GroupEnded, StoppedGroups
+from cadence.model.engine import Completion, GroupEnded, JoiningGroups, StoppedGroups
 from cadence.model.lora import LoraSpec, adapter_pairs, apply_lora, merge_adapters
 from cadence.model.lora_files import read_adapter_bytes
 from cadence.model.rollout_engine import TorchRolloutEngine
@@ -51,8 +52,11 @@ class LoraRolloutEngine:
             weight = model.model.embed_tokens.weight
             apply_lora(model, spec, seed=0)  # A's draw is replaced by the first version's
             model.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
-        # the engine's own tensors, in its dtype and device: never written (each load assigns new ones)
-        self.base_state = {k: t.detach() for k, t in hf_state_dict(model).items()}
+        # the engine's own tensors, in its dtype and device: the base's never written (a merge assigns
+        # new ones, a step-mode load copies the adapters into the model's own)
+        self.base_state = {
+            k: t.detach().clone() if ".lora_" in k else t.detach() for k, t in hf_state_dict(model).items()
+        }
         self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
 
     def load(self, weights: bytes | Buffer) -> None:
@@ -76,10 +80,11 @@ class LoraRolloutEngine:
             pairs = adapter_pairs(adapters)  # every A with its B
             if {f"{m.removesuffix('.weight')}.lora_A.weight" for m in pairs} != set(self._adapter_names()):
                 raise ValueError("a version whose adapters are not the engine's (other targets)")
-            state = dict(self.base_state)
-            for name, tensor in adapters.items():
-                state[name] = tensor.to(self.base_state[name].device, self.base_state[name].dtype, copy=True)
-            self.inner.engine.load_state_dict(state, share=True)
+            own = hf_state_dict(self.inner.engine.model)  # views of the model's own tensors
+            with torch.no_grad():
+                for name, tensor in adapters.items():  # written in place: the base's tensors untouched
+                    own[name].copy_(tensor)
+            self.inner.engine.weights_changed()
             return
         merged = merge_adapters(self.base_state, adapters, scale, self._merged)
         self.inner.engine.load_state_dict(merged, share=True)  # every tensor the engine's dtype and device
@@ -94,6 +99,9 @@ class LoraRolloutEngine:
     def max_context(self) -> int:
         return self.inner.max_context
 
+    joins = True  # the built-in engine's calls take joining groups and a limit a group, as they are
+    limited = True
+
     def generate_many(
         self,
         groups: list[tuple[list[int], list[int]]],
@@ -102,5 +110,19 @@ class LoraRolloutEngine:
         *,
         ended: GroupEnded | None = None,
         stopped: StoppedGroups | None = None,
+        joining: JoiningGroups | None = None,
+        limits: Sequence[int] | None = None,
+        shared: Sequence[int] = (),
+        positions: int = 0,
     ) -> list[list[Completion]]:
-        return self.inner.generate_many(groups, temperature, max_new_tokens, ended=ended, stopped=stopped)
+        return self.inner.generate_many(
+            groups,
+            temperature,
+            max_new_tokens,
+            ended=ended,
+            stopped=stopped,
+            joining=joining,
+            limits=limits,
+            shared=shared,
+            positions=positions,
+        )

@@ -289,3 +289,36 @@ def test_the_low_rank_products_in_each_step_generate_as_the_merged_weights() -> 
     pairs = zip(ours, theirs, strict=True)
     assert all(abs(x - y) <= 1e-5 for a, b in pairs for x, y in zip(a.logprobs, b.logprobs, strict=True))
     assert stepped.generate([1, 5, 9], [0, 1]) != engines(apply="step")[0].generate([1, 5, 9], [0, 1])
+
+
+def test_a_step_mode_version_is_copied_into_the_engines_adapters_leaving_the_base_as_it_was() -> None:
+    """Two versions one after the other into the same step-mode engine: its adapters are the second's,
+    its base tensors the very ones it had (no copy of them), and what it generates is what an engine
+    loaded with the second version alone generates, its trunk computed again."""
+    learner = lora_learner()
+    with torch.no_grad():
+        for name, p in learner.tensors().items():
+            if name.endswith("lora_B.weight"):
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(4))
+    first = bytearray(learner.weights())
+    with torch.no_grad():
+        for name, p in learner.tensors().items():
+            if name.endswith("lora_B.weight"):
+                p.mul_(-1.5)
+    second = bytearray(learner.weights())
+    stepped, _ = engines(apply="step")
+    engine = stepped.inner.engine
+    engine.trunk = [1, 5, 9, 4, 7, 3, 8, 6]  # a trunk read by the prompts below, kept a version
+    base = {k: t for k, t in hf_state_dict(engine.model).items() if ".lora_" not in k}
+    stepped.load(first)
+    before = stepped.generate(engine.trunk + [2, 11], [0, 1])
+    stepped.load(second)
+    after = hf_state_dict(engine.model)
+    assert all(after[k].data_ptr() == t.data_ptr() and torch.equal(after[k], t) for k, t in base.items())
+    adapters, _, _ = read_adapter_bytes(bytes(second))
+    assert all(torch.equal(after[k], t.to(after[k].dtype)) for k, t in adapters.items())
+    fresh, _ = engines(apply="step")
+    fresh.inner.engine.trunk = list(engine.trunk)
+    fresh.load(second)
+    assert stepped.generate(engine.trunk + [2, 11], [0, 1]) == fresh.generate(engine.trunk + [2, 11], [0, 1])
+    assert before != stepped.generate(engine.trunk + [2, 11], [0, 1])
