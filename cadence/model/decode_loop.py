@@ -93,9 +93,7 @@ class DecodeLoop:
         n, steps = uniforms.shape
         self.n, self.limit = n, steps
         self.group_of = [g for g, size in enumerate(sizes) for _ in range(size)]
-        own = list(limits) if limits is not None else [steps] * len(sizes)
-        if len(own) != len(sizes) or not all(1 <= m <= steps for m in own):
-            raise ValueError(f"token limits {own} for {len(sizes)} groups of a call of {steps} new tokens")
+        own = list(limits) if limits is not None else [steps] * len(sizes)  # checked by the engine
         self.row_limit = [own[g] for g in self.group_of]  # each row's own token limit
         starts = list(accumulate(sizes, initial=0))
         self.rows_of = [list(range(start, start + size)) for start, size in zip(starts, sizes, strict=False)]

@@ -33,7 +33,6 @@ from typing import Protocol
 from cadence.model.engine import Completion
 from cadence.model.rollout_engine import LimitedEngine, TurnEngine
 from cadence.monitor.span import Overlapping
-from cadence.ops.packing import shared_trunk
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.base import Prompt
 from cadence.tasks.environments.base import EnvironmentFactory
@@ -41,6 +40,7 @@ from cadence.tasks.environments.bounds import Bounds
 from cadence.tasks.environments.episode_record import EpisodeResult
 from cadence.tasks.environments.generation import Generate, Generated, TurnCodec
 from cadence.tasks.environments.runner import EpisodeRunner
+from cadence.tasks.environments.turn_gate import common_beginning
 from cadence.wire.messages import EpisodeFigures
 
 Hold = Callable[[], AbstractContextManager[object]]
@@ -106,7 +106,7 @@ class EngineGenerate:
         longest = max(limits[i] for i in picked)
         if isinstance(self.engine, LimitedEngine):
             own = [limits[i] for i in picked]
-            shared = asked[0][0][: shared_trunk([p for p, _ in asked])]  # the batch's opening, at least
+            shared = common_beginning([p for p, _ in asked])  # the batch's opening, at least
             return self.engine.generate_many(
                 asked, self.temperature, max_new_tokens=longest, limits=own, shared=shared
             )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 from cadence.model.engine import Completion
-from cadence.model.rollout_engine import JoiningEngine, LimitedEngine, TurnEngine
+from cadence.model.rollout_engine import LimitedEngine, TurnEngine
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.turns import ChatTurns
 from cadence.rollout.play import EngineGenerate, Hold
@@ -108,7 +108,7 @@ def engine_generate(
 ) -> EngineGenerate:
     """The runner's `Generate` on `engine`: streaming where the engine takes a limit a turn and turns
     joining its calls (the built-in one), else a call a batch of turns."""
-    if isinstance(engine, LimitedEngine) and isinstance(engine, JoiningEngine):
+    if isinstance(engine, LimitedEngine):
         return StreamingGenerate(engine, temperature, hold)
     return EngineGenerate(engine, temperature, hold)
 

@@ -25,10 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from cadence.rollout.agent.chat import ApiError
-from cadence.tasks.environments.generation import Generate, Generated
+from cadence.tasks.environments.generation import Generate, Generated, Row
 from cadence.tasks.environments.turn_gate import TurnGate
-
-Row = tuple[list[int], int, int]  # prompt ids, seed, token limit
 
 
 class Batcher:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.ops.packing import shared_trunk
 from cadence.tasks.environments.generation import Generate, Generated, Row, Streaming
 
 
@@ -225,14 +226,9 @@ def _fail(asked: Sequence[_Asked], exc: BaseException) -> None:
 
 
 def common_beginning(contexts: Sequence[Sequence[int]]) -> list[int]:
-    """The ids every context begins with, short of the shortest one's last (none for fewer than two)."""
-    if len(contexts) < 2:
-        return []
-    first, limit = contexts[0], min(len(c) for c in contexts) - 1
-    n = 0
-    while n < limit and all(c[n] == first[n] for c in contexts):
-        n += 1
-    return list(first[:n])
+    """The ids every context begins with, short of the shortest one's last (none for fewer than two):
+    `shared_trunk`'s."""
+    return list(contexts[0][: shared_trunk(contexts)]) if contexts else []
 
 
 async def all_or_none(work: Sequence[Coroutine[Any, Any, None]], server: Coroutine[Any, Any, None]) -> None:
