@@ -5,11 +5,14 @@ shape (its width, heads, vocabulary; `layers` of its 30 blocks) at several token
   whole (the reference path);
 - `blocks`: the row attended by blocks (ops/block_attention.py), the log-probs read a chunk of
   tokens at a time (ops/logprobs.py `head_logprobs`).
+- `recompute`: `blocks` with each transformer block computed again in the backward
+  (`trainer.activation_checkpointing`): only the blocks' inputs are kept through the forward.
 
 Invariant: both run the same model, groups (prompts of 65 tokens, 8 responses of 56: 512 packed
 tokens a group, as many groups as fit the budget) and advantages, each in a fresh spawned process,
 so each peak RSS is its own; time is the median of `repeats` after one warm-up step (the warm-up's with none); the largest
-|dlogp| between the two is printed with them.
+|dlogp| of each against `dense` is printed with them, and a variant whose process dies (out of memory)
+is reported as such.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import torch
@@ -34,7 +38,7 @@ from cadence.ops.packing import Group, pack_groups
 
 PAD = 0
 PROMPT, RESPONSE, GROUP = 65, 56, 8  # 64 + 8 x 56 = 512 packed tokens a group
-VARIANTS = ("dense", "blocks")
+VARIANTS = ("dense", "blocks", "recompute")
 
 
 def smollm2(layers: int) -> ModelConfig:
@@ -71,6 +75,7 @@ def _run(variant: str, tokens: int, layers: int, repeats: int) -> dict[str, Any]
     """`1 + repeats` forward + backward steps of one variant (in a child process)."""
     cfg = smollm2(layers)
     model = init_model(cfg, seed=0)
+    model.recompute_blocks(variant == "recompute")
     batch = pack_groups(make_groups(tokens, cfg.vocab_size), PAD)
     targets = batch.targets[batch.loss_mask]
     advantages = torch.randn(targets.numel(), generator=torch.Generator().manual_seed(1))
@@ -99,38 +104,60 @@ def _run(variant: str, tokens: int, layers: int, repeats: int) -> dict[str, Any]
     }
 
 
-def bench_learner(as_json: bool, budgets: Sequence[int], layers: int = 2, repeats: int = 2) -> int:
+def _variant(variant: str, budget: int, layers: int, repeats: int) -> dict[str, Any]:
+    """One variant's figures from a fresh process; a process that dies (out of memory) is reported."""
+    spawn = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            result: dict[str, Any] = pool.submit(_run, variant, budget, layers, repeats).result()
+            return result
+    except BrokenProcessPool as err:
+        return {"error": f"the process died ({err}): out of memory?"}
+
+
+def _compare(budget: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A budget's row: each variant's time and memory, and each against dense (the reference)."""
+    row: dict[str, Any] = {"budget": budget}
+    dense = results.get("dense", {})
+    for name, r in results.items():
+        if "error" in r:
+            row[f"{name}_error"] = r["error"]
+            continue
+        row["tokens"] = r["tokens"]
+        row[f"{name}_s"] = round(r["time_s"], 3)
+        row[f"{name}_peak_rss_mib"] = round(r["peak_rss_mib"], 1)
+        row[f"{name}_step_rss_mib"] = round(r["peak_rss_mib"] - r["baseline_rss_mib"], 1)
+        if name == "dense" or "error" in dense or not dense:
+            continue
+        row[f"{name}_speedup"] = round(dense["time_s"] / max(r["time_s"], 1e-9), 3)
+        row[f"{name}_peak_rss_ratio"] = round(r["peak_rss_mib"] / max(dense["peak_rss_mib"], 1e-9), 4)
+        row[f"{name}_logprob_max_abs_diff"] = float((dense["logprobs"] - r["logprobs"]).abs().max())
+    return row
+
+
+def bench_learner(
+    as_json: bool,
+    budgets: Sequence[int],
+    layers: int = 2,
+    repeats: int = 2,
+    variants: Sequence[str] = ("dense", "blocks"),
+) -> int:
     """Print each variant's figures at each budget, then (last line) the JSON summary."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"--variants must name some of {list(VARIANTS)}, got {list(variants)}")
     rows: list[dict[str, Any]] = []
     for budget in budgets:
         results: dict[str, dict[str, Any]] = {}
-        for variant in VARIANTS:
-            spawn = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                results[variant] = pool.submit(_run, variant, budget, layers, repeats).result()
-            r = results[variant]
+        for variant in variants:
+            results[variant] = r = _variant(variant, budget, layers, repeats)
             if not as_json:
-                print(
-                    f"{budget:>6} {variant:>6}: tokens {r['tokens']}  time {r['time_s']:.3f}s  "
-                    f"peak rss {r['peak_rss_mib']:.0f} MiB (baseline {r['baseline_rss_mib']:.0f})",
-                    flush=True,
+                figures = r.get("error") or (
+                    f"tokens {r['tokens']}  time {r['time_s']:.3f}s  peak rss {r['peak_rss_mib']:.0f} MiB"
+                    f" (baseline {r['baseline_rss_mib']:.0f})"
                 )
-        dense, blocks = results["dense"], results["blocks"]
-        rows.append(
-            {
-                "budget": budget,
-                "tokens": dense["tokens"],
-                "dense_s": round(dense["time_s"], 3),
-                "blocks_s": round(blocks["time_s"], 3),
-                "speedup": round(dense["time_s"] / max(blocks["time_s"], 1e-9), 3),
-                "dense_peak_rss_mib": round(dense["peak_rss_mib"], 1),
-                "blocks_peak_rss_mib": round(blocks["peak_rss_mib"], 1),
-                "dense_step_rss_mib": round(dense["peak_rss_mib"] - dense["baseline_rss_mib"], 1),
-                "blocks_step_rss_mib": round(blocks["peak_rss_mib"] - blocks["baseline_rss_mib"], 1),
-                "peak_rss_ratio": round(blocks["peak_rss_mib"] / max(dense["peak_rss_mib"], 1e-9), 4),
-                "logprob_max_abs_diff": float((dense["logprobs"] - blocks["logprobs"]).abs().max()),
-            }
-        )
+                print(f"{budget:>6} {variant:>9}: {figures}", flush=True)
+        rows.append(_compare(budget, results))
     summary = {
         "model": "SmolLM2-135M shape",
         "layers": layers,

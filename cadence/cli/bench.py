@@ -59,8 +59,8 @@ def add(sub: Subparsers) -> None:
     bench.add_argument(
         "--variants",
         default=None,
-        help="tail: comma-separated [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt"
-        " (overNN: oversample NN/100; zv: zero_variance; rr: reward_range; @prompt: order)",
+        help="tail: [sampling] variants, e.g. base,over25,over50+zv,over50+zv@prompt (overNN: oversample"
+        " NN/100; zv: zero_variance; rr: reward_range; @prompt: order); learner: dense,blocks,recompute",
     )
     _generate_arguments(bench)
     _learner_options(bench)
@@ -120,7 +120,9 @@ def bench_handler(args: argparse.Namespace) -> int:
     if args.name == "learner":
         from cadence.bench.learner import bench_learner
 
-        return bench_learner(args.json, [int(t) for t in args.tokens.split(",")], args.layers, args.repeats)
+        budgets = [int(t) for t in args.tokens.split(",")]
+        variants = args.variants.split(",") if args.variants else ("dense", "blocks")
+        return bench_learner(args.json, budgets, args.layers, args.repeats, variants)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 

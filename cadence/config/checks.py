@@ -115,6 +115,18 @@ def sharding_needs_ranks_and_shared_prompt_packing(cfg: RunConfig) -> None:
         )
 
 
+def recomputed_blocks_write_no_cache(cfg: RunConfig) -> None:
+    """`trainer.activation_checkpointing` computes a block again in the backward, which the prefix
+    cache's blocks cannot be: they append their keys and values to the cache as they run."""
+    trainer = cfg.trainer
+    if trainer.activation_checkpointing and trainer.packing == "prefix_cache":
+        raise ConfigError(
+            "trainer.activation_checkpointing = true needs trainer.packing = 'shared_prompt' or 'padded'"
+            " (got 'prefix_cache', whose blocks write a KV cache that a block computed again would write"
+            " twice)"
+        )
+
+
 def adapters_are_known_and_unsharded(cfg: RunConfig) -> None:
     """`trainer.lora.targets` names known projections, each once, at least one; adapters
     (`trainer.lora.rank > 0`) train the real model, on ranks that each hold all of it (not fsdp2)."""
@@ -129,6 +141,11 @@ def adapters_are_known_and_unsharded(cfg: RunConfig) -> None:
         )
     if lora.rank == 0:
         return
+    if lora.base_dtype == "bfloat16" and trainer.precision != "bf16":
+        raise ConfigError(
+            f"trainer.lora.base_dtype = 'bfloat16' needs trainer.precision = 'bf16' (got"
+            f" {trainer.precision!r}): a float32 forward would copy every base weight back to float32"
+        )
     if trainer.sharding == "fsdp2":
         raise ConfigError(
             f"trainer.lora.rank = {lora.rank} does not go with trainer.sharding = 'fsdp2': the frozen"
@@ -300,6 +317,7 @@ ACROSS: tuple[Callable[[RunConfig], None], ...] = (
     a_correction_needs_log_probs_at_the_temperature,
     ranks_need_the_torch_learner,
     sharding_needs_ranks_and_shared_prompt_packing,
+    recomputed_blocks_write_no_cache,
     adapters_are_known_and_unsharded,
     rollout_device_and_dtype_only_for_builtin_engine,
     chunks_fit_a_frame,

@@ -78,6 +78,12 @@ class LoraConfig:
         "the projections given adapters, by their Hugging Face names: q_proj, k_proj, v_proj, o_proj,"
         " gate_proj, up_proj, down_proj",
     )
+    base_dtype: Literal["float32", "bfloat16"] = doc(
+        "float32",
+        "how the learner holds the adapted projections' frozen base weights: float32, or bfloat16 (half"
+        " their bytes, the reference's too; needs trainer.precision = 'bf16', whose autocast rounds them"
+        " to bfloat16 in every product anyway, so the loss and gradients are the same)",
+    )
     apply: Literal["merge", "step"] = doc(
         "merge",
         "how the built-in engine applies a version: merge (W + alpha/rank x B A into its copy of the base"
@@ -140,6 +146,13 @@ class TrainerConfig:
         " their prompts share computed once, bool mask), prefix_cache (the prompt once through the KV"
         " cache, then the responses as a batch) or padded (each sample its own row); all three give the"
         " same log-probs and gradients, to float rounding",
+    )
+    activation_checkpointing: bool = doc(
+        False,
+        "keep only each transformer block's input for the backward and compute the block again there:"
+        " the activations held fall from every block's to about one block's (plus an input a block) at"
+        " the cost of one more forward; the gradients are those without it; packing shared_prompt or"
+        " padded",
     )
     micro_batch_tokens: int = doc(
         4096,

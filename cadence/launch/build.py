@@ -310,6 +310,7 @@ def make_torch_learner(
         objective=t.objective,
         temperature=cfg.rollout.temperature,
         precision=t.precision,
+        recompute=t.activation_checkpointing,
         correction=correction_rule(cfg),
         # the gap is measured where the engine's log-probs are of the tempered distribution
         mismatch_bound=t.mismatch.bound if engine_log_probs_at_the_temperature(cfg) else None,
@@ -325,7 +326,15 @@ def make_torch_learner(
         path = str(Path(cfg.model.checkpoint).expanduser().resolve()) if cfg.model.checkpoint else None
         base = base_identity(cfg, model_cfg)
         return LoraLearner(
-            model, model_cfg, tokenizer, lora=spec, seed=cfg.seed, base=base, base_path=path, **settings
+            model,
+            model_cfg,
+            tokenizer,
+            lora=spec,
+            seed=cfg.seed,
+            base=base,
+            base_path=path,
+            base_dtype=t.lora.base_dtype,
+            **settings,
         )
     return TorchLearner(model, model_cfg, tokenizer, **settings)
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
+from torch.utils.checkpoint import checkpoint
 
 from cadence.model.config import ModelConfig
 from cadence.model.embedding import lookup_into_grad
@@ -199,8 +200,21 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        # activation checkpointing (Transformer.recompute_blocks): inside forward, so that hooks on the
+        # block (FSDP2's gathers) stay outside what the backward computes again
+        self.recompute = False
 
     def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | SegmentMask | None, cache: KVCache | None
+    ) -> Tensor:
+        if self.recompute and cache is None and torch.is_grad_enabled():
+            # only the block's input is kept; its activations are made again in the backward (same
+            # kernels on the same inputs, the random state restored: the same values)
+            out: Tensor = checkpoint(self._block, x, cos, sin, mask, None, use_reentrant=False)
+            return out
+        return self._block(x, cos, sin, mask, cache)
+
+    def _block(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | SegmentMask | None, cache: KVCache | None
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
@@ -247,6 +261,14 @@ class Transformer(nn.Module):
         # recomputed on the new device: a .to(dtype) must not round them, nor to_empty() erase them
         self.inv_freq = rope_inv_freq(self.cfg, self.inv_freq.device)
         return self
+
+    def recompute_blocks(self, on: bool) -> None:
+        """Activation checkpointing: with ``on``, a forward that builds a graph without a ``KVCache``
+        keeps each block's input alone and computes the block again in the backward (one more forward
+        of the blocks; the gradients are those without it)."""
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.recompute = on
 
     def tie_weights(self) -> None:
         """Make ``lm_head.weight`` the embedding matrix itself when the config ties them."""

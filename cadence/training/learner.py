@@ -111,6 +111,7 @@ class TorchLearner:
         precision: str = "fp32",
         correction: CorrectionRule | None = None,
         mismatch_bound: float | None = 2.0,
+        recompute: bool = False,
     ) -> None:
         packings = ("shared_prompt", "prefix_cache", "padded")
         if precision not in ("fp32", "bf16"):
@@ -120,12 +121,18 @@ class TorchLearner:
             raise ValueError(f"trainer.packing must be one of {list(packings)}, got {packing!r}")
         if objective not in OBJECTIVES:
             raise ValueError(f"trainer.objective must be one of {list(OBJECTIVES)}, got {objective!r}")
+        if recompute and packing == "prefix_cache":
+            raise ValueError(
+                "trainer.activation_checkpointing needs trainer.packing = 'shared_prompt' or 'padded', got"
+                " 'prefix_cache' (its blocks write a KV cache, which a block computed again would write twice)"
+            )
         self.packing = packing
         self.objective = objective
         self.temperature = temperature
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.lookup_into_grad = not self.sharded  # FSDP2 takes a split weight's gradient itself
+        self.model.recompute_blocks(recompute)
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
         self.reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_beta > 0 else None

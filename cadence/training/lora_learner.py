@@ -6,6 +6,7 @@
    weights() / tensors()     a version: the adapters alone, with the spec and the base's identity
    save(final)               a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)
    save_state / load_state   the adapters, AdamW's state over them, the generators: resume exact
+   base_dtype = "bfloat16"   the adapted projections' frozen weights held in bf16 (bf16 autocast only)
 ```
 
 Invariant: the base weights never change; every published version, resume state and final folder
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from cadence.model.config import ModelConfig
-from cadence.model.lora import LoraSpec, adapter_tensors, apply_lora, trainable_count
+from cadence.model.lora import LoraLinear, LoraSpec, adapter_tensors, apply_lora, trainable_count
 from cadence.model.lora_files import adapter_bytes, write_peft
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import Transformer
@@ -46,9 +47,16 @@ class LoraLearner(TorchLearner):
         seed: int,
         base: str,
         base_path: str | None = None,
+        base_dtype: str = "float32",
         **settings: Any,
     ) -> None:
         apply_lora(model, lora, seed)
+        if base_dtype == "bfloat16":
+            if settings.get("precision") != "bf16":
+                raise ValueError("trainer.lora.base_dtype = 'bfloat16' needs trainer.precision = 'bf16'")
+            hold_bases_in_bf16(model)
+        elif base_dtype != "float32":
+            raise ValueError(f"trainer.lora.base_dtype must be 'float32' or 'bfloat16', got {base_dtype!r}")
         self.lora = lora
         self.base = base
         self.base_path = base_path
@@ -90,3 +98,13 @@ class LoraLearner(TorchLearner):
 
     def save_state(self, directory: Path) -> None:
         write_state(directory, self.weights(), self.optimizer_state())
+
+
+def hold_bases_in_bf16(model: Transformer) -> None:
+    """Each adapted projection's frozen base weight held in bfloat16: half its bytes in the learner
+    (and its reference). Under bf16 autocast a product rounds a float32 weight to bfloat16 as it runs,
+    the same rounding as this one: the forward, the loss and the adapters' gradients are unchanged."""
+    for module in model.modules():
+        if isinstance(module, LoraLinear):
+            module.weight.requires_grad_(False)
+            module.weight.data = module.weight.data.to(torch.bfloat16)

@@ -121,6 +121,49 @@ def test_the_learner_moves_the_adapters_alone(packing: str, precision: str, kl_b
     assert set(learner.optimizer.state) <= set(learner.trainable())
 
 
+@pytest.mark.parametrize("kl_beta", [0.0, 0.1])
+def test_a_bf16_base_trains_the_adapters_as_a_float32_one_under_bf16_autocast(kl_beta: float) -> None:
+    """`trainer.lora.base_dtype = "bfloat16"`: the adapted projections' bases (the reference's too)
+    take half the bytes, and two steps give the same losses and adapters bit for bit."""
+    learners = [
+        lora_learner(precision="bf16", kl_beta=kl_beta, base_dtype=d) for d in ("float32", "bfloat16")
+    ]
+    losses = []
+    for learner in learners:
+        for _ in range(2):
+            losses.append(learner.train_groups(batch())["loss_sum"])
+            learner.step(normaliser=10.0)
+    assert losses[:2] == losses[2:]
+    wide, narrow = (learner.tensors() for learner in learners)
+    assert all(torch.equal(wide[k], narrow[k]) for k in wide)
+    assert any(k.endswith("lora_B.weight") and bool(v.abs().max() > 0) for k, v in wide.items())  # moved
+    bases = [
+        {n: m.weight for n, m in learner.model.named_modules() if isinstance(m, LoraLinear)}
+        for learner in learners
+    ]
+    assert {w.dtype for w in bases[1].values()} == {torch.bfloat16}
+    assert all(torch.equal(bases[0][n].to(torch.bfloat16), w) for n, w in bases[1].items())
+    held = [sum(w.numel() * w.element_size() for w in b.values()) for b in bases]
+    assert held[1] * 2 == held[0]
+    if kl_beta > 0:
+        reference = learners[1].reference
+        assert reference is not None
+        assert {m.weight.dtype for m in reference.modules() if isinstance(m, LoraLinear)} == {torch.bfloat16}
+
+
+def test_a_bf16_base_needs_bf16_autocast_naming_both_keys() -> None:
+    with pytest.raises(
+        ValueError, match="trainer.lora.base_dtype = 'bfloat16' needs trainer.precision = 'bf16'"
+    ):
+        lora_learner(base_dtype="bfloat16")
+    with pytest.raises(ConfigError, match="trainer.lora.base_dtype = 'bfloat16' needs trainer.precision"):
+        load_config(None, ["trainer.lora.rank=4", "trainer.lora.base_dtype='bfloat16'"])
+    cfg = load_config(
+        None, ["trainer.lora.rank=4", "trainer.lora.base_dtype='bfloat16'", "trainer.precision='bf16'"]
+    )
+    assert cfg.trainer.lora.base_dtype == "bfloat16"
+
+
 def test_a_learner_without_adapters_steps_every_weight_as_before() -> None:
     cfg = CONFIGS["qwen3"]
     full = TorchLearner(init_model(cfg, 5), cfg, CharTokenizer(), **SETTINGS)  # type: ignore[arg-type]

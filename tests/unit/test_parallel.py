@@ -96,7 +96,20 @@ def _learner(comm: Collectives, sharding: str) -> TorchLearner:
     if sharding == "lora":  # whole on every rank, adapters trained (trainer.lora)
         return lora_learner()
     cfg = CONFIGS["qwen3"]
-    return ShardedLearner(comm, init_model(cfg, seed=5), cfg, CharTokenizer(), 1e-3, 0.0, 0.2, 0.28, 0.1, 1.0)
+    recompute = sharding == "fsdp2-recompute"  # each block computed again inside FSDP2's gathers
+    return ShardedLearner(
+        comm,
+        init_model(cfg, seed=5),
+        cfg,
+        CharTokenizer(),
+        1e-3,
+        0.0,
+        0.2,
+        0.28,
+        0.1,
+        1.0,
+        recompute=recompute,
+    )
 
 
 def _held(local: TorchLearner) -> dict[str, int]:
@@ -205,7 +218,7 @@ def test_a_share_keeps_each_completion_with_its_mask_and_crosses_as_msgpack() ->
     assert sum(sampled_tokens(share([masked], 0, 2) + share([masked], 1, 2))) == sum(sampled_tokens([masked]))
 
 
-@pytest.mark.parametrize("sharding", ["none", "fsdp2"])
+@pytest.mark.parametrize("sharding", ["none", "fsdp2", "fsdp2-recompute"])
 def test_two_ranks_train_like_one(tmp_path: Path, sharding: str) -> None:
     assert _spawn(tmp_path, sharding=sharding) == [0, 0], [p.read_text() for p in tmp_path.glob("*.error")]
     one = learner("shared_prompt")
