@@ -11,11 +11,14 @@
 #   generate     `cadence bench generate` on the GPU: the built-in engine eager and compiled (CUDA
 #                graphs) and transformers' generate, SmolLM2, 32-512 rows, bf16 and float32, 256 new
 #                tokens (a JSON line a case in bench.log)
+#   learner      `cadence bench learner` on the GPU: SmolLM2's 30 blocks at 4 096 and 16 384 tokens a
+#                micro-batch, dense mask against blocks and blocks recomputed (device peak memory)
 #   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)
 #   arithmetic-* configs/smollm2-arithmetic.toml: 4 x 4 samples, 8 new tokens
 #   math-*       configs/smollm2-math.toml as it is: 4 x 8 samples, 64 new tokens
 #   *-bf16: trainer.precision = bf16 and rollout.dtype = bfloat16; *-fp32: float32 both
 #   heavy-bf16-2workers: the same GPU shared by the trainer and two workers
+#   heavy-bf16-recompute: trainer.activation_checkpointing = true (the trainer's peak memory)
 #   mismatch: `cadence bench mismatch` on the GPU, the built-in engine in float32 and bfloat16 against
 #     the learner in fp32 and bf16 (SmolLM2 on arithmetic)
 set -u
@@ -51,7 +54,9 @@ bench() {
 
 bench generate generate --device cuda --models smollm2 --rows 32,128,256,512 --dtypes bfloat16,float32 \
   --new-tokens 256 --gen-engines eager,compiled,transformers --repeats 2
+bench learner learner --device cuda --tokens 4096,16384 --layers 30 --repeats 1 --variants dense,blocks,recompute
 bench e2e heavy-bf16 "${heavy[@]}" "${gpu[@]}" "${bf16[@]}"
+bench e2e heavy-bf16-recompute "${heavy[@]}" "${gpu[@]}" "${bf16[@]}" --set trainer.activation_checkpointing=true
 bench e2e arithmetic-bf16 "${gpu[@]}" "${bf16[@]}"
 bench mismatch mismatch "${gpu[@]}" --prompts 8
 bench e2e heavy-bf16-2workers "${heavy[@]}" "${gpu[@]}" "${bf16[@]}" --set rollout.workers=2

@@ -122,7 +122,7 @@ def bench_handler(args: argparse.Namespace) -> int:
 
         budgets = [int(t) for t in args.tokens.split(",")]
         variants = args.variants.split(",") if args.variants else ("dense", "blocks")
-        return bench_learner(args.json, budgets, args.layers, args.repeats, variants)
+        return bench_learner(args.json, budgets, args.layers, args.repeats, variants, args.device)
     if args.name == "packing":
         from cadence.bench.packing import bench_packing
 
@@ -144,7 +144,7 @@ def _generate_arguments(bench: argparse.ArgumentParser) -> None:
         default="eager,compiled,transformers,vllm",
         help="generate: eager, compiled (the built-in engine), transformers, vllm (from .venv-vllm)",
     )
-    bench.add_argument("--device", default="cpu", help="generate: cpu or cuda")
+    bench.add_argument("--device", default="cpu", help="generate, learner: cpu or cuda")
     bench.add_argument(
         "--repeats",
         type=int,

@@ -109,8 +109,9 @@ class RolloutConfig:
     batch_invariant: bool = doc(
         True,
         "the built-in engine on the CPU computes every product with at least the rows from which each"
-        " row comes out bit for bit as in any larger batch (12 on an AMD EPYC with two threads: measured"
-        " once a process, cadence/model/invariance.py) and its decode attention row by row, so a sample"
+        " row comes out bit for bit as in any larger batch (12 on an AMD EPYC with two threads, 16 for"
+        " SmolLM2 on an Intel Xeon: measured once a process, cadence/model/invariance.py), a larger one"
+        " by chunks of 48 rows, and its decode attention row by row, so a sample"
         " depends only on its prompt, its seed and the weights, never on what it was decoded beside"
         " (else the last bits of its logits do, and now and then a sampled token: 4 rows of 32 on"
         " SmolLM2); off: exactly the rows held, faster while fewer than those are live (SmolLM2, one"

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cadence.model.invariance import by_chunks
 from cadence.model.lora import LoraLinear
 from cadence.model.rope import rope_cos_sin
-from cadence.model.transformer import MLP, DecoderLayer, Transformer, rotate_half
+from cadence.model.transformer import MLP, DecoderLayer, Linear, Transformer, rotate_half
 
 
 def decode_step(
@@ -107,10 +108,12 @@ def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
     of a step, 1 to 96 rows, AMD EPYC AVX2); with one thread it is up to 1.4x slower, in bfloat16
     slower too, and a GPU's kernels do not care. Anything else (not ``weights_first``, another dtype
     or device, a wrapper other than an adapter's ``LoraLinear``, whose base goes so and its low-rank
-    product is added as its forward adds it, a module with hooks) is called as it is."""
+    product is added as its forward adds it, a module with hooks) is called as it is. A module the
+    engine marked (``transformer.mark_rows``) computes more rows than the probe's by chunks
+    (``invariance.by_chunks``), each row then alike whatever the batch."""
     if (
         not weights_first
-        or type(linear) not in (nn.Linear, LoraLinear)
+        or type(linear) not in (nn.Linear, Linear, LoraLinear)
         or x.device.type != "cpu"
         or x.dtype != torch.float32
         or linear._forward_hooks
@@ -119,7 +122,8 @@ def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
         return linear(x)
     assert isinstance(linear, nn.Linear)
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.mm(linear.weight, flat.t()).t()
+    weight = linear.weight
+    out = by_chunks(lambda rows: torch.mm(weight, rows.t()).t(), flat, getattr(linear, "least_first", 0))
     if linear.bias is not None:
         out = out + linear.bias
     out = out.reshape(*x.shape[:-1], out.shape[-1])

@@ -33,10 +33,11 @@ from torch import Tensor
 from cadence.model.compiled_step import Compiler, StepRunner
 from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.decode_step import weights_first_here
-from cadence.model.invariance import least_rows
+from cadence.model.invariance import least_rows, product_shapes
+from cadence.model.lora import LoraLinear
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, step_rows
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict
+from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict, mark_rows
 from cadence.ops.block_attention import prompts_mask
 from cadence.ops.packing import fill_in_order, shared_trunk
 
@@ -272,11 +273,20 @@ class TorchEngine:
 
     def _least_rows(self, weights_first: bool) -> int:
         """The rows a product computes at least, so that each comes out alike whatever the others
-        are: measured on the CPU (``invariance.py``), 1 elsewhere."""
+        are: measured on the CPU (``invariance.py``), 1 elsewhere. The model's linear modules are
+        marked to compute more rows than the probe's by chunks (``mark_rows``). The decode step's
+        products go as W·xᵀ with ``weights_first`` in float32 (an adapter's A and B as x·Wᵀ), any
+        other as x·Wᵀ."""
         if self.device.type != "cpu" or not self.invariant:
             return 1
-        cfg = self.model.cfg
-        return least_rows(cfg.hidden_size, cfg.intermediate_size, self.dtype, weights_first)
+        shapes = product_shapes(self.model)
+        across = least_rows(shapes, self.dtype, weights_first=False)
+        first = least_rows(shapes, self.dtype, weights_first=True)
+        mark_rows(self.model, across, first)
+        if not weights_first or self.dtype != torch.float32:
+            return across
+        adapted = any(isinstance(m, LoraLinear) for m in self.model.modules())
+        return max(across, first) if adapted else first
 
     def generate(
         self, prompt: Sequence[int], seeds: Sequence[int], params: SamplingParams

@@ -4,15 +4,18 @@ A BLAS picks its kernel by the product's shape: on the CPU, MKL computes a row o
 of 1, 2-3 or 4-11 rows in another order than the same row among 12 or more (AMD EPYC, AVX2, two
 threads; x·Wᵀ and W·xᵀ alike, 4 with one thread for x·Wᵀ), so a sample decoded beside 3 others and
 the same sample beside 31 differ in the last bits of their logits, and a sampled token can flip
-(SmolLM2, 32 rows x 48 tokens: 4 rows of 32 apart). From `least_rows` rows on, every row of every
-product is bit for bit what it is in a batch of `PROBE_ROWS`: the engine computes at least that
-many (padding rows that write nowhere), so a sample depends only on its prompt, its seed and the
-weights, never on what it was batched with.
+(SmolLM2, 32 rows x 48 tokens: 4 rows of 32 apart). Where the kernels change depends on the shape as
+well: on an Intel Xeon with AVX-512 (two threads, x·Wᵀ) a product of 64 inputs to 64 outputs was alike
+from 3 rows, of 128 inputs to 64 from 6, of SmolLM2's 576 to 1 536 from 16. From `least_rows` rows
+on, every row of every product of the model's shapes is bit for bit what it is in a batch of
+`PROBE_ROWS`: the engine computes at least that many (padding rows that write nowhere), so a sample
+depends only on its prompt, its seed and the weights, never on what it was batched with.
 
 ```
-least_rows(width, height, dtype, weights_first) ─► random W [height, width], x [PROBE_ROWS, width]
-   ─► the fewest m from which every product of m rows equals the first m rows of PROBE_ROWS's
-      (both of the model's shapes; once a process, its thread count and layout)
+least_rows(shapes, dtype, weights_first) ─► for each (outputs, inputs) of the model's products
+   (`product_shapes`): random W, x [PROBE_ROWS, inputs] ─► the fewest m from which every product of
+   m rows equals the first m rows of PROBE_ROWS's; the largest over the shapes (once a process, its
+   thread count and layout)
 ```
 
 Invariant: measured on this process's BLAS with its thread count, never assumed; a machine where no
@@ -22,11 +25,12 @@ count up to `MAX_LEAST` does it gets 1 and one log line (`batch_variant_products
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 log = structlog.get_logger()
 
@@ -37,19 +41,35 @@ MAX_LEAST = 32
 """Past this many rows padding would cost more than it is worth: the products are left batch-variant."""
 
 
-def least_rows(width: int, height: int, dtype: torch.dtype, weights_first: bool) -> int:
-    """The fewest rows from which products of `width` inputs (to `width` and to `height` outputs) give
-    each row exactly as among `PROBE_ROWS` rows, on the CPU with this thread's thread count (1: any)."""
-    return _probe(width, height, dtype, weights_first, torch.get_num_threads())
+HEAD_PROBE_OUTPUTS = 8192
+"""A product is probed with at most this many outputs (the head's are the vocabulary's): the kernel a
+row count picks was the same beyond it, and the whole head would cost the probe a second."""
+
+
+def product_shapes(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """(outputs, inputs) of every matrix product `model` computes a row at a time: each linear
+    module's (its projections, an adapter's A and B, the head, capped at `HEAD_PROBE_OUTPUTS`)."""
+    shapes = {
+        (min(m.out_features, HEAD_PROBE_OUTPUTS), m.in_features)
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    }
+    return tuple(sorted(shapes))
+
+
+def least_rows(shapes: Sequence[tuple[int, int]], dtype: torch.dtype, weights_first: bool) -> int:
+    """The fewest rows from which products of each (outputs, inputs) shape give each row exactly as
+    among `PROBE_ROWS` rows, on the CPU with this thread's thread count (1: any)."""
+    return _probe(tuple(sorted(set(shapes))), dtype, weights_first, torch.get_num_threads())
 
 
 @functools.cache
-def _probe(width: int, height: int, dtype: torch.dtype, weights_first: bool, threads: int) -> int:
+def _probe(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, weights_first: bool, threads: int) -> int:
     generator = torch.Generator().manual_seed(0)
     least = 1
-    for outputs in (width, height):
-        w = torch.randn(outputs, width, generator=generator).to(dtype)
-        x = torch.randn(PROBE_ROWS, width, generator=generator).to(dtype)
+    for outputs, inputs in shapes:
+        w = torch.randn(outputs, inputs, generator=generator).to(dtype)
+        x = torch.randn(PROBE_ROWS, inputs, generator=generator).to(dtype)
         least = max(least, _least(_product(w, x, weights_first)))
     if least > MAX_LEAST:
         log.warning("batch_variant_products", least=least, threads=threads, dtype=str(dtype))
@@ -69,3 +89,31 @@ def _least(product: Callable[[int], Tensor]) -> int:
         if not torch.equal(product(m), reference[:m]):
             return m + 1
     return 1
+
+
+def by_chunks(product: Callable[[Tensor], Tensor], x: Tensor, least: int) -> Tensor:
+    """`product(x)` for x [M, in], with `least` > 0 and M > `PROBE_ROWS` computed by chunks of
+    `PROBE_ROWS` rows, the last one taking the rows before it up to `least` (their results dropped):
+    every row then comes out of a product of `least` to `PROBE_ROWS` rows, which the probe found
+    alike, whatever M is (beyond it a BLAS may split a product otherwise: an Intel Xeon's MKL gave
+    rows of 57 and more of SmolLM2's down projection other last bits, two threads)."""
+    m = x.shape[0]
+    if not least or m <= PROBE_ROWS:
+        return product(x)
+    parts = []
+    for start in range(0, m, PROBE_ROWS):
+        end = min(start + PROBE_ROWS, m)
+        if end - start >= least:
+            parts.append(product(x[start:end]))
+        else:
+            parts.append(product(x[end - least : end])[least - (end - start) :])
+    return torch.cat(parts)
+
+
+def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None, least: int) -> Tensor:
+    """`F.linear(x, weight, bias)` for x [..., in], by `by_chunks` of its rows."""
+    if not least or x.numel() <= PROBE_ROWS * x.shape[-1]:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    out = by_chunks(lambda rows: F.linear(rows, weight, bias), flat, least)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cadence.model.transformer import Transformer, hf_state_dict
+from cadence.model.invariance import linear_rows
+from cadence.model.transformer import Linear, Transformer, hf_state_dict
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_PARTS = (".lora_A.weight", ".lora_B.weight")
@@ -51,7 +51,7 @@ class LoraSpec:
         return self.alpha / self.rank
 
 
-class LoraLinear(nn.Linear):
+class LoraLinear(Linear):
     """An `nn.Linear` (its own `weight` and `bias`, frozen) plus `lora_A` and `lora_B`."""
 
     def __init__(self, base: nn.Linear, rank: int, scale: float, dropout: float, generator: torch.Generator):
@@ -60,8 +60,8 @@ class LoraLinear(nn.Linear):
         self.weight = base.weight
         self.register_parameter("bias", base.bias)
         device = base.weight.device
-        self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=device, dtype=torch.float32)
-        self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=device, dtype=torch.float32)
+        self.lora_A = Linear(base.in_features, rank, bias=False, device=device, dtype=torch.float32)
+        self.lora_B = Linear(rank, base.out_features, bias=False, device=device, dtype=torch.float32)
         with torch.no_grad():
             bound = 1.0 / math.sqrt(base.in_features)  # kaiming_uniform_(a=sqrt(5)), as PEFT draws A
             draw = torch.empty(rank, base.in_features).uniform_(-bound, bound, generator=generator)
@@ -71,7 +71,7 @@ class LoraLinear(nn.Linear):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        out = linear_rows(x, self.weight, self.bias, self.least)
         return out + self.lora_B(self.lora_A(self.dropout(x))) * self.scale
 
 

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cadence.model.config import ModelConfig
 from cadence.model.embedding import lookup_into_grad
+from cadence.model.invariance import linear_rows
 from cadence.model.rope import rope_cos_sin, rope_inv_freq
 from cadence.ops.block_attention import SegmentMask
 
@@ -122,9 +123,28 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class Linear(nn.Linear):
+    """`nn.Linear` whose product an engine may ask to compute by chunks of rows (`least`, set by
+    `mark_rows`: each row then alike whatever else is in the batch, invariance.py); 0: as it comes."""
+
+    least = 0  # the fewest rows a chunk of x·Wᵀ holds; 0: the product whole
+    least_first = 0  # the same for W·xᵀ (decode_step.project)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear_rows(x, self.weight, self.bias, self.least)
+
+
+def mark_rows(model: nn.Module, least: int, least_first: int) -> None:
+    """Every linear module of `model` computes its products by chunks of `least` (x·Wᵀ) or
+    `least_first` (W·xᵀ) to `invariance.PROBE_ROWS` rows; 0 and 0: whole."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.least, module.least_first = least, least_first
+
+
 def _linear(d_in: int, d_out: int, bias: bool = False) -> nn.Linear:
     # no global RNG draw (init_model or a load fills it); honours `with torch.device("meta")`
-    return skip_init(nn.Linear, d_in, d_out, bias=bias, device=torch.get_default_device())
+    return skip_init(Linear, d_in, d_out, bias=bias, device=torch.get_default_device())
 
 
 def rotate_half(x: Tensor) -> Tensor:

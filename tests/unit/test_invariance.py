@@ -5,6 +5,8 @@ the CPU's kernels differ by the batch's size)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import attend
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
-from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, least_rows
+from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, by_chunks, least_rows, linear_rows, product_shapes
 from cadence.model.transformer import init_model
 
 WIDE = ModelConfig(  # SmolLM2-135M's widths and heads, two layers, a small vocabulary
@@ -26,20 +28,45 @@ def _threads() -> None:
     torch.set_num_threads(2)
 
 
+TINY = ModelConfig(  # the episode tests' model: other shapes, whose kernels change at other row counts
+    vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+)
+
+
+@pytest.mark.parametrize("cfg", [WIDE, TINY], ids=["smollm2-widths", "tiny"])
 @pytest.mark.parametrize("weights_first", [False, True])
-def test_from_the_least_rows_on_every_row_of_a_product_is_as_in_any_larger_batch(weights_first: bool) -> None:
-    least = least_rows(WIDE.hidden_size, WIDE.intermediate_size, torch.float32, weights_first)
+def test_from_the_least_rows_on_every_row_of_every_product_is_as_in_any_larger_batch(
+    weights_first: bool, cfg: ModelConfig
+) -> None:
+    """Every product of the model's shapes (and the whole head), by chunks as the engine computes it:
+    from `least` rows to three times the probe's, each row the same bit for bit."""
+    model = init_model(cfg, seed=0)
+    least = least_rows(product_shapes(model), torch.float32, weights_first)
     assert 1 <= least <= MAX_LEAST
-    g = torch.Generator().manual_seed(7)  # other matrices than the probe's, another shape of the model
-    w = torch.randn(WIDE.vocab_size, WIDE.hidden_size, generator=g)
-    x = torch.randn(2 * PROBE_ROWS, WIDE.hidden_size, generator=g)
+    g = torch.Generator().manual_seed(7)  # other matrices than the probe's
+    most = 3 * PROBE_ROWS
+    for outputs, inputs in [*product_shapes(model), (cfg.vocab_size, cfg.hidden_size)]:
+        w = torch.randn(outputs, inputs, generator=g)
+        x = torch.randn(most, inputs, generator=g)
+        reference = by_chunks(_mm(w, weights_first), x, least)
+        for m in range(least, most):
+            assert torch.equal(by_chunks(_mm(w, weights_first), x[:m], least), reference[:m]), (
+                outputs,
+                inputs,
+                m,
+            )
+        linear = torch.nn.Linear(inputs, outputs, bias=False)  # and as the model's modules compute it
+        linear.weight.data = w
+        across = least_rows(product_shapes(model), torch.float32, weights_first=False)
+        whole = linear_rows(x, w, None, across)
+        for m in (across, PROBE_ROWS + 1, 2 * PROBE_ROWS + across - 1, most - 1):
+            assert torch.equal(linear_rows(x[:m], w, None, across), whole[:m]), (outputs, inputs, m)
 
-    def product(m: int) -> torch.Tensor:
-        return torch.mm(w, x[:m].t()).t() if weights_first else torch.mm(x[:m], w.t())
 
-    reference = product(2 * PROBE_ROWS)
-    for m in range(least, 2 * PROBE_ROWS):
-        assert torch.equal(product(m), reference[:m]), m
+def _mm(w: torch.Tensor, weights_first: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    if weights_first:
+        return lambda x: torch.mm(w, x.t()).t()
+    return lambda x: torch.mm(x, w.t())
 
 
 def test_the_decode_steps_attention_gives_each_row_alike_at_any_rows() -> None:
@@ -69,6 +96,21 @@ def test_a_sample_is_the_same_bit_for_bit_whatever_it_is_decoded_beside() -> Non
         assert [[(c.tokens, c.logprobs) for c in g] for g in other] == [
             [(c.tokens, c.logprobs) for c in g] for g in together
         ]
+
+
+def test_a_sample_is_the_same_whatever_it_is_decoded_beside_past_the_probes_rows() -> None:
+    """64 rows decoded together (more than `PROBE_ROWS`: every product by chunks) and 140 prompt
+    tokens prefilled in one row, against each prompt's 16 samples alone: the same bit for bit."""
+    model = init_model(WIDE, seed=0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, WIDE.vocab_size, (n,), generator=g).tolist() for n in (41, 23, 37, 39)]
+    groups = [(p, [sample_seed(1, 0, i, j) for j in range(16)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    together = TorchEngine(model, eos_id=EOS, rows=64).generate_many(groups, params)
+    alone = [TorchEngine(model, eos_id=EOS, rows=64).generate_many([g], params)[0] for g in groups]
+    assert [[(c.tokens, c.logprobs) for c in g] for g in alone] == [
+        [(c.tokens, c.logprobs) for c in g] for g in together
+    ]
 
 
 def test_prompts_that_begin_alike_beyond_the_trunk_are_computed_alike_together_alone_or_joined() -> None:
