@@ -387,10 +387,15 @@ def _teardown(c: SlurmCluster, strict: bool) -> None:
     ctld = c.daemons.get("slurmctld")
     if ctld is not None and ctld.poll() is None:
         try:
-            ids = [j["id"] for j in c.squeue_jobs()]
-            if ids:
-                c.run("scancel", *ids, timeout=30, check=False)
-                c.wait_jobs_gone(30)
+            listed = c.squeue_jobs()
+            if listed:
+                c.run("scancel", *(j["id"] for j in listed), timeout=30, check=False)
+                # a job on a node a test killed ends only when Slurm marks the node down (SlurmdTimeout):
+                # not waited for, its processes are killed with the namespaces below
+                dead = {n for n in c.namespaces if n in c.daemons and c.daemons[n].poll() is not None}
+                ending = [j["id"] for j in listed if j["node"] not in dead]
+                if ending:
+                    c.wait_jobs_gone(30, ending)
         except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError):
             pass  # the namespaces' processes are killed below whatever slurmctld managed
     errors = []
