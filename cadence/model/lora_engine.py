@@ -58,6 +58,7 @@ class LoraRolloutEngine:
             k: t.detach().clone() if ".lora_" in k else t.detach() for k, t in hf_state_dict(model).items()
         }
         self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
+        self._adapters: dict[str, Tensor] | None = None  # step mode: the model's own A and B, by name
 
     def load(self, weights: bytes | Buffer) -> None:
         adapters, scale, base = read_adapter_bytes(weights)
@@ -80,14 +81,21 @@ class LoraRolloutEngine:
             pairs = adapter_pairs(adapters)  # every A with its B
             if {f"{m.removesuffix('.weight')}.lora_A.weight" for m in pairs} != set(self._adapter_names()):
                 raise ValueError("a version whose adapters are not the engine's (other targets)")
-            own = hf_state_dict(self.inner.engine.model)  # views of the model's own tensors
-            with torch.no_grad():
-                for name, tensor in adapters.items():  # written in place: the base's tensors untouched
-                    own[name].copy_(tensor)
+            own = self._own_adapters()
+            names = list(adapters)
+            with torch.no_grad():  # written in place, in one call: the base's tensors untouched
+                torch._foreach_copy_([own[n] for n in names], [adapters[n] for n in names])
             self.inner.engine.weights_changed()
             return
         merged = merge_adapters(self.base_state, adapters, scale, self._merged)
         self.inner.engine.load_state_dict(merged, share=True)  # every tensor the engine's dtype and device
+
+    def _own_adapters(self) -> dict[str, Tensor]:
+        """The engine's model's own adapter tensors by name (step mode; they stay the same tensors)."""
+        if self._adapters is None:
+            own = hf_state_dict(self.inner.engine.model)
+            self._adapters = {k: t for k, t in own.items() if ".lora_" in k}
+        return self._adapters
 
     def _adapter_names(self) -> list[str]:
         return [k for k in self.base_state if k.endswith(".lora_A.weight")]
