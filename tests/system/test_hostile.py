@@ -383,18 +383,23 @@ def _undecoded(out: Path, actor: str) -> list[dict[str, Any]]:
     return [e for e in _refused(out, actor) if e["reason"].endswith("not decoded")]
 
 
-def test_a_run_that_listens_locally_is_reached_through_its_own_users_folders(tmp_path: Path) -> None:
+def test_a_run_that_listens_locally_is_reached_through_its_own_users_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`transport.listen = "ipc"`: the dispatcher, the trainer and the publisher listen on Unix sockets,
-    each in a folder only the run's user can open (0700), and the run completes through them."""
+    each in a folder only the run's user can open (0700), and the run completes through them. The run
+    scores nothing until the folders are looked at (a run that ended first would have removed them)."""
     import stat
 
-    out = tmp_path / "run"
-    run = start_run(out, "--set", "periods=2", "--set", "transport.listen='ipc'")
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    run = start_run(out, "--set", "periods=2", "--set", "transport.listen='ipc'", *GATE_SETTINGS)
     try:
         addresses = _addresses(run)
         folders = {role: Path(a.removeprefix("ipc://")).parent for role, a in addresses.items()}
         assert all(a.startswith("ipc://") for a in addresses.values()), addresses
         assert all(stat.S_IMODE(f.stat().st_mode) == 0o700 for f in folders.values()), folders
+        gate.touch()
         code, _, err = run.finish(timeout=240)
     finally:
         run.kill()
