@@ -16,21 +16,16 @@ from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import init_model
 from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.lora_learner import LoraLearner
-from tests.unit.test_prefix import CONFIGS, make_groups
+from tests.unit.test_learner import micro_batch
+from tests.unit.test_lora import SETTINGS as LORA_SETTINGS
+from tests.unit.test_prefix import CONFIGS
 
-REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.8]]
-SETTINGS: dict[str, Any] = dict(
-    lr=1e-2, weight_decay=0.0, clip_low=0.2, clip_high=0.28, kl_beta=0.1, max_grad_norm=1.0
-)
+SETTINGS: dict[str, Any] = LORA_SETTINGS | {"kl_beta": 0.1}
 
 
 @pytest.fixture(autouse=True)
 def _threads() -> None:
     torch.set_num_threads(2)
-
-
-def batch() -> list[TrainGroup]:
-    return [TrainGroup(p, c, r) for (p, c), r in zip(make_groups(3), REWARDS, strict=True)]
 
 
 def plain(recompute: bool, **kw: Any) -> TorchLearner:
@@ -84,10 +79,10 @@ def test_recomputed_blocks_give_the_same_gradients_bit_for_bit(
     make = MAKERS[kind]
     torch.manual_seed(0)
     reference = make(False, packing=packing, precision=precision)
-    kept_plain, stats_plain = saved_bytes(reference, batch())
+    kept_plain, stats_plain = saved_bytes(reference, micro_batch())
     torch.manual_seed(0)
     recomputing = make(True, packing=packing, precision=precision)
-    kept_recompute, stats_recompute = saved_bytes(recomputing, batch())
+    kept_recompute, stats_recompute = saved_bytes(recomputing, micro_batch())
     assert stats_recompute == stats_plain
     expected, got = grads(reference), grads(recomputing)
     assert expected and max(float(g.abs().max()) for g in expected) > 0  # there is a gradient to compare
@@ -101,7 +96,7 @@ def test_two_steps_with_recomputed_blocks_end_with_the_same_weights() -> None:
     learners = [plain(False), plain(True)]
     for learner in learners:
         for _ in range(2):
-            learner.train_groups(batch())
+            learner.train_groups(micro_batch())
             learner.step(normaliser=10.0)
     for a, b in zip(learners[0].model.parameters(), learners[1].model.parameters(), strict=True):
         assert torch.equal(a, b)
