@@ -2,8 +2,12 @@
 transformers' `generate` and vLLM on the same prompts and token limits.
 
 A case is (model, rows, dtype, new tokens, engine): `rows / 8` prompts of the arithmetic task, eight
-samples each (seeded alike for every engine), at temperature 1 with no eos stop for nothing: every
-engine stops a sample on eos, so tokens/s counts the tokens each generated. Each case runs in a
+samples each (seeded alike for every engine), at temperature 1: every engine stops a sample on eos,
+so tokens/s counts the tokens each generated, and engines that draw other samples do other work
+(SmolLM2's samples of at most 64 tokens, 32 rows: 865 to 1 325 tokens by the seeds alone). With
+``full_length`` no sample stops before its limit (the built-in engine given no eos, transformers'
+``min_new_tokens``, vLLM's ``ignore_eos``): every engine computes the same rows and steps, and
+tokens/s compares the engines alone. Each case runs in a
 process of its own (its peak memory its own, no compiled code shared), the engines of a case one after
 another, every other round in reverse order. A case's figures: tokens/s over the timed calls (after one
 untimed call, which compiles what the engine compiles), ms a decode step, time to the first token,
@@ -45,6 +49,7 @@ class Case:
     device: str = "cpu"
     repeats: int = 2
     threads: int = 0  # torch threads (0: torch's own count)
+    full_length: bool = False  # every sample exactly new_tokens long (eos not a stop): equal work
 
 
 def _prompts(model: str, rows: int) -> tuple[list[list[int]], int, Path | None]:
@@ -85,8 +90,9 @@ def _builtin(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> di
 
     model, _ = load_checkpoint(folder)
     dtype = getattr(torch, case.dtype)
+    stop = -1 if case.full_length else eos  # no token is -1: every row decodes to its limit
     engine = TorchEngine(
-        model, eos, case.device, dtype=dtype, rows=max(case.rows, 2), compiled=case.engine == "compiled"
+        model, stop, case.device, dtype=dtype, rows=max(case.rows, 2), compiled=case.engine == "compiled"
     )
     warm = engine.warm_up(max(len(p) for p in prompts) + case.new_tokens)
     params = SamplingParams(max_new_tokens=case.new_tokens, temperature=1.0)
@@ -128,9 +134,11 @@ def _transformers(case: Case, prompts: list[list[int]], eos: int, folder: Path) 
             out = model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                 max_new_tokens=case.new_tokens, num_return_sequences=SAMPLES, eos_token_id=eos,
-                pad_token_id=pad,
+                pad_token_id=pad, min_new_tokens=case.new_tokens if case.full_length else 0,
             )  # fmt: skip
         new = out[:, width:].tolist()
+        if case.full_length:
+            return sum(len(row) for row in new)
         return sum(row.index(eos) + 1 if eos in row else len(row) for row in new)
 
     run()
@@ -153,7 +161,12 @@ def _vllm(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> dict[
         max_model_len=max(len(p) for p in prompts) + case.new_tokens,
     )
     params = SamplingParams(
-        n=SAMPLES, temperature=1.0, top_p=1.0, max_tokens=case.new_tokens, stop_token_ids=[eos]
+        n=SAMPLES,
+        temperature=1.0,
+        top_p=1.0,
+        max_tokens=case.new_tokens,
+        stop_token_ids=[eos],
+        ignore_eos=case.full_length,
     )
     asked = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
@@ -210,6 +223,7 @@ def bench_generate(
     device: str,
     repeats: int,
     threads: int = 0,
+    full_length: bool = False,
 ) -> int:
     """Every case in a process of its own, the engines of a (model, rows, dtype, tokens) alternated:
     one JSON line a case (a case that could not run: its error)."""
@@ -221,7 +235,7 @@ def bench_generate(
                 for tokens in new_tokens:
                     order = engines if len(lines) // max(len(engines), 1) % 2 == 0 else engines[::-1]
                     for engine in order:
-                        case = Case(model, n, dtype, tokens, engine, device, repeats, threads)
+                        case = Case(model, n, dtype, tokens, engine, device, repeats, threads, full_length)
                         line = _run_apart(case)
                         lines.append(line)
                         print(json.dumps(line), flush=True)

@@ -152,6 +152,11 @@ def _generate_arguments(bench: argparse.ArgumentParser) -> None:
         help="generate: timed calls a case; learner: timed steps after a warm-up",
     )
     bench.add_argument("--threads", type=int, default=0, help="generate: torch threads (0: torch's own)")
+    bench.add_argument(
+        "--full-length",
+        action="store_true",
+        help="generate: every sample exactly --new-tokens long (eos not a stop): every engine the same work",
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -167,4 +172,5 @@ def _generate(args: argparse.Namespace) -> int:
         args.device,
         args.repeats,
         args.threads,
+        args.full_length,
     )

@@ -68,9 +68,11 @@ def decode_step(
         v = project(attn.v_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys[i].index_put_((rows, kv, at), k[:, :, 0])
-        values[i].index_put_((rows, kv, at), v[:, :, 0])
-        out = attend(q, keys[i][:b, :, :width], values[i][:b, :, :width], seen, grouped, by_rows)
+        held = keys[i].dtype  # the model's, or float32 for a 16-bit model on the CPU (slots.cache_dtype)
+        keys[i].index_put_((rows, kv, at), k[:, :, 0].to(held))
+        values[i].index_put_((rows, kv, at), v[:, :, 0].to(held))
+        out = attend(q.to(held), keys[i][:b, :, :width], values[i][:b, :, :width], seen, grouped, by_rows)
+        out = out.to(x.dtype)
         x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
         x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), weights_first)
     return project(model.lm_head, model.model.norm(x), weights_first)[:, 0].float().contiguous()

@@ -35,7 +35,7 @@ from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.decode_step import weights_first_here
 from cadence.model.invariance import least_rows, product_shapes
 from cadence.model.lora import LoraLinear
-from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, step_rows
+from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, cache_dtype, step_rows
 from cadence.model.tokenizer import TextTokenizer
 from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict, mark_rows
 from cadence.ops.block_attention import prompts_mask
@@ -259,7 +259,7 @@ class TorchEngine:
         n, device = start.length, self.device
         least = self._least_rows(weights_first=False)
         tokens = sum(len(o) for o in own)
-        rows = own + ([[self.eos_id] * (least - tokens)] if tokens < least else [])
+        rows = own + ([[0] * (least - tokens)] if tokens < least else [])
         sizes = torch.tensor([len(o) for o in rows], device=device)
         segment = torch.repeat_interleave(torch.arange(len(rows), device=device), sizes)  # [T]
         local = torch.arange(len(segment), device=device) - (sizes.cumsum(0) - sizes)[segment]
@@ -414,7 +414,8 @@ class TorchEngine:
     def allocate(self, length: int) -> SlotCache:
         """A slot cache of ``self.rows`` slots of ``length`` positions, or the error naming the rows
         and positions asked when it does not fit the device."""
-        need = cache_bytes(self.model.cfg, self.rows, length, self.dtype)
+        dtype = cache_dtype(self.dtype, self.device, self.invariant)
+        need = cache_bytes(self.model.cfg, self.rows, length, dtype)
         room = device_room(self.device)
         if room is not None and need > room:
             raise ValueError(
@@ -422,7 +423,7 @@ class TorchEngine:
                 f"{need / 2**30:.2f} GiB, more than the {room / 2**30:.2f} GiB free on {self.device}: "
                 "fewer rollout.engine_rows (or shorter prompts and rollout.max_new_tokens)"
             )
-        cache = SlotCache(self.model.cfg, self.rows, length, self.dtype, self.device)
+        cache = SlotCache(self.model.cfg, self.rows, length, dtype, self.device)
         if self.device.type == "cuda":  # written in place by the captured graphs: fixed addresses
             for tensor in (*cache.keys, *cache.values):
                 torch._dynamo.mark_static_address(tensor)

@@ -40,8 +40,14 @@ def pick(logits: Tensor, uniforms: Tensor, temperature: float, top_p: float) -> 
 
 def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     """The index whose cumulative probability first exceeds ``uniforms`` [n] (in [0, 1)) times the
-    row's total: never an index of probability 0, since the cumulative sum does not rise there."""
+    row's total: never an index of probability 0. The target is kept below the total (a uniform of
+    1 would reach it), so the index i found has cdf[i] > target >= cdf[i - 1]: the sum rose at i,
+    which it does only where the probability is above 0 (float64 sums of float32 terms: adding 0
+    leaves a sum as it was). O(rows) on top of the cumulative sum: no second pass over the
+    vocabulary (a count of the positive entries cost a decode step 11 ms at 32 rows)."""
     cdf = probs.double().cumsum(dim=-1)
-    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    total = cdf[:, -1]
+    below = torch.nextafter(total, torch.zeros_like(total))  # the largest float64 under the total
+    target = torch.minimum(uniforms * total, below).unsqueeze(1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return torch.minimum(index, (probs > 0).long().cumsum(dim=-1).argmax(dim=-1))
+    return index.clamp_(max=probs.shape[-1] - 1)  # a row of no probability at all: its last index
