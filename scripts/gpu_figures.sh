@@ -10,7 +10,8 @@
 # seconds (the ones done are kept). The benches, most telling first:
 #   generate     `cadence bench generate` on the GPU: the built-in engine eager and compiled (CUDA
 #                graphs) and transformers' generate, SmolLM2, 32-512 rows, bf16 and float32, 256 new
-#                tokens (a JSON line a case in bench.log)
+#                tokens, every sample its whole limit (--full-length: the engines the same work; a
+#                JSON line a case in bench.log)
 #   learner      `cadence bench learner` on the GPU: SmolLM2's 30 blocks at 4 096 and 16 384 tokens a
 #                micro-batch, dense mask against blocks and blocks recomputed (device peak memory)
 #   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)
@@ -53,7 +54,7 @@ bench() {
 }
 
 bench generate generate --device cuda --models smollm2 --rows 32,128,256,512 --dtypes bfloat16,float32 \
-  --new-tokens 256 --gen-engines eager,compiled,transformers --repeats 2
+  --new-tokens 256 --gen-engines eager,compiled,transformers --repeats 2 --full-length
 bench learner learner --device cuda --tokens 4096,16384 --layers 30 --repeats 1 --variants dense,blocks,recompute
 bench e2e heavy-bf16 "${heavy[@]}" "${gpu[@]}" "${bf16[@]}"
 bench e2e heavy-bf16-recompute "${heavy[@]}" "${gpu[@]}" "${bf16[@]}" --set trainer.activation_checkpointing=true
