@@ -25,10 +25,13 @@ import xxhash
 from torch import Tensor
 
 from cadence.model.checkpoint import (
+    Layout,
     _write_atomic,
     safetensors_metadata,
     state_dict_from_bytes,
+    tensors_layout,
     tensors_to_bytes,
+    write_safetensors,
 )
 from cadence.model.config import ModelConfig
 from cadence.model.lora import TARGETS, LoraSpec, adapter_pairs
@@ -74,7 +77,14 @@ def adapter_bytes(
 ) -> Buffer:
     """A version: the adapters' safetensors bytes (in `dtype` where given), the spec and the base's
     identity in the header."""
-    return tensors_to_bytes(adapters, alloc, dtype, spec_metadata(spec, base))
+    return write_safetensors(adapter_layout(adapters, spec, base, dtype), alloc)
+
+
+def adapter_layout(
+    adapters: Mapping[str, Tensor], spec: LoraSpec, base: str, dtype: torch.dtype | str | None = None
+) -> Layout:
+    """The layout `adapter_bytes` writes (kept by a learner: each version one concatenation)."""
+    return tensors_layout(adapters, dtype, spec_metadata(spec, base))
 
 
 def read_adapter_bytes(data: bytes | Buffer) -> tuple[dict[str, Tensor], float, str]:

@@ -19,9 +19,11 @@ import torch
 
 from cadence.actors.publisher import Publisher
 from cadence.actors.rollout_weights import WorkerWeights
+from cadence.config import RunConfig
 from cadence.launch.build import make_engine, make_learner, make_tokenizer
 from cadence.launch.settings import publish_dtype, worker_settings
-from cadence.model.rollout_engine import TorchRolloutEngine
+from cadence.model.lora_engine import LoraRolloutEngine
+from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
@@ -44,16 +46,16 @@ class Rig:
     publisher: Publisher
     client: Client
     weights: WorkerWeights
-    engine: TorchRolloutEngine
+    engine: RolloutEngine
     versions: list[bytes | Buffer]
 
 
 @asynccontextmanager
-async def rig(network: InprocNetwork, shared: bool = True) -> AsyncIterator[Rig]:
+async def rig(network: InprocNetwork, shared: bool = True, cfg: RunConfig = CFG) -> AsyncIterator[Rig]:
     """A publisher holding versions 0 and 1 (trained apart by a step of noise), shared unless not
-    `shared`, and a worker's weights on a fresh engine."""
-    tokenizer = make_tokenizer(CFG)
-    learner = make_learner(CFG, tokenizer)
+    `shared`, and a worker's weights on a fresh engine, of `cfg`."""
+    tokenizer = make_tokenizer(cfg)
+    learner = make_learner(cfg, tokenizer)
     network.bind("dispatcher", "inproc://dispatcher")
     server = network.bind("publisher", "inproc://publisher")
     session = Session(
@@ -69,12 +71,12 @@ async def rig(network: InprocNetwork, shared: bool = True) -> AsyncIterator[Rig]
     for version in range(2):
         with torch.no_grad():
             for p in learner.model.parameters():  # type: ignore[attr-defined]
-                p.add_(0.01 * torch.randn_like(p))
-        versions.append(learner.weights(dtype=publish_dtype(CFG)))
+                if p.requires_grad:  # every weight, or the adapters alone
+                    p.add_(0.01 * torch.randn_like(p))
+        versions.append(learner.weights(dtype=publish_dtype(cfg)))
         await publisher.publish(version, versions[-1])
-    engine = make_engine(CFG, tokenizer)
-    assert isinstance(engine, TorchRolloutEngine)
-    weights = WorkerWeights(engine, worker_settings(CFG), Liveness(1.0, 100, time.time), time.time)
+    engine = make_engine(cfg, tokenizer)
+    weights = WorkerWeights(engine, worker_settings(cfg), Liveness(1.0, 100, time.time), time.time)
     task = asyncio.create_task(publisher.run())
     try:
         yield Rig(publisher, network.connect("w0", "inproc://publisher"), weights, engine, versions)
@@ -96,12 +98,36 @@ async def test_the_engine_computes_with_the_mapped_version_and_generates_as_with
         for version in (0, 1):
             assert (await r.weights.fetch_and_load(r.client, version))[0] == "shm"
             mapped = r.weights._mapped
-            assert mapped is not None
+            assert mapped is not None and isinstance(r.engine, TorchRolloutEngine)
             assert all(_within(p, mapped.data) for p in r.engine.engine.model.parameters())  # no copy
         reference = make_engine(CFG, make_tokenizer(CFG))
         reference.load(await pull_weights(r.client, 1, 5.0))
         prompt = [1, 2, 3]
         assert r.engine.generate(prompt, [7, 8]) == reference.generate(prompt, [7, 8])
+
+
+@pytest.mark.parametrize("apply", ["step", "merge"])
+async def test_a_lora_engine_reads_the_mapped_adapters_and_keeps_none_of_the_mapping(
+    network: InprocNetwork, apply: str
+) -> None:
+    """Adapter versions go through the mapping without a copy of the version first; what the engine
+    keeps is its own (its adapters copied, or the merged weights), so the slot may go once the next
+    version is in, and the samples are those of the pulled bytes."""
+    cfg = tiny_config("transport.liveness=200", "trainer.lora.rank=2", f"trainer.lora.apply='{apply}'")
+    async with rig(network, cfg=cfg) as r:
+        assert isinstance(r.engine, LoraRolloutEngine)
+        for version in (0, 1):
+            assert (await r.weights.fetch_and_load(r.client, version))[0] == "shm"
+        mapped = r.weights._mapped
+        assert mapped is not None
+        model = r.engine.inner.engine.model
+        assert not any(_within(t, mapped.data) for t in model.state_dict().values())
+        reference = make_engine(cfg, make_tokenizer(cfg))
+        reference.load(await pull_weights(r.client, 1, 5.0))
+        before = reference.generate([1, 2, 3], [7, 8])
+        assert r.engine.generate([1, 2, 3], [7, 8]) == before
+        r.weights._hold(None)  # the slot let go: the engine holds nothing of it
+        assert r.engine.generate([1, 2, 3], [7, 8]) == before
 
 
 async def test_a_torn_slot_is_refused_and_the_version_pulled(network: InprocNetwork) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import safetensors.torch
 import torch
 
-from cadence.model.checkpoint import state_dict_from_bytes, tensors_to_bytes
+from cadence.model.checkpoint import (
+    state_dict_from_bytes,
+    tensors_layout,
+    tensors_to_bytes,
+    write_safetensors,
+)
 from cadence.transport.buffers import BufferPool
 from cadence.transport.weights import WeightStore
 from cadence.wire.buffer import Buffer
@@ -95,3 +100,17 @@ def test_the_store_gives_back_the_bytes_of_a_version_it_lets_go() -> None:
     assert [e[0] for e in evicted] == [0, 1] and all(a is b for a, b in zip(evicted, versions, strict=False))
     store.put(3, versions[3])  # the same version again: nothing let go twice
     assert len(evicted) == 2
+
+
+def test_a_kept_layout_writes_its_tensors_as_they_are_now_and_knows_when_one_was_replaced() -> None:
+    state = {"w": torch.zeros(2, 3), "b": torch.arange(4, dtype=torch.int64)}
+    layout = tensors_layout(state, metadata={"k": "v"})
+    assert layout.flat is not None  # contiguous CPU tensors written as they are: one concatenation
+    state["w"].add_(1.5)  # written in place, as an optimizer does
+    assert bytes(write_safetensors(layout)) == bytes(tensors_to_bytes(state, metadata={"k": "v"}))
+    assert layout.holds(state)
+    state["w"] = torch.ones(2, 3)  # another tensor: the layout no longer views it
+    assert not layout.holds(state)
+    strided = {"t": torch.arange(12.0).view(3, 4).t()}
+    assert tensors_layout(strided).flat is None  # a copy would not follow the tensor
+    assert state_dict_from_bytes(write_safetensors(tensors_layout(strided)))["t"].equal(strided["t"])
