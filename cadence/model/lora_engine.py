@@ -12,7 +12,9 @@
 ```
 
 With `apply = "step"` the engine's model carries the adapters itself (`LoraLinear`) and a load copies
-the version's A and B into them: no merge, a low-rank product more a projection in every step.
+the version's A and B into them: no merge, a low-rank product more a projection in every step. After
+the first version its adapters lie in one buffer laid out as a version's body (`lora_flat.py`), and a
+version of the same header is copied into it in one piece.
 
 Invariant: after loading a version the engine computes with exactly `merge_adapters(base, adapters,
 scale)` (merge) or the base with those adapters (step, equal to float rounding); zero B leaves the
@@ -29,6 +31,7 @@ from torch import Tensor
 from cadence.model.engine import Completion, GroupEnded, JoiningGroups, StoppedGroups
 from cadence.model.lora import LoraSpec, adapter_pairs, apply_lora, merge_adapters
 from cadence.model.lora_files import read_adapter_bytes
+from cadence.model.lora_flat import FlatAdapters
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.transformer import hf_state_dict
 from cadence.wire.buffer import Buffer
@@ -59,8 +62,15 @@ class LoraRolloutEngine:
         }
         self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
         self._adapters: dict[str, Tensor] | None = None  # step mode: the model's own A and B, by name
+        self._flat: FlatAdapters | None = None  # step mode: the adapters in one buffer, once laid out
 
     def load(self, weights: bytes | Buffer) -> None:
+        """A version's bytes; in step mode, one of the layout loaded before copied in one piece
+        (`lora_flat.py`: a rank-8 version of SmolLM2's 420 adapters, parsed and copied one by one,
+        cost a worker's load several ms more)."""
+        if self._flat is not None and self._flat.load(weights):
+            self.inner.engine.weights_changed()
+            return
         adapters, scale, base = read_adapter_bytes(weights)
         if base != self.base:
             raise ValueError(
@@ -68,6 +78,11 @@ class LoraRolloutEngine:
                 " the trainer and the workers must load the same model.checkpoint"
             )
         self._merge(adapters, scale)
+        if self.apply == "step" and not self.inner.engine.runner.compiled:
+            # a compiled step reads the adapters where they were: those stay, copied one by one
+            flat = FlatAdapters.lay_out(self.inner.engine.model, weights)
+            if flat is not None:
+                self._flat, self._adapters = flat, None  # the parameters now view the flat buffer
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         self._merge(state, self.spec.scale)

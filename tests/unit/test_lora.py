@@ -382,3 +382,41 @@ def test_a_step_mode_version_is_copied_into_the_engines_adapters_leaving_the_bas
     fresh.load(second)
     assert stepped.generate(engine.trunk + [2, 11], [0, 1]) == fresh.generate(engine.trunk + [2, 11], [0, 1])
     assert before != stepped.generate(engine.trunk + [2, 11], [0, 1])
+
+
+def test_a_step_mode_engine_loads_later_versions_of_one_layout_in_one_copy() -> None:
+    """After its first version a step-mode engine's adapters view one buffer; a version of the same
+    header is copied into it whole and gives what parsing it gives; one of another header (another
+    base, another dtype) is parsed as before: refused, or loaded adapter by adapter."""
+    learner = lora_learner()
+    stepped, _ = engines(apply="step")
+    versions = []
+    for scale in (0.2, 1.5, 0.7):
+        with torch.no_grad():
+            for name, p in learner.tensors().items():
+                if name.endswith("lora_B.weight"):
+                    p.normal_(0.0, scale, generator=torch.Generator().manual_seed(4))
+        versions.append(bytearray(learner.weights()))
+    stepped.load(versions[0])
+    flat = stepped._flat
+    assert flat is not None
+    model = stepped.inner.engine.model
+    start, end = flat.flat.data_ptr(), flat.flat.data_ptr() + flat.flat.numel()
+    assert all(start <= p.data_ptr() < end for n, p in model.named_parameters() if ".lora_" in n)
+    for version in versions[1:]:
+        assert flat.load(version)  # the same header: one copy
+        fresh, _ = engines(apply="step")
+        fresh.load(version)
+        stepped.inner.engine.weights_changed()
+        assert stepped.generate([1, 5, 9], [0, 1]) == fresh.generate([1, 5, 9], [0, 1])
+    other = bytearray(adapter_bytes(learner.tensors(), SPEC, "b1"))
+    assert not flat.load(other)
+    with pytest.raises(ValueError, match="another base|base b1"):
+        stepped.load(other)
+    halved = bytearray(learner.weights(dtype="bfloat16"))
+    assert not flat.load(halved)
+    stepped.load(halved)  # parsed and cast into the adapters, which still view the buffer
+    fresh, _ = engines(apply="step")
+    fresh.load(halved)
+    assert stepped.generate([1, 5, 9], [0, 1]) == fresh.generate([1, 5, 9], [0, 1])
+    assert all(start <= p.data_ptr() < end for n, p in model.named_parameters() if ".lora_" in n)
