@@ -37,7 +37,7 @@ from cadence.model.invariance import least_rows, product_shapes
 from cadence.model.lora import LoraLinear
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, cache_dtype, step_rows
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict, mark_rows
+from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict, mark_rows, share_hf_state_dict
 from cadence.ops.block_attention import prompts_mask
 from cadence.ops.packing import fill_in_order, shared_trunk
 
@@ -181,7 +181,10 @@ class TorchEngine:
                     for key, t in state.items()
                 )
             )
-            load_hf_state_dict(self.model, state, assign=fits)
+            if fits:
+                share_hf_state_dict(self.model, state)
+            else:
+                load_hf_state_dict(self.model, state)
         self.weights_changed()
 
     def weights_changed(self) -> None:

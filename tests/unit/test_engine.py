@@ -14,7 +14,7 @@ from cadence.model.config import ModelConfig
 from cadence.model.decode_step import weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.rollout_engine import TorchRolloutEngine
-from cadence.model.transformer import hf_state_dict, init_model
+from cadence.model.transformer import hf_state_dict, init_model, share_hf_state_dict
 from cadence.transport.buffers import BufferPool
 
 CFG = ModelConfig(
@@ -207,7 +207,9 @@ def test_a_shared_load_computes_with_the_buffers_bytes_and_keeps_the_pool_off_th
     pool = BufferPool(keep=2)
     data = tensors_to_bytes(hf_state_dict(source.model), pool.take)
     rollout = TorchRolloutEngine(target, SamplingParams(max_new_tokens=12, temperature=0.9))
+    own = [id(p) for p in target.model.parameters()]
     rollout.load(data)
+    assert [id(p) for p in target.model.parameters()] == own  # the same parameters, their data the bytes
     copied.load_state_dict(state_dict_from_bytes(data))
     buffer = torch.frombuffer(data, dtype=torch.uint8)
     low, high = buffer.data_ptr(), buffer.data_ptr() + len(data)
@@ -224,6 +226,19 @@ def test_a_shared_load_computes_with_the_buffers_bytes_and_keeps_the_pool_off_th
     assert id(pool.take(nbytes)) != given  # the engine computes with it: not handed out
     rollout.load(tensors_to_bytes(hf_state_dict(_engine(seed=12).model)))
     assert id(pool.take(nbytes)) == given  # the next version loaded: free again
+
+
+def test_a_shared_state_of_other_names_or_shapes_is_refused_naming_the_tensor() -> None:
+    target = _engine(seed=11)
+    state = hf_state_dict(_engine(seed=10).model)
+    wide = dict(state, **{"model.norm.weight": torch.ones(CFG.hidden_size + 1)})
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        share_hf_state_dict(target.model, wide)
+    with pytest.raises(ValueError, match="missing.*model.norm.weight"):
+        share_hf_state_dict(target.model, {k: v for k, v in state.items() if k != "model.norm.weight"})
+    assert torch.equal(
+        target.model.model.norm.weight, hf_state_dict(_engine(seed=11).model)["model.norm.weight"]
+    )
 
 
 def test_a_shared_load_of_another_dtype_is_copied() -> None:
