@@ -165,7 +165,7 @@ def _vllm(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> dict[
         temperature=1.0,
         top_p=1.0,
         max_tokens=case.new_tokens,
-        stop_token_ids=[eos],
+        stop_token_ids=[] if case.full_length else [eos],  # a stop token stops even with ignore_eos
         ignore_eos=case.full_length,
     )
     asked = [TokensPrompt(prompt_token_ids=p) for p in prompts]
