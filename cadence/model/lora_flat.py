@@ -54,8 +54,12 @@ class FlatAdapters:
             if dtype != param.dtype or list(entry["shape"]) != list(param.shape):
                 return None
             entries.append((param, dtype, *entry["data_offsets"]))
-        body = len(data) - 8 - size
-        if sorted(end for *_, end in entries)[-1] != body:
+        body, at = len(data) - 8 - size, 0
+        for *_, start, end in sorted(entries, key=lambda e: e[2]):  # the tensors tile the body
+            if start != at or end < start:
+                return None
+            at = end
+        if at != body:
             return None
         flat = torch.empty(body, dtype=torch.uint8, device=next(iter(own.values())).device)
         with torch.no_grad():

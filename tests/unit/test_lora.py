@@ -3,6 +3,8 @@ alone, versions of adapters loaded by the built-in engine, the PEFT folder read 
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from cadence.model.lora import (
 )
 from cadence.model.lora_engine import LoraRolloutEngine
 from cadence.model.lora_files import adapter_bytes, read_adapter_bytes, read_peft, write_peft
+from cadence.model.lora_flat import FlatAdapters
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer
 from cadence.model.transformer import Transformer, hf_state_dict, init_model, load_hf_state_dict
@@ -420,3 +423,25 @@ def test_a_step_mode_engine_loads_later_versions_of_one_layout_in_one_copy() -> 
     fresh.load(halved)
     assert stepped.generate([1, 5, 9], [0, 1]) == fresh.generate([1, 5, 9], [0, 1])
     assert all(start <= p.data_ptr() < end for n, p in model.named_parameters() if ".lora_" in n)
+
+
+def test_a_version_whose_tensors_do_not_tile_its_body_is_never_laid_out() -> None:
+    """Four bytes between the first adapter and the next (every later offset shifted past them): a
+    layout that would leave a hole in the buffer is not made, and the engine keeps its own tensors."""
+    learner = lora_learner()
+    data = bytes(learner.weights())
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    first = min((e for k, e in header.items() if k != "__metadata__"), key=lambda e: e["data_offsets"][0])
+    cut = first["data_offsets"][1]
+    for name, entry in header.items():
+        if name != "__metadata__" and entry["data_offsets"][0] >= cut:
+            entry["data_offsets"] = [entry["data_offsets"][0] + 4, entry["data_offsets"][1] + 4]
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    body = data[8 + size :]
+    holed = bytearray(struct.pack("<Q", len(encoded)) + encoded + body[:cut] + bytes(4) + body[cut:])
+    stepped, _ = engines(apply="step")
+    model = stepped.inner.engine.model
+    assert FlatAdapters.lay_out(model, holed) is None
+    assert FlatAdapters.lay_out(model, bytearray(data)) is not None
