@@ -62,9 +62,14 @@ class FlatAdapters:
         if at != body:
             return None
         flat = torch.empty(body, dtype=torch.uint8, device=next(iter(own.values())).device)
+        try:  # every view made before any parameter is touched
+            views = [
+                (param, flat[start:end].view(dtype).view(param.shape)) for param, dtype, start, end in entries
+            ]
+        except RuntimeError:  # an offset its dtype cannot start at
+            return None
         with torch.no_grad():
-            for param, dtype, start, end in entries:
-                view = flat[start:end].view(dtype).view(param.shape)
+            for param, view in views:
                 view.copy_(param)
                 param.data = view
         return FlatAdapters(bytes(data[: 8 + size]), flat)
