@@ -102,7 +102,8 @@ def write_safetensors(layout: Layout, alloc: Callable[[int], Buffer] = bytearray
     """The bytes ``layout`` says, of its tensors as they are now, in ``alloc(nbytes)``: each tensor
     copied once, straight into the one buffer (a 135M model's 540 MB: a copy less is a tenth of a
     second less on the way to the workers); ``alloc``'s buffer (a pool's, a shared slot: pages
-    already touched are filled ten times faster)."""
+    already touched are filled ten times faster). Written here because ``safetensors.torch.save``
+    needs numpy, which cadence does not depend on."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors serialisation is implemented for little-endian hosts only")
     base = len(layout.head)
@@ -129,20 +130,6 @@ def write_safetensors(layout: Layout, alloc: Callable[[int], Buffer] = bytearray
                 part.copy_(row.to(kind).view(torch.uint8))
         start += size
     return out
-
-
-def _safetensors_bytes(
-    state: Mapping[str, Tensor],
-    metadata: Mapping[str, str],
-    alloc: Callable[[int], Buffer] = bytearray,
-    dtype: torch.dtype | None = None,
-) -> Buffer:
-    """Serialise per the safetensors format (8-byte header length, JSON header, raw little-endian data).
-
-    Written here because ``safetensors.torch.save`` needs numpy, which cadence does not depend on.
-    With ``dtype`` the floating-point tensors are written in it, each cast as it is copied.
-    """
-    return write_safetensors(safetensors_layout(state, metadata, dtype), alloc)
 
 
 def state_dict_to_bytes(model: Transformer) -> Buffer:
@@ -173,18 +160,31 @@ def tensors_layout(
     return safetensors_layout(state, {"format": "pt", **(metadata or {})}, kind)
 
 
-def safetensors_metadata(data: bytes | Buffer | memoryview) -> dict[str, str]:
-    """The `__metadata__` strings of safetensors `data`'s header; ValueError when it has no readable one."""
+DTYPE_OF_CODE = {code: dtype for dtype, code in _DTYPES.items()}
+"""A safetensors header's dtype code ("F32", …) to its torch dtype."""
+
+
+def safetensors_header(data: bytes | Buffer | memoryview | mmap.mmap) -> tuple[int, dict[str, Any]]:
+    """The length of safetensors `data`'s head (the 8-byte size and the JSON header) and the header,
+    `__metadata__` included; ValueError when it cannot be read."""
     if len(data) < 8:
-        raise ValueError("safetensors data shorter than its 8-byte header length")
+        raise ValueError(f"safetensors data of {len(data)} bytes has no header")
     (size,) = struct.unpack("<Q", bytes(data[:8]))
     if size > len(data) - 8:
-        raise ValueError(f"a safetensors header of {size} bytes in {len(data)} bytes")
+        raise ValueError(f"safetensors header of {size} bytes overruns {len(data)} bytes of data")
     try:
         header = json.loads(bytes(data[8 : 8 + size]))
     except ValueError as err:
         raise ValueError(f"a safetensors header that is not JSON: {err}") from None
-    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(header, dict):
+        raise ValueError("a safetensors header that is not a table")
+    return 8 + size, header
+
+
+def safetensors_metadata(data: bytes | Buffer | memoryview) -> dict[str, str]:
+    """The `__metadata__` strings of safetensors `data`'s header; ValueError when it has no readable one."""
+    _, header = safetensors_header(data)
+    meta = header.get("__metadata__", {})
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise ValueError("a safetensors header whose __metadata__ is not a table of strings")
     return meta
@@ -208,18 +208,11 @@ def _safetensors_views(data: bytearray | mmap.mmap) -> dict[str, Tensor]:
     """Tensors viewing `data`, laid out per the safetensors format; ValueError on a malformed layout."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors views are implemented for little-endian hosts only")
-    if len(data) < 8:
-        raise ValueError(f"safetensors data of {len(data)} bytes has no header")
-    (size,) = struct.unpack_from("<Q", data)
-    if size > len(data) - 8:
-        raise ValueError(f"safetensors header of {size} bytes overruns {len(data)} bytes of data")
-    header = json.loads(bytes(data[8 : 8 + size]))
+    base, header = safetensors_header(data)
     header.pop("__metadata__", None)
-    base = 8 + size
-    names = {code: dtype for dtype, code in _DTYPES.items()}
     state: dict[str, Tensor] = {}
     for name, entry in header.items():
-        dtype = names.get(entry["dtype"])
+        dtype = DTYPE_OF_CODE.get(entry["dtype"])
         shape = [int(n) for n in entry["shape"]]
         start, end = (int(n) for n in entry["data_offsets"])
         count = math.prod(shape)
@@ -292,12 +285,12 @@ def save_checkpoint(
     shards = _shards(state, max_shard_bytes)
     written = [WEIGHTS_FILE] if len(shards) == 1 else []
     if len(shards) == 1:
-        _write_atomic(directory / WEIGHTS_FILE, _safetensors_bytes(shards[0], {"format": "pt"}))
+        _write_atomic(directory / WEIGHTS_FILE, tensors_to_bytes(shards[0]))
     else:
         weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards, start=1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            _write_atomic(directory / name, _safetensors_bytes(shard, {"format": "pt"}))
+            _write_atomic(directory / name, tensors_to_bytes(shard))
             weight_map.update(dict.fromkeys(shard, name))
             written.append(name)
         total = state_nbytes(state)

@@ -17,16 +17,11 @@ alpha among them), so each adapter receives exactly the values parsing the versi
 
 from __future__ import annotations
 
-import json
-import struct
-
 import torch
 from torch import Tensor, nn
 
-from cadence.model.checkpoint import _DTYPES
+from cadence.model.checkpoint import DTYPE_OF_CODE, safetensors_header
 from cadence.wire.buffer import Buffer
-
-_NAMES = {code: dtype for dtype, code in _DTYPES.items()}
 
 
 class FlatAdapters:
@@ -43,18 +38,17 @@ class FlatAdapters:
         body, each keeping its values; None (nothing changed) when the version's tensors are not
         exactly the model's adapters in their shapes and dtypes."""
         own = {name: p for name, p in model.named_parameters() if ".lora_" in name}
-        (size,) = struct.unpack("<Q", bytes(data[:8]))
-        header = json.loads(bytes(data[8 : 8 + size]))
+        head, header = safetensors_header(data)
         header.pop("__metadata__", None)
         if set(header) != set(own) or not own:
             return None
         entries = []
         for name, entry in header.items():
-            param, dtype = own[name], _NAMES.get(entry["dtype"])
+            param, dtype = own[name], DTYPE_OF_CODE.get(entry["dtype"])
             if dtype != param.dtype or list(entry["shape"]) != list(param.shape):
                 return None
             entries.append((param, dtype, *entry["data_offsets"]))
-        body, at = len(data) - 8 - size, 0
+        body, at = len(data) - head, 0
         for *_, start, end in sorted(entries, key=lambda e: e[2]):  # the tensors tile the body
             if start != at or end < start:
                 return None
@@ -72,7 +66,7 @@ class FlatAdapters:
             for param, view in views:
                 view.copy_(param)
                 param.data = view
-        return FlatAdapters(bytes(data[: 8 + size]), flat)
+        return FlatAdapters(bytes(data[:head]), flat)
 
     def load(self, data: Buffer | bytes) -> bool:
         """Copy ``data``'s body into the adapters when its head is the kept one: True; else False,
