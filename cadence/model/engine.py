@@ -7,15 +7,8 @@ Invariant: sample ``i`` of a ``generate`` call draws its randomness only from a 
 with ``seeds[i]`` (one uniform per step, drawn up front), so it is the same sample whatever the
 batch size and the other seeds; ``sample_seed`` makes that seed a pure function of
 (run seed, period, prompt id, sample index), so a prompt regenerated elsewhere gives the same group.
-A prompt that begins with the engine's ``trunk`` (the chat template's beginning every prompt shares)
-reads the trunk's keys and values, computed once for each version loaded, and computes only its own
-tokens; any other prompt is computed whole. A longer beginning the caller says its prompts share
-(``shared``: the episodes of a batch, one opening, a system prompt and worked examples for all) is
-computed once a call and read by every prompt that begins with it; no other beginning is, so which
-prompts a call holds or admits together never decides how one is computed. The prompts admitted
-together are computed together, one after another in one row, each attending only what it begins
-with and itself at the positions it has alone, so a prompt's prefill is what it computes alone, bit
-for bit (``invariance.py``).
+Prompts are prefilled by ``prefill.py`` (the chat template's beginning, the ``trunk``, and a beginning
+the caller names read rather than computed again; a prompt's prefill what it computes alone).
 """
 
 from __future__ import annotations
@@ -35,11 +28,11 @@ from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.decode_step import weights_first_here
 from cadence.model.invariance import least_rows, product_shapes
 from cadence.model.lora import LoraLinear
+from cadence.model.prefill import Prefill
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, cache_dtype, step_rows
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import KVCache, Transformer, load_hf_state_dict, mark_rows, share_hf_state_dict
-from cadence.ops.block_attention import prompts_mask
-from cadence.ops.packing import fill_in_order, shared_trunk
+from cadence.model.transformer import Transformer, load_hf_state_dict, mark_rows, share_hf_state_dict
+from cadence.ops.packing import shared_trunk
 
 log = structlog.get_logger()
 
@@ -100,12 +93,6 @@ def sample_seed(run_seed: int, period: int, prompt_id: int, index: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-MIN_TRUNK = 8  # a shorter common beginning is computed with each prompt
-# the prompts' tokens a prefill forward takes at most: the attention of one row grows with its square,
-# its matrix products only with its length (at 1024 SmolLM2's attention is about 1 % of the forward)
-PREFILL_ROW_TOKENS = 1024
-
-
 def prompt_trunk(tokenizer: TextTokenizer) -> list[int]:
     """The beginning every prompt's encoding shares: what the chat template puts before the user's
     text (its system prompt), found as the common beginning of two unlike prompts (two digits: every
@@ -155,9 +142,7 @@ class TorchEngine:
         self.dtype = dtype
         self.rows = rows
         self.readback = readback if readback is not None else (1 if self.device.type == "cpu" else 8)
-        self.trunk = list(trunk) if len(trunk) >= MIN_TRUNK else []
-        self._trunk_kv: KVCache | None = None  # of the weights loaded now
-        self._shared_kv: tuple[tuple[int, ...], KVCache] | None = None  # the last shared beginning's
+        self.prefill = Prefill(self.model, self.device, trunk, functools.partial(self._least_rows, False))
         self._cache: SlotCache | None = None
         self.runner = StepRunner(self.model, compiled, compiler, invariant)
         self.invariant = invariant
@@ -187,92 +172,20 @@ class TorchEngine:
                 load_hf_state_dict(self.model, state)
         self.weights_changed()
 
+    @property
+    def trunk(self) -> list[int]:
+        """The beginning every prompt shares, read from its keys and values (``Prefill``)."""
+        return self.prefill.trunk
+
+    @trunk.setter
+    def trunk(self, trunk: list[int]) -> None:
+        self.prefill.trunk = list(trunk)
+        self.prefill.forget()
+
     def weights_changed(self) -> None:
         """The model's weights were written (a load, adapters copied in): what was computed with the
         old ones (the trunk's and a shared beginning's keys and values) is computed again."""
-        self._trunk_kv = None
-        self._shared_kv = None
-
-    def _begins_with_trunk(self, prompt: Sequence[int]) -> bool:
-        n = len(self.trunk)
-        return n > 0 and len(prompt) > n and list(prompt[:n]) == self.trunk
-
-    def _trunk_cache(self) -> KVCache:
-        """The trunk's keys and values under the weights loaded now (computed on first use)."""
-        if self._trunk_kv is None:
-            self._trunk_kv = self._extend(KVCache(), self.trunk)
-        return self._trunk_kv
-
-    def _extend(self, cache: KVCache, ids: Sequence[int]) -> KVCache:
-        """``cache`` with the keys and values of ``ids`` after its own (no logits computed)."""
-        row = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        self.model(row, cache=cache, logits_at=torch.zeros_like(row, dtype=torch.bool))
-        return cache
-
-    def _prefill_many(
-        self, prompts: Sequence[Sequence[int]], shared: Sequence[int] = ()
-    ) -> list[tuple[KVCache, Tensor]]:
-        """Each prompt's batch-1 cache and its last position's logits [1, V]. A prompt that begins
-        with ``shared`` (of at least ``MIN_TRUNK`` tokens, beyond the trunk) and is longer reads its
-        keys and values, computed once here, and computes only its own tokens; else one that begins
-        with the trunk reads the trunk's; any other is computed whole. So how a prompt is computed
-        depends on it and ``shared`` alone, never on the prompts beside it. The tokens computed lie
-        one prompt after another in rows of at most ``PREFILL_ROW_TOKENS`` (a prompt longer than
-        that alone in its row), one forward a row: one matrix product for every prompt's tokens
-        instead of one a prompt."""
-        out: dict[int, tuple[KVCache, Tensor]] = {}
-        n = len(shared) if len(shared) >= MIN_TRUNK and len(shared) > len(self.trunk) else 0
-        on_shared = [bool(n) and len(p) > n and list(p[:n]) == list(shared) for p in prompts]
-        trunked = [not s and self._begins_with_trunk(p) for p, s in zip(prompts, on_shared, strict=True)]
-        whole = [i for i, (s, t) in enumerate(zip(on_shared, trunked, strict=True)) if not s and not t]
-        plan: list[tuple[list[int], int, KVCache | None]] = [
-            (
-                [i for i, s in enumerate(on_shared) if s],
-                n,
-                self._prefix_cache(shared) if any(on_shared) else None,
-            ),
-            ([i for i, t in enumerate(trunked) if t], len(self.trunk), None),
-            (whole, 0, None),
-        ]
-        for indices, cut, prefix in plan:
-            for row in fill_in_order([len(prompts[i]) - cut for i in indices], PREFILL_ROW_TOKENS):
-                picked = [indices[j] for j in row]
-                start = prefix or (self._trunk_cache() if cut else KVCache())
-                caches, logits = self._prefill_segments(start, [list(prompts[i][cut:]) for i in picked])
-                out |= {i: (c, last) for i, c, last in zip(picked, caches, logits.split(1), strict=True)}
-        return [out[i] for i in range(len(prompts))]
-
-    def _prefix_cache(self, prefix: Sequence[int]) -> KVCache:
-        """The keys and values of ``prefix`` (the trunk's read, not computed again, when it begins
-        with it), for the prompts that begin with it; the last one is kept until the next load (an
-        episode batch's admissions read it again and again)."""
-        key = tuple(prefix)
-        if self._shared_kv is None or self._shared_kv[0] != key:
-            n = len(self.trunk) if self._begins_with_trunk(prefix) else 0
-            self._shared_kv = (key, self._extend(self._trunk_cache().fork() if n else KVCache(), prefix[n:]))
-        return self._shared_kv[1]
-
-    def _prefill_segments(self, start: KVCache, own: list[list[int]]) -> tuple[list[KVCache], Tensor]:
-        """Several prompts' tokens after the batch-1 cache ``start`` (the trunk, or empty), as
-        segments of one row, each at the positions it has alone and attending ``start`` and its own
-        earlier tokens only: a batch-1 cache for each (``start``'s entries, then its own) and the
-        logits [S, V] of each one's last token. Fewer tokens than the products need to give each
-        row alike whatever the others are (``invariance.py``) are padded with a segment of their
-        own, which no prompt sees; the head reads as many rows (the first ones beside the lasts)."""
-        n, device = start.length, self.device
-        least = self._least_rows(weights_first=False)
-        tokens = sum(len(o) for o in own)
-        rows = own + ([[0] * (least - tokens)] if tokens < least else [])
-        sizes = torch.tensor([len(o) for o in rows], device=device)
-        segment = torch.repeat_interleave(torch.arange(len(rows), device=device), sizes)  # [T]
-        local = torch.arange(len(segment), device=device) - (sizes.cumsum(0) - sizes)[segment]
-        mask = prompts_mask([len(o) for o in rows], n)  # by blocks: no [T, T] tensor
-        ids = torch.tensor([[t for o in rows for t in o]], dtype=torch.long, device=device)
-        last = (local == sizes[segment] - 1) & (segment < len(own))
-        read = last | (torch.cumsum(~last, 0) <= least - len(own))  # at least `least` rows for the head
-        cache = start.fork()
-        logits = self.model(ids, (n + local).unsqueeze(0), mask, cache, logits_at=read.unsqueeze(0))
-        return cache.segments(n, [len(o) for o in own]), logits[last[read]]
+        self.prefill.forget()
 
     def _least_rows(self, weights_first: bool) -> int:
         """The rows a product computes at least, so that each comes out alike whatever the others
@@ -312,7 +225,7 @@ class TorchEngine:
     ) -> list[list[Completion]]:
         """For each (prompt, seeds), ``len(seeds)`` samples of the prompt, decoded together
         (``decode_loop.py``): each sample a row in a slot of the engine's cache, admitted as slots free
-        up (its prompt prefilled with the others admitted with it, ``_prefill_many``), one step a token
+        up (its prompt prefilled with the others admitted with it, ``Prefill.many``), one step a token
         for every row held (a decode step reads every weight once, however many rows it has).
 
         ``ended(i, completions)`` is told each group ``i`` (an index into ``groups``) as soon as
@@ -327,7 +240,7 @@ class TorchEngine:
         token limit, at most ``params.max_new_tokens`` (the episodes' turns of one call); a sample
         cut at its limit is the first tokens of the one a larger limit gives. ``shared``: a beginning
         the caller knows its prompts share, computed once and read by each that begins with it
-        (``_prefill_many``); ``positions``: a row's positions to hold at least (for groups that will
+        (``Prefill.many``); ``positions``: a row's positions to hold at least (for groups that will
         join with longer prompts: an episode's later turns). None of these changes any sample."""
         steps = params.max_new_tokens
         own = self._limits(groups, steps, limits)
@@ -340,7 +253,7 @@ class TorchEngine:
         longest = max(len(p) + n for (p, s), n in zip(groups, own, strict=True) if s)
         loop = DecodeLoop(
             self._reserve(longest, positions),
-            functools.partial(self._prefill_many, shared=list(shared)),
+            functools.partial(self.prefill.many, shared=list(shared)),
             self._run_step,
             [list(p) for p, _ in groups],
             sizes,

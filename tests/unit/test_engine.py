@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from cadence.model import engine as engine_module
+from cadence.model import prefill as prefill_module
 from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes, tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import weights_first_here
@@ -199,7 +199,7 @@ def test_prompts_that_begin_with_the_trunk_generate_as_when_computed_whole() -> 
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         for a, b in zip(got, expected, strict=True):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
-    assert trunked._trunk_kv is not None and trunked._trunk_kv.length == len(TRUNK)
+    assert trunked.prefill.trunk_kv is not None and trunked.prefill.trunk_kv.length == len(TRUNK)
 
 
 def test_a_shared_load_computes_with_the_buffers_bytes_and_keeps_the_pool_off_them() -> None:
@@ -254,7 +254,7 @@ def test_the_trunk_is_computed_again_for_every_version_loaded() -> None:
     params = SamplingParams(max_new_tokens=8, temperature=0.0)
     trunked.generate(TRUNK + [10], [1], params)
     trunked.load_state_dict(init_model(CFG, seed=4).state_dict())
-    assert trunked._trunk_kv is None
+    assert trunked.prefill.trunk_kv is None
     expected = _engine(seed=4).generate(TRUNK + [10], [1], params)
     assert trunked.generate(TRUNK + [10], [1], params)[0].logprobs == pytest.approx(
         expected[0].logprobs, abs=1e-5
@@ -336,7 +336,7 @@ def test_a_shared_beginning_named_by_the_caller_is_computed_once_and_read_by_eac
 
 
 def test_a_prefill_row_holds_at_most_its_budget_of_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "PREFILL_ROW_TOKENS", 4)
+    monkeypatch.setattr(prefill_module, "PREFILL_ROW_TOKENS", 4)
     engine = _engine(seed=5)
     widths = _forward_widths(engine)
     prompts = [[1, 4], [6, 3, 8], [9], [5, 7, 3, 1, 6]]
