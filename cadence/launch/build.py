@@ -363,8 +363,8 @@ def version_figures(cfg: RunConfig) -> tuple[int, int]:
     """The parameters the optimizer moves and the bytes of a published version (without the small
     header), counted on a model without storage: every weight in the publish dtype, or the adapters."""
     from cadence.launch.settings import publish_dtype
+    from cadence.model.hf_state import hf_state_dict
     from cadence.model.lora import adapter_tensors, apply_lora, trainable_count
-    from cadence.model.transformer import hf_state_dict
 
     if cfg.model.checkpoint:
         model_cfg = ModelConfig.from_hf_dict(checkpoint_config(cfg))

@@ -29,8 +29,9 @@ from cadence.launch.build import (
 )
 from cadence.launch.threads import rollout_threads, use_threads
 from cadence.model.checkpoint import load_checkpoint
+from cadence.model.hf_state import hf_state_dict, load_hf_state_dict
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
+from cadence.model.transformer import Transformer
 from cadence.monitor.evaluation import eval_episodes, eval_figures
 from cadence.rollout.results import GroupSamples
 from cadence.tasks.heldout import eval_prompts, held_out

@@ -28,7 +28,8 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from cadence.model.config import ModelConfig
-from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
+from cadence.model.hf_state import hf_state_dict, load_hf_state_dict
+from cadence.model.transformer import Transformer
 from cadence.wire.buffer import Buffer
 
 CONFIG_FILE = "config.json"

@@ -26,12 +26,13 @@ from torch import Tensor
 from cadence.model.compiled_step import Compiler, StepRunner
 from cadence.model.decode_loop import DecodeLoop, LoopStats
 from cadence.model.decode_step import weights_first_here
+from cadence.model.hf_state import load_hf_state_dict, share_hf_state_dict
 from cadence.model.invariance import least_rows, product_shapes
 from cadence.model.lora import LoraLinear
 from cadence.model.prefill import Prefill
 from cadence.model.slots import LENGTH_STEP, WIDTH_STEP, SlotCache, cache_bytes, cache_dtype, step_rows
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer, load_hf_state_dict, mark_rows, share_hf_state_dict
+from cadence.model.transformer import Transformer, mark_rows
 from cadence.ops.packing import shared_trunk
 
 log = structlog.get_logger()

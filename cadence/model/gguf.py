@@ -40,7 +40,8 @@ def import_gguf(gguf: Path, out: Path) -> Path:
 
     from cadence.model.checkpoint import save_checkpoint
     from cadence.model.config import ModelConfig
-    from cadence.model.transformer import Transformer, load_hf_state_dict
+    from cadence.model.hf_state import load_hf_state_dict
+    from cadence.model.transformer import Transformer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from cadence.model.hf_state import hf_state_dict
 from cadence.model.invariance import linear_rows
-from cadence.model.transformer import Linear, Transformer, hf_state_dict
+from cadence.model.transformer import Linear, Transformer
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_PARTS = (".lora_A.weight", ".lora_B.weight")

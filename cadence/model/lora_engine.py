@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 
 from cadence.model.engine import Completion, GroupEnded, JoiningGroups, StoppedGroups
+from cadence.model.hf_state import hf_state_dict
 from cadence.model.lora import LoraSpec, adapter_pairs, apply_lora, merge_adapters
 from cadence.model.lora_files import read_adapter_bytes
 from cadence.model.lora_flat import FlatAdapters
 from cadence.model.rollout_engine import TorchRolloutEngine
-from cadence.model.transformer import hf_state_dict
 from cadence.wire.buffer import Buffer
 
 APPLY = ("merge", "step")

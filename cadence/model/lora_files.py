@@ -175,8 +175,8 @@ def merge_folder(adapter_dir: Path, base_dir: Path | None, out: Path) -> Path:
     (`base_dir`, else the folder its adapter_config.json names): a checkpoint folder with the base's
     config, its other files (tokenizer, …) copied, and the merged weights in the base's dtype."""
     from cadence.model.checkpoint import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint
+    from cadence.model.hf_state import hf_state_dict
     from cadence.model.lora import merge_adapters
-    from cadence.model.transformer import hf_state_dict
 
     adapters, spec, config = read_peft(adapter_dir)
     named = config.get("base_model_name_or_path")

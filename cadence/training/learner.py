@@ -39,8 +39,9 @@ from torch import Tensor
 
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.model.config import ModelConfig
+from cadence.model.hf_state import hf_state_dict, load_hf_state_dict
 from cadence.model.tokenizer import TextTokenizer
-from cadence.model.transformer import Transformer, hf_state_dict, load_hf_state_dict
+from cadence.model.transformer import Transformer
 from cadence.ops.clipping import normalise_and_clip
 from cadence.ops.correction import CorrectionRule, correction_sums
 from cadence.ops.distinct import distinct_samples

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from cadence.model.transformer import EMBED_KEY, TIED_HEAD_KEY
+from cadence.model.hf_state import EMBED_KEY, TIED_HEAD_KEY
 from cadence.training.collectives import Collectives
 from cadence.training.learner import TorchLearner, TrainGroup
 

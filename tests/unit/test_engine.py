@@ -13,8 +13,9 @@ from cadence.model.checkpoint import state_dict_from_bytes, state_dict_to_bytes,
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
+from cadence.model.hf_state import hf_state_dict, share_hf_state_dict
 from cadence.model.rollout_engine import TorchRolloutEngine
-from cadence.model.transformer import hf_state_dict, init_model, share_hf_state_dict
+from cadence.model.transformer import init_model
 from cadence.transport.buffers import BufferPool
 
 CFG = ModelConfig(

@@ -18,6 +18,7 @@ from cadence.launch.evaluate import merged_model
 from cadence.model.checkpoint import tensors_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import SamplingParams, TorchEngine
+from cadence.model.hf_state import hf_state_dict, load_hf_state_dict
 from cadence.model.lora import (
     LoraLinear,
     LoraSpec,
@@ -32,7 +33,7 @@ from cadence.model.lora_files import adapter_bytes, read_adapter_bytes, read_pef
 from cadence.model.lora_flat import FlatAdapters
 from cadence.model.rollout_engine import TorchRolloutEngine
 from cadence.model.tokenizer import CharTokenizer
-from cadence.model.transformer import Transformer, hf_state_dict, init_model, load_hf_state_dict
+from cadence.model.transformer import Transformer, init_model
 from cadence.training.learner import TorchLearner, TrainGroup
 from cadence.training.lora_learner import LoraLearner
 from tests.unit.test_prefix import CONFIGS, make_groups

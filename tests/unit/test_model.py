@@ -16,8 +16,9 @@ from cadence.model.checkpoint import (
     state_dict_to_bytes,
 )
 from cadence.model.config import ModelConfig
+from cadence.model.hf_state import load_hf_state_dict
 from cadence.model.tokenizer import CharTokenizer
-from cadence.model.transformer import KVCache, init_model, load_hf_state_dict
+from cadence.model.transformer import KVCache, init_model
 
 CFG = ModelConfig(
     vocab_size=23, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64

@@ -19,7 +19,8 @@ from cadence.launch.build import make_model, make_tokenizer
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.config import ModelConfig
 from cadence.model.engine import Completion, SamplingParams
-from cadence.model.transformer import Transformer, hf_state_dict
+from cadence.model.hf_state import hf_state_dict
+from cadence.model.transformer import Transformer
 from cadence.model.vllm_engine import VllmEngine
 from tests.vllm.helpers import VLLM_MARKS, module_engine
 

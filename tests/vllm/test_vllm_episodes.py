@@ -19,8 +19,9 @@ from cadence.launch.build import make_model, make_tokenizer, vocab_limit
 from cadence.launch.settings import group_bounds
 from cadence.model.checkpoint import state_dict_to_bytes
 from cadence.model.engine import sample_seed
+from cadence.model.hf_state import hf_state_dict
 from cadence.model.rollout_engine import TurnEngine
-from cadence.model.transformer import Transformer, hf_state_dict
+from cadence.model.transformer import Transformer
 from cadence.model.turns import ChatTurns
 from cadence.model.vllm_engine import VllmEngine
 from cadence.transport.inproc import InprocNetwork, InprocServer

@@ -10,7 +10,7 @@ import pytest
 
 from cadence.config import RunConfig, load_config
 from cadence.launch.build import make_model, make_tokenizer
-from cadence.model.transformer import hf_state_dict
+from cadence.model.hf_state import hf_state_dict
 from cadence.model.vllm_engine import VllmEngine
 from tests.vllm.helpers import VLLM_MARKS, module_engine
 from tests.vllm.test_vllm_engine import SEEDS, SHAPE, prompt, random_model, teacher_forced
