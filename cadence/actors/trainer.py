@@ -128,6 +128,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.run_record = run
         self.consumed: dict[int, set[int]] = {}
+        self._unstaged = False  # the learner said once why it cannot stage (then it is not asked again)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -265,6 +266,7 @@ class Trainer:
         self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
         self.batches.open(alone=self.settings.mode == "sync")
+        await self._stage(period)  # the version this period's step makes, while the workers begin
         selection = self.settings.selection(period)
         kept: asyncio.Queue[GroupResult | None] = asyncio.Queue()
         training = None
@@ -369,6 +371,21 @@ class Trainer:
             log.warning("stale_dropped", peer=env.sender, version=msg.version, current=period)
             return None
         return msg
+
+    async def _stage(self, period: int) -> None:
+        """While the workers begin `period`: the parameters moved into the buffer of the version its
+        step makes (training/staging.py), so that the publish copies nothing; one line says why not
+        where the learner cannot (arrivals wait in their queue meanwhile)."""
+        stage = getattr(self.learner, "stage", None)
+        if stage is None or self._unstaged:
+            return
+        begin = self.clock()
+        problem = await self.batches.compute(stage, self.alloc, self.settings.publish_dtype)
+        if problem is not None:
+            self._unstaged = True
+            log.info("versions_not_staged", reason=problem)
+        else:
+            log.debug("version_staged", version=period + 1, stage_s=round(self.clock() - begin, 4))
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:

@@ -48,6 +48,7 @@ from cadence.ops.distinct import distinct_samples
 from cadence.ops.losses import OBJECTIVES, objective_loss_sum
 from cadence.ops.mismatch import add_sums, mismatch_sums
 from cadence.training.policy_pass import PolicyPass, policy_pass
+from cadence.training.staging import VersionStage, stage_problem
 from cadence.training.state import read_state, write_checkpoint, write_state
 from cadence.training.step_figures import summarise
 from cadence.training.train_group import TrainGroup, logprob_rows, sampled_tokens
@@ -147,6 +148,7 @@ class TorchLearner:
         # a token ratio beyond [1/bound, bound] counts (ops/mismatch.py); None: the gap is not measured
         self.mismatch_bound = mismatch_bound
         self._sums: dict[str, float] = {}
+        self.versions = VersionStage()  # the next version's buffer, the parameters in it (staging.py)
 
     def trainable(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer moves (all of them, or only adapters: lora_learner.py)."""
@@ -274,6 +276,7 @@ class TorchLearner:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         norm = self._normalise_and_clip(normaliser)
+        self.versions.make_own(self.model)  # never written where the workers read a version
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         info = summarise(self._sums, normaliser)
@@ -289,7 +292,21 @@ class TorchLearner:
         return normalise_and_clip(grads, normaliser, self.max_grad_norm)
 
     def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
-        return tensors_to_bytes(self.tensors(), alloc, dtype)
+        """The version's bytes: the staged buffer the parameters live in (`stage`; nothing copied),
+        else serialised into `alloc`'s."""
+        staged = self.versions.take(dtype)
+        return staged if staged is not None else tensors_to_bytes(self.tensors(), alloc, dtype)
+
+    def stage(self, alloc: Callable[[int], Buffer], dtype: str | None = None) -> str | None:
+        """Move the parameters into `alloc`'s buffer laid out as the next version in `dtype`, so that
+        `weights(dtype)` after the step hands it out with no copy (training/staging.py); why it cannot
+        (None: staged)."""
+        problem = (
+            "the weights are sharded over the ranks" if self.sharded else stage_problem(self.model, dtype)
+        )
+        if problem is None:
+            self.versions.stage(self.model, alloc, dtype)
+        return problem
 
     def tensors(self) -> dict[str, Tensor]:
         return hf_state_dict(self.model)
@@ -302,6 +319,7 @@ class TorchLearner:
         """Replace the policy's weights (HF-named) and AdamW's state; clear gradients and statistics."""
         if weights is None or optimizer is None:
             raise ValueError("one rank's learner loads the whole state")
+        self.versions.forget(self.model)  # the parameters out of any buffer handed out, first
         with torch.no_grad():
             load_hf_state_dict(self.model, weights)
         self.optimizer.load_state_dict(optimizer)

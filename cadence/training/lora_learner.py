@@ -76,6 +76,10 @@ class LoraLearner(TorchLearner):
             self._adapters = adapter_tensors(self.model)
         return self._adapters
 
+    def stage(self, alloc: Callable[[int], Buffer], dtype: str | None = None) -> str | None:
+        """Nothing is staged: a version is the adapters alone, one concatenation of a kept layout."""
+        return "a LoRA version is written from its kept layout"
+
     def weights(self, alloc: Callable[[int], Buffer] = bytearray, dtype: str | None = None) -> bytes | Buffer:
         """A version: the adapters' bytes (`adapter_bytes`), through a layout kept while they are the
         same tensors and dtype: each version is then one concatenation into `alloc`'s buffer, with

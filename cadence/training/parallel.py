@@ -90,6 +90,12 @@ class DistributedLearner:
             return self.local.weights(alloc, dtype)
         return tensors_to_bytes(self.tensors(), alloc, dtype)
 
+    def stage(self, alloc: Callable[[int], Buffer], dtype: str | None = None) -> str | None:
+        """Rank 0's parameters into the next version's buffer (`TorchLearner.stage`); the other ranks'
+        stay where they are."""
+        with self._lock:
+            return self.local.stage(alloc, dtype)
+
     def tensors(self) -> Mapping[str, Tensor]:
         """The policy's weights; sharded, gathered from every rank once a version."""
         if not self.local.sharded:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import torch
 from safetensors.torch import load_file
 
@@ -26,18 +27,24 @@ from cadence.launch.build import make_engine, make_group_maker, make_learner, ma
 from cadence.launch.settings import dispatcher_settings, liveness, session, trainer_settings, worker_settings
 from cadence.monitor.run_dir import RunRecorder, read_jsonl
 from cadence.tasks.registry import make_task
+from cadence.training.learner import Learner, TorchLearner
 from cadence.training.resume import RunRecord, ask_for_checkpoint, checkpoint_asked, find_resume
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.weights import WeightStore
+from cadence.wire.buffer import Buffer
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.timeout(120)
 
 
 async def run_inproc(
-    cfg: RunConfig, out: Path, beside: Callable[[Dispatcher], Awaitable[None]] | None = None
+    cfg: RunConfig,
+    out: Path,
+    beside: Callable[[Dispatcher], Awaitable[None]] | None = None,
+    learner: Learner | None = None,
 ) -> dict[str, Any]:
-    """The run's summary; `beside`, run alongside the actors, is handed the dispatcher."""
+    """The run's summary; `beside`, run alongside the actors, is handed the dispatcher; `learner`:
+    the trainer's (else the config's)."""
     net = InprocNetwork(run=cfg.run_id)
     tokenizer = make_tokenizer(cfg)
     task = make_task(cfg.task, cfg.seed)
@@ -58,7 +65,7 @@ async def run_inproc(
         trainer_settings(cfg, tokenizer.vocab_size),
         net.bind("trainer", "inproc://t"),
         session(cfg, net.connect("trainer", "inproc://d"), "trainer", time.time, "inproc://t"),
-        make_learner(cfg, tokenizer),
+        learner or make_learner(cfg, tokenizer),
         publisher.publish,
         time.time,
         out / "checkpoints",
@@ -106,6 +113,35 @@ async def test_sync_and_periodic_generate_the_same_tokens_and_weights(tmp_path: 
     moved = max(float((p_w[k] - initial[k]).abs().max()) for k in p_w)
     assert moved > 1e-4  # training changed the weights, so equal weights mean equal training
     assert s_sum["weights_sha256"] and p_sum["weights_sha256"]
+
+
+class Unstaged(TorchLearner):
+    """A learner that serialises every version (nothing staged)."""
+
+    def stage(self, alloc: Callable[[int], Buffer], dtype: str | None = None) -> str | None:
+        return "not in this run"
+
+
+async def test_a_run_whose_versions_are_staged_equals_one_that_serialises_each(tmp_path: Path) -> None:
+    """The trainer moves the parameters into each next version's buffer while the workers begin: the
+    same tokens, the same versions, the same final weights, bit for bit."""
+    cfg = tiny_config("periods=4", "transport.liveness=100", "trainer.steps_per_period=2")
+    tokenizer = make_tokenizer(cfg)
+    staged = make_learner(cfg, tokenizer)
+    plain = make_learner(cfg, tokenizer)
+    assert isinstance(staged, TorchLearner) and type(plain) is TorchLearner
+    plain.__class__ = Unstaged
+    with structlog.testing.capture_logs() as logs:
+        await run_inproc(cfg, tmp_path / "staged", learner=staged)
+    assert [e["version"] for e in logs if e["event"] == "version_staged"] == [1, 2, 3, 4]
+    assert staged.versions.moves == 0
+    with structlog.testing.capture_logs() as logs:
+        await run_inproc(cfg, tmp_path / "plain", learner=plain)
+    assert [e["event"] for e in logs].count("versions_not_staged") == 1
+    rows = {run: read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("staged", "plain")}
+    assert [r["samples_sha256"] for r in rows["staged"]] == [r["samples_sha256"] for r in rows["plain"]]
+    final = {run: (tmp_path / run / "checkpoints/final/model.safetensors").read_bytes() for run in rows}
+    assert final["staged"] == final["plain"]
 
 
 OVERSAMPLED = (

@@ -24,6 +24,7 @@ from cadence.launch.build import make_engine, make_learner, make_tokenizer
 from cadence.launch.settings import publish_dtype, worker_settings
 from cadence.model.lora_engine import LoraRolloutEngine
 from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
+from cadence.training.learner import Learner
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
@@ -201,3 +202,38 @@ async def test_a_buffer_the_host_has_no_memory_for_stops_sharing_and_is_the_pool
         assert isinstance(buffer, bytearray) and len(buffer) == 1 << 20
         assert r.publisher.shared is None
         assert [e["event"] for e in logs].count("shared_memory_failed") == 1
+
+
+def _noise_step(learners: list[Learner], seed: int) -> None:
+    """The same step of every learner: one gradient of noise."""
+    for learner in learners:
+        noise = torch.Generator().manual_seed(seed)
+        for p in learner.model.parameters():  # type: ignore[attr-defined]
+            p.grad = torch.randn(p.shape, generator=noise)
+        learner.step(1.0)
+
+
+async def test_a_staged_version_is_stepped_in_its_slot_and_never_written_once_offered(
+    network: InprocNetwork,
+) -> None:
+    """As the trainer does: the parameters moved into a slot while the workers begin, the step taken
+    there, the slot offered as it is; the worker computes with it while the learner moves on."""
+    async with rig(network) as r:
+        shared, dtype = r.publisher.shared, publish_dtype(CFG)
+        assert shared is not None
+        staged, plain = make_learner(CFG, make_tokenizer(CFG)), make_learner(CFG, make_tokenizer(CFG))
+        offered: list[tuple[mmap.mmap, bytes]] = []
+        for version in (2, 3, 4):
+            assert staged.stage(r.publisher.buffer, dtype) is None  # type: ignore[attr-defined]
+            _noise_step([staged, plain], version)
+            data = staged.weights(r.publisher.buffer, dtype)
+            assert isinstance(data, mmap.mmap) and bytes(data) == bytes(plain.weights(dtype=dtype))
+            await r.publisher.publish(version, data)
+            assert next(s for s in shared._slots if s.version == version).view is data  # no copy
+            assert (await r.weights.fetch_and_load(r.client, version))[0] == "shm"
+            offered.append((data, bytes(data)))
+            assert all(bytes(slot) == kept for slot, kept in offered)  # none written since offered
+        assert staged.versions.moves == 0  # type: ignore[attr-defined]
+        reference = make_engine(CFG, make_tokenizer(CFG))
+        reference.load(plain.weights(dtype=dtype))
+        assert r.engine.generate([1, 2, 3], [7, 8]) == reference.generate([1, 2, 3], [7, 8])
