@@ -28,6 +28,7 @@ from typing import Any
 
 from cadence.config import ConfigError, RunConfig, TransportConfig, load_config, to_dict
 from cadence.launch.secret import make_run_secret
+from cadence.launch.threads import openmp_waits
 from cadence.launch.torchrun import die_with_parent, free_port, torchrun
 from cadence.monitor.progress import Progress
 from cadence.monitor.run_dir import truncate_metrics, write_json
@@ -171,11 +172,7 @@ def launch(
     again = ["--resume"] if resume else []
     base = [sys.executable, "-m", "cadence"]
     common = ["--config", str(config_path), "--out", str(out), "--log-level", "warning"]
-    # PASSIVE: a thread waiting at an OpenMP barrier sleeps instead of spinning on a core that a busy
-    # peer (a worker, the trainer's other threads) needs; spinning made two threads beside one busy
-    # process several times slower than one (launch/threads.py)
-    passive = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **passive}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **openmp_waits(os.environ)}
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(name: str, args: list[str], ranks: int = 1) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cadence.config import ConfigError, load_config
-from cadence.launch.threads import host_cores, rollout_threads, trainer_threads
+from cadence.launch.threads import SPIN_COUNT, host_cores, openmp_waits, rollout_threads, trainer_threads
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,11 @@ def test_explicit_budgets_are_kept_whatever_the_host() -> None:
 def test_a_negative_budget_is_named(key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(None, [f"{key}=-1"])
+
+
+def test_every_actor_waits_passively_after_a_short_spin_unless_the_user_says_otherwise() -> None:
+    assert openmp_waits({}) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert 0 < SPIN_COUNT < 300_000  # briefer than GNU OpenMP's default spin, longer than none
+    mine = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0", "OTHER": "x"}
+    assert openmp_waits(mine) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"}
+    assert openmp_waits({"GOMP_SPINCOUNT": "5"})["OMP_WAIT_POLICY"] == "PASSIVE"
