@@ -130,7 +130,7 @@ class RolloutConfig:
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"
         " workers and the trainer's ranks that `cadence run` starts (at least one), the same in both"
-        " modes (a decode step's many small ops run slower on two threads than on one)",
+        " modes (so both generate with the same arithmetic)",
         AUTOMATIC_THREADS,
     )
 

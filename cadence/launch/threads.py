@@ -3,8 +3,8 @@
 ```
  cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
  worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes
-                                                              (a decode step's many small ops run slower
-                                                              on two threads than on one here)
+                                                              (its arithmetic, which the thread count
+                                                              can change, then too)
  trainer rank:  trainer.threads, or
    sync         max(1, C // R)                                workers idle while it trains
    periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
