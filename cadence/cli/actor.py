@@ -8,6 +8,8 @@ exits 2 with its message; once the actor runs, its exit status is the actor's (0
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,9 @@ def add(sub: Subparsers) -> None:
 
 
 def actor_handler(args: argparse.Namespace) -> int:
+    from cadence.launch.threads import wait_as_launched
+
+    wait_as_launched(os.environ, sys.modules)  # before torch loads OpenMP (launch/threads.py)
     from cadence.config import load_config
     from cadence.launch import processes
     from cadence.log import LogStream, configure_logging

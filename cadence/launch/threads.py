@@ -31,7 +31,7 @@ mode, so both modes generate with the same arithmetic.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from cadence.config import RunConfig
 
@@ -83,6 +83,17 @@ def openmp_waits(environ: Mapping[str, str]) -> dict[str, str]:
         "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", str(SPIN_COUNT)),
     }
+
+
+def wait_as_launched(environ: MutableMapping[str, str], modules: Mapping[str, object]) -> bool:
+    """An actor's process started otherwise than by `cadence run` (by hand, by a Slurm task) gets the
+    launcher's waits (`openmp_waits`) where the user's environment does not set them: written into
+    `environ` before OpenMP is loaded (it reads them once, when torch's libraries load); False when
+    `modules` (sys.modules) holds torch already and nothing was written."""
+    if "torch" in modules:
+        return False
+    environ.update(openmp_waits(environ))
+    return True
 
 
 def use_threads(threads: int) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from cadence.config import ConfigError, load_config
-from cadence.launch.threads import SPIN_COUNT, host_cores, openmp_waits, rollout_threads, trainer_threads
+from cadence.launch.threads import (
+    SPIN_COUNT,
+    host_cores,
+    openmp_waits,
+    rollout_threads,
+    trainer_threads,
+    wait_as_launched,
+)
 
 
 @pytest.mark.parametrize(
@@ -52,3 +59,11 @@ def test_every_actor_waits_passively_after_a_short_spin_unless_the_user_says_oth
     mine = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0", "OTHER": "x"}
     assert openmp_waits(mine) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"}
     assert openmp_waits({"GOMP_SPINCOUNT": "5"})["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_an_actor_started_by_hand_waits_as_a_launched_one_unless_torch_is_loaded() -> None:
+    environ = {"GOMP_SPINCOUNT": "7"}
+    assert wait_as_launched(environ, {}) is True
+    assert environ == {"GOMP_SPINCOUNT": "7", "OMP_WAIT_POLICY": "PASSIVE"}
+    late: dict[str, str] = {}
+    assert wait_as_launched(late, {"torch": object()}) is False and late == {}
