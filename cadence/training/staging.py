@@ -40,12 +40,13 @@ class _Stage:
 def stage_problem(model: Transformer, dtype: str | None) -> str | None:
     """Why `model`'s weights cannot be its version's bytes as they are (None: they can)."""
     kind = getattr(torch, dtype) if dtype is not None else None
-    for name, tensor in hf_state_dict(model).items():
+    state = hf_state_dict(model)
+    for name, tensor in state.items():
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             return f"{name} is not a contiguous tensor on the CPU"
         if kind is not None and tensor.is_floating_point() and tensor.dtype != kind:
             return f"{name} is {tensor.dtype}, versions are published in {kind}"
-    if set(hf_state_dict(model)) != {name for name, _ in model.named_parameters()}:
+    if set(state) != {name for name, _ in model.named_parameters()}:
         return "the state's tensors are not exactly the parameters"
     return None
 
@@ -62,7 +63,7 @@ class VersionStage:
         writes (call `stage_problem` first)."""
         with torch.no_grad():
             buffer = write_safetensors(tensors_layout(hf_state_dict(model), dtype), alloc)
-            share_hf_state_dict(model, state_dict_from_bytes(buffer))  # type: ignore[arg-type]
+            share_hf_state_dict(model, state_dict_from_bytes(buffer))
         self._stage = _Stage(buffer, dtype)
 
     def take(self, dtype: str | None) -> Buffer | None:
