@@ -11,7 +11,8 @@
 #   generate     `cadence bench generate` on the GPU: the built-in engine eager and compiled (CUDA
 #                graphs) and transformers' generate, SmolLM2, 32-512 rows, bf16 and float32, 256 new
 #                tokens, every sample its whole limit (--full-length: the engines the same work; a
-#                JSON line a case in bench.log)
+#                JSON line a case in bench.log; the summary line says, for each case, whether the
+#                compiled engine drew the eager one's samples to the bit)
 #   learner      `cadence bench learner` on the GPU: SmolLM2's 30 blocks at 4 096 and 16 384 tokens a
 #                micro-batch, dense mask against blocks and blocks recomputed (device peak memory)
 #   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)

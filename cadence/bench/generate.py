@@ -11,7 +11,9 @@ tokens/s compares the engines alone. Each case runs in a
 process of its own (its peak memory its own, no compiled code shared), the engines of a case one after
 another, every other round in reverse order. A case's figures: tokens/s over the timed calls (after one
 untimed call, which compiles what the engine compiles), ms a decode step, time to the first token,
-peak resident memory (and device memory on a GPU), and the seconds the warm-up took.
+peak resident memory (and device memory on a GPU), and the seconds the warm-up took; the built-in
+engine's also the identity of its last call's samples (`samples_sha`, tokens and log-probs to the
+bit), and the summary line whether the compiled engine drew the eager one's (`compiled_equals_eager`).
 
 Invariant: every engine of a case reads the same prompt ids and makes as many samples a prompt; the
 built-in engine's eager and compiled runs are the same engine with its step compiled or not.
@@ -20,6 +22,7 @@ built-in engine's eager and compiled runs are the same engine with its step comp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import resource
@@ -109,6 +112,7 @@ def _builtin(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> di
         steps += len(engine.last_call.steps)
         first += engine.last_call.first_token_s
     return {
+        "samples_sha": samples_sha([[(c.tokens, c.logprobs) for c in g] for g in out]),
         "tokens": tokens,
         "seconds": seconds,
         "ms_a_step": 1000 * (seconds - first) / max(steps, 1),
@@ -116,6 +120,23 @@ def _builtin(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> di
         "warm_up_s": warm,
         "compiled": engine.runner.compiled,
     }
+
+
+def samples_sha(samples: list[list[tuple[list[int], list[float]]]]) -> str:
+    """The identity of a call's samples, each one's tokens and log-probs to the bit: the built-in
+    engine eager and compiled give one, with the same seeds, when they compute the same bits."""
+    return hashlib.sha256(json.dumps(samples).encode()).hexdigest()[:16]
+
+
+def compiled_alike(lines: list[dict[str, Any]]) -> dict[str, bool]:
+    """For each (model, rows, dtype, new tokens) run both eager and compiled: whether the two drew the
+    same samples to the bit (``samples_sha``)."""
+    seen: dict[str, dict[str, str]] = {}
+    for line in lines:
+        if "samples_sha" in line:
+            key = f"{line['model']}/{line['rows']}/{line['dtype']}/{line['new_tokens']}"
+            seen.setdefault(key, {})[line["engine"]] = line["samples_sha"]
+    return {k: v["eager"] == v["compiled"] for k, v in seen.items() if {"eager", "compiled"} <= v.keys()}
 
 
 def _transformers(case: Case, prompts: list[list[int]], eos: int, folder: Path) -> dict[str, Any]:
@@ -242,7 +263,12 @@ def bench_generate(
     if as_json:
         print(
             json.dumps(
-                {"cases": len(lines), "load_average_before": load, "load_average_after": os.getloadavg()}
+                {
+                    "cases": len(lines),
+                    "compiled_equals_eager": compiled_alike(lines),
+                    "load_average_before": load,
+                    "load_average_after": os.getloadavg(),
+                }
             )
         )
     return 0

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cadence.model.exact_ops import cos_sin, norm, softmax
 from cadence.model.invariance import by_chunks
 from cadence.model.lora import LoraLinear
-from cadence.model.rope import rope_cos_sin
 from cadence.model.transformer import MLP, DecoderLayer, Linear, Transformer, rotate_half
 
 
@@ -46,36 +46,69 @@ def decode_step(
     the float32 products as W·xᵀ (``project``; what ``weights_first_here`` says for this process);
     ``by_rows``: the attention of each row alike whatever the batch (``attend``)."""
     b = tokens.shape[0]
-    cfg = model.cfg
-    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    # the step's rows are slots: a layer's slice of them is [:b] whole. Said before the layers, so
+    # that a count this bound fixes (2 rows of 2 slots) is fixed before a layer's region is traced
+    torch._check(b <= keys[0].shape[0])
     rows = torch.arange(b, device=tokens.device).unsqueeze(1)  # [B, 1]
-    kv = torch.arange(kv_heads, device=tokens.device).unsqueeze(0)  # [1, KV]
+    kv = torch.arange(model.cfg.num_kv_heads, device=tokens.device).unsqueeze(0)  # [1, KV]
     at = write_at.unsqueeze(1)  # [B, 1]
     x = model.model.embed_tokens(tokens).unsqueeze(1)  # [B, 1, H]
-    cos, sin = rope_cos_sin(model.inv_freq, positions.unsqueeze(1), x.dtype)  # [B, 1, 1, D]
+    cos, sin = cos_sin(model.inv_freq, positions.unsqueeze(1), x.dtype)  # [B, 1, 1, D]
     span = torch.arange(width, device=tokens.device)
     seen = (span.unsqueeze(0) <= positions.unsqueeze(1)).view(b, 1, 1, width)
+    for i, layer in enumerate(model.model.layers):
+        x = layer_step(
+            cast(DecoderLayer, layer),
+            x,
+            keys[i],
+            values[i],
+            cos,
+            sin,
+            (rows, kv, at),
+            seen,
+            weights_first,
+            by_rows,
+        )
+    return project(model.lm_head, norm(model.model.norm, x), weights_first)[:, 0].float().contiguous()
+
+
+@torch.compiler.nested_compile_region
+def layer_step(
+    layer: DecoderLayer,
+    x: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    where: tuple[Tensor, Tensor, Tensor],
+    seen: Tensor,
+    weights_first: bool,
+    by_rows: bool,
+) -> Tensor:
+    """One layer of the step: ``x`` [B, 1, H] after it, the layer's keys and values of the step
+    written into its slots at ``where`` (rows, kv heads, positions). A nested compile region: a
+    compiled step traces and compiles it once and stamps it out for every layer (SmolLM2's 30: a
+    compile of seconds, not of the minutes a step unrolled over its layers took)."""
+    attn = layer.self_attn
+    b, width = x.shape[0], seen.shape[-1]
+    heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
+    h = norm(layer.input_layernorm, x)
+    q = project(attn.q_proj, h, weights_first).contiguous().view(b, 1, heads, head_dim)
+    k = project(attn.k_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim)
+    if attn.q_norm is not None and attn.k_norm is not None:
+        q, k = norm(attn.q_norm, q), norm(attn.k_norm, k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    v = project(attn.v_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    held = keys.dtype  # the model's, or float32 for a 16-bit model on the CPU (slots.cache_dtype)
+    keys.index_put_(where, k[:, :, 0].to(held))
+    values.index_put_(where, v[:, :, 0].to(held))
     grouped = kv_heads != heads
-    for i, module in enumerate(model.model.layers):
-        layer = cast(DecoderLayer, module)
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = project(attn.q_proj, h, weights_first).contiguous().view(b, 1, heads, head_dim)
-        k = project(attn.k_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim)
-        if attn.q_norm is not None and attn.k_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = project(attn.v_proj, h, weights_first).contiguous().view(b, 1, kv_heads, head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        held = keys[i].dtype  # the model's, or float32 for a 16-bit model on the CPU (slots.cache_dtype)
-        keys[i].index_put_((rows, kv, at), k[:, :, 0].to(held))
-        values[i].index_put_((rows, kv, at), v[:, :, 0].to(held))
-        out = attend(q.to(held), keys[i][:b, :, :width], values[i][:b, :, :width], seen, grouped, by_rows)
-        out = out.to(x.dtype)
-        x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
-        x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x), weights_first)
-    return project(model.lm_head, model.model.norm(x), weights_first)[:, 0].float().contiguous()
+    out = attend(q.to(held), keys[:b, :, :width], values[:b, :, :width], seen, grouped, by_rows)
+    out = out.to(x.dtype)
+    x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
+    return x + _mlp(layer.mlp, norm(layer.post_attention_layernorm, x), weights_first)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, seen: Tensor, grouped: bool, by_rows: bool = True) -> Tensor:
@@ -89,7 +122,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, seen: Tensor, grouped: bool, by_rows
     b, heads, _, dim = q.shape
     kv = k.shape[1]
     scores = torch.matmul(q.reshape(b, kv, heads // kv, dim), k.transpose(-1, -2)) * dim**-0.5
-    weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    weights = softmax(scores.masked_fill(~seen, float("-inf")))
     return torch.matmul(weights, v).reshape(b, heads, 1, dim)
 
 
@@ -123,7 +156,7 @@ def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
     ):
         return linear(x)
     assert isinstance(linear, nn.Linear)
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x.reshape(-1, x.shape[-1]).contiguous()  # rows in order, as the probe's: a compiled step's too
     weight = linear.weight
     out = by_chunks(lambda rows: torch.mm(weight, rows.t()).t(), flat, getattr(linear, "least_first", 0))
     if linear.bias is not None:

@@ -189,14 +189,17 @@ def test_bench_strangers_counts_every_forged_group_refused_undecoded(
 
 
 def test_bench_generate_full_length_gives_every_engine_the_same_work() -> None:
-    """The tiny model, the built-in engine beside transformers: with ``--full-length`` each makes
-    every sample its whole limit, so both count rows x limit tokens."""
+    """The tiny model, the built-in engine eager and compiled beside transformers: with
+    ``--full-length`` each makes every sample its whole limit, so all count rows x limit tokens; the
+    compiled engine drew the eager one's samples to the bit, and the summary says so."""
     args = ["--models", "tiny", "--rows", "8", "--dtypes", "float32", "--new-tokens", "6", "--repeats", "1"]
-    lines = cadence("bench", "generate", "--json", *args, "--gen-engines", "eager,transformers",
+    lines = cadence("bench", "generate", "--json", *args, "--gen-engines", "eager,compiled,transformers",
                     "--full-length").stdout.strip().splitlines()  # fmt: skip
     cases = [json.loads(line) for line in lines[:-1]]
-    assert [c["engine"] for c in cases] == ["eager", "transformers"]
+    assert [c["engine"] for c in cases] == ["eager", "compiled", "transformers"]
     for case in cases:
         assert "error" not in case, case
         assert case["full_length"] and case["tokens"] == 8 * 6 and case["tokens_per_s"] > 0
-    assert json.loads(lines[-1])["cases"] == 2
+    assert cases[1]["compiled"] and cases[1]["warm_up_s"] > 0
+    summary = json.loads(lines[-1])
+    assert summary["cases"] == 3 and summary["compiled_equals_eager"] == {"tiny/8/float32/6": True}

@@ -161,12 +161,21 @@ def test_reading_back_every_few_steps_changes_no_sample_and_no_order(readback: i
     assert sorted(told_few) == sorted(told_every)
 
 
-def test_the_compiled_step_samples_what_the_eager_one_does() -> None:
+@pytest.mark.parametrize(
+    ("cfg", "dtype"),
+    [(CFG, torch.float32), (dataclasses.replace(CFG, num_layers=3, family="qwen3"), torch.bfloat16)],
+    ids=["float32", "bfloat16-qk-norm"],
+)
+def test_the_compiled_step_samples_what_the_eager_one_does(cfg: ModelConfig, dtype: torch.dtype) -> None:
+    """Bit for bit: the same tokens and the same log-probs. The norms, softmax and rotary cos/sin
+    stay ATen's inside the compiled step (exact_ops), its products get the eager step's operand
+    layout, 16-bit values are rounded where eager rounds them, and one layer's compiled region serves
+    every layer."""
     params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95)
-    eager = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=2)
-    compiled = TorchEngine(init_model(CFG, seed=8), eos_id=EOS, rows=2, compiled=True)
+    eager = TorchEngine(init_model(cfg, seed=8), eos_id=EOS, rows=2, dtype=dtype)
+    compiled = TorchEngine(init_model(cfg, seed=8), eos_id=EOS, rows=2, dtype=dtype, compiled=True)
     assert compiled.warm_up(length=64) > 0.0 and compiled.runner.compiled
-    _same(compiled.generate_many(_groups(), params), eager.generate_many(_groups(), params))
+    _same(compiled.generate_many(_groups(), params), eager.generate_many(_groups(), params), tol=0.0)
     assert compiled.runner.compiled  # no fallback was taken
 
 
