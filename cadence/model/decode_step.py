@@ -126,11 +126,20 @@ def attend(q: Tensor, k: Tensor, v: Tensor, seen: Tensor, grouped: bool, by_rows
     return torch.matmul(weights, v).reshape(b, heads, 1, dim)
 
 
-def weights_first_here(device: torch.device) -> bool:
-    """Whether a step on ``device`` in this process computes its float32 products as W·xᵀ: on the CPU
-    with two threads or more (``project`` says why). Read by the caller, outside a compiled step: the
-    thread count is fixed by the config, never by a timing, so two runs of one config compute alike."""
-    return device.type == "cpu" and torch.get_num_threads() >= 2
+WEIGHTS_FIRST_CPUS = frozenset({"AVX2"})
+"""The CPUs (``torch.backends.cpu.get_cpu_capability()``) whose MKL runs a step's float32 products
+faster as W·xᵀ: an AMD EPYC with AVX2 (1.16-1.43x whole calls at 8 rows). On an Intel Xeon with
+AVX-512 it was the other way round at every row count (x·Wᵀ 1.07-1.11x whole calls, 8 to 32 rows)."""
+
+
+def weights_first_here(device: torch.device, capability: str | None = None) -> bool:
+    """Whether a step on ``device`` in this process computes its float32 products as W·xᵀ: on a CPU
+    of ``WEIGHTS_FIRST_CPUS`` (``capability``: this one's) with two threads or more (``project``
+    says why). Read by the caller, outside a compiled step: the CPU and the thread count, never a
+    timing, so two runs of one config on one host compute alike."""
+    if device.type != "cpu" or torch.get_num_threads() < 2:
+        return False
+    return (capability or torch.backends.cpu.get_cpu_capability()) in WEIGHTS_FIRST_CPUS
 
 
 def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
@@ -141,7 +150,8 @@ def project(linear: nn.Module, x: Tensor, weights_first: bool = True) -> Tensor:
     step's few rows and two threads, MKL runs that product 1.2 to 2.2x faster than x·Wᵀ
     (``F.linear``) when the weights stream from memory, as a decode step's do (SmolLM2's 211 products
     of a step, 1 to 96 rows, AMD EPYC AVX2); with one thread it is up to 1.4x slower, in bfloat16
-    slower too, and a GPU's kernels do not care. Anything else (not ``weights_first``, another dtype
+    slower too, on an Intel Xeon with AVX-512 slower (``WEIGHTS_FIRST_CPUS``), and a GPU's kernels
+    do not care. Anything else (not ``weights_first``, another dtype
     or device, a wrapper other than an adapter's ``LoraLinear``, whose base goes so and its low-rank
     product is added as its forward adds it, a module with hooks) is called as it is. A module the
     engine marked (``transformer.mark_rows``) computes more rows than the probe's by chunks

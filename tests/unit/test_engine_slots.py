@@ -13,6 +13,8 @@ import structlog
 import torch
 from torch import Tensor
 
+from cadence.model import compiled_step
+from cadence.model import engine as engine_module
 from cadence.model.config import ModelConfig
 from cadence.model.decode_step import decode_step, project, weights_first_here
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
@@ -124,12 +126,15 @@ def test_a_projection_as_w_times_x_equals_the_modules_own(bias: bool) -> None:
         assert torch.equal(project(half, x.bfloat16()), half(x.bfloat16()))
         assert torch.equal(project(linear.float(), x, weights_first=False), linear.float()(x))
     threads = torch.get_num_threads()
+    cpu = torch.device("cpu")
     try:
-        assert weights_first_here(torch.device("cpu")) == (threads >= 2)
         torch.set_num_threads(1)  # one thread: x·Wᵀ is the faster there
-        assert not weights_first_here(torch.device("cpu"))
+        assert not weights_first_here(cpu, "AVX2")
         torch.set_num_threads(2)
-        assert weights_first_here(torch.device("cpu")) and not weights_first_here(torch.device("meta"))
+        assert weights_first_here(cpu, "AVX2") and not weights_first_here(torch.device("meta"), "AVX2")
+        assert not weights_first_here(cpu, "AVX512")  # an Intel Xeon's MKL: x·Wᵀ the faster
+        here = torch.backends.cpu.get_cpu_capability()
+        assert weights_first_here(cpu) == (here == "AVX2")
     finally:
         torch.set_num_threads(threads)
 
@@ -162,15 +167,26 @@ def test_reading_back_every_few_steps_changes_no_sample_and_no_order(readback: i
 
 
 @pytest.mark.parametrize(
-    ("cfg", "dtype"),
-    [(CFG, torch.float32), (dataclasses.replace(CFG, num_layers=3, family="qwen3"), torch.bfloat16)],
-    ids=["float32", "bfloat16-qk-norm"],
+    ("cfg", "dtype", "weights_first"),
+    [
+        (CFG, torch.float32, True),
+        (CFG, torch.float32, False),
+        (dataclasses.replace(CFG, num_layers=3, family="qwen3"), torch.bfloat16, False),
+    ],
+    ids=["float32-w-x", "float32-x-w", "bfloat16-qk-norm"],
 )
-def test_the_compiled_step_samples_what_the_eager_one_does(cfg: ModelConfig, dtype: torch.dtype) -> None:
-    """Bit for bit: the same tokens and the same log-probs. The norms, softmax and rotary cos/sin
-    stay ATen's inside the compiled step (exact_ops), its products get the eager step's operand
-    layout, 16-bit values are rounded where eager rounds them, and one layer's compiled region serves
-    every layer."""
+def test_the_compiled_step_samples_what_the_eager_one_does(
+    cfg: ModelConfig, dtype: torch.dtype, weights_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bit for bit: the same tokens and the same log-probs, the products as W·xᵀ or as x·Wᵀ
+    (whichever this CPU takes, both asked for here). The norms, softmax and rotary cos/sin stay
+    ATen's inside the compiled step (exact_ops), its products get the eager step's operand layout,
+    16-bit values are rounded where eager rounds them, and one layer's compiled region serves every
+    layer."""
+    for module in (compiled_step, engine_module):
+        monkeypatch.setattr(
+            module, "weights_first_here", lambda device: weights_first and device.type == "cpu"
+        )
     params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95)
     eager = TorchEngine(init_model(cfg, seed=8), eos_id=EOS, rows=2, dtype=dtype)
     compiled = TorchEngine(init_model(cfg, seed=8), eos_id=EOS, rows=2, dtype=dtype, compiled=True)
