@@ -54,11 +54,11 @@ import structlog
 
 from cadence.dispatch.checks import message_problem
 from cadence.dispatch.core import DispatchCore, Hold, Worker
+from cadence.dispatch.losses import PeerLosses
 from cadence.dispatch.period_row import period_row
 from cadence.dispatch.roster import (
     Peer,
     Registrations,
-    WorkerWait,
     introductions,
     joined,
     same_session,
@@ -137,12 +137,22 @@ class Dispatcher:
         self.peers: dict[bytes, Peer] = {}
         self.registrations = Registrations(clock=clock)  # new routes' registrations: rate-limited
         server.admission.known = self.peers.__contains__  # only a registered route's large frames
-        self.reassigned = 0
-        self.lost: list[str] = []
+        self.losses = PeerLosses(
+            self.peers, self.core, liveness, clock, s.on_trainer_loss == "wait", s.wait_for_workers_s
+        )
         self.done = asyncio.Event()
         self.failure: str | None = None
         self._outbox: list[tuple[bytes, Message]] = []
-        self.worker_wait = WorkerWait(settings.wait_for_workers_s)
+
+    @property
+    def reassigned(self) -> int:
+        """Prompts given back to the queue from a worker lost or too slow."""
+        return self.losses.reassigned
+
+    @property
+    def lost(self) -> list[str]:
+        """The workers lost, in order."""
+        return self.losses.lost
 
     # ------------------------------------------------------------------ life
 
@@ -200,11 +210,10 @@ class Dispatcher:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.liveness.interval_s)
-            # the trainer first: when its process dies, the publisher it hosts goes silent with it
-            for name, silent in sorted(self.liveness.expired(), key=lambda e: self._role(e[0]) != "trainer"):
-                self._lost(name, silent)
-            self._check_workers()
-            self._expire()
+            self._fail(self.losses.lose_silent())
+            self._fail(self.losses.check_workers())
+            if self.losses.expire():
+                self._assign()
             for peer in list(self.peers):
                 await self.server.send(peer, Heartbeat("dispatcher"))
             await self._flush()
@@ -284,8 +293,13 @@ class Dispatcher:
     def _disk_full(self, exc: DiskFull) -> None:
         """The run folder's disk is full: the run fails, naming it."""
         log.error("disk_full", error=str(exc))
-        self.failure = self.failure or str(exc)
-        self.done.set()
+        self._fail(str(exc))
+
+    def _fail(self, failure: str | None) -> None:
+        """The run ends with `failure` (None: it goes on); the first failure is the one it names."""
+        if failure is not None:
+            self.failure = self.failure or failure
+            self.done.set()
 
     def _finish(self) -> None:
         """End the run once the trainer is done and the final eval round (if any) is recorded."""
@@ -333,70 +347,7 @@ class Dispatcher:
         self.core.announce(msg.version, self.clock())
 
     def _lost(self, name: str, silent_s: float, reason: str = "silent") -> None:
-        peer = next((k for k, p in self.peers.items() if p.name == name), None)
-        if peer is None:
-            return
-        info = self.peers.pop(peer)
-        self.liveness.forget(name)
-        if info.role != "rollout" and self.settings.on_trainer_loss == "wait":
-            self._await_trainer(info, silent_s, reason)
-            return
-        if info.role != "rollout":
-            who = name if name == info.role else f"{info.role} {name}"
-            self.failure = self.failure or f"{who} lost ({reason} for {silent_s:.1f}s)"  # the first says why
-            log.error("peer_lost", peer=name, role=info.role, silent_s=round(silent_s, 2), reason=reason)
-            self.done.set()
-            return
-        back = self.core.leave(peer)
-        self.reassigned += back
-        self.lost.append(name)
-        log.warning("worker_lost", peer=name, silent_s=round(silent_s, 2), reason=reason, requeued=back)
-
-    def _expire(self) -> None:
-        """Give another worker what a worker has held past the hold (it may be stuck, or hoarding)."""
-        deadlines = {route: round(self.core.deadline(route), 1) for route in self.core.credits}
-        expired = self.core.expire(self.clock())
-        for route, ids in expired.items():
-            holder = self.peers[route].name if route in self.peers else "a worker gone"
-            deadline = deadlines.get(route, round(self.core.hold.deadline(), 1))
-            log.warning(
-                "assignment_expired", peer=holder, period=self.core.period, prompt_ids=ids, held_s=deadline
-            )
-            self.reassigned += len(ids)
-        if expired:
-            self._assign()
-
-    def _role(self, name: str) -> str:
-        return next((p.role for p in self.peers.values() if p.name == name), "")
-
-    def _check_workers(self) -> None:
-        """Say so when prompts wait and no rollout worker is left, and when one is back; fail the run
-        when none has come for `wait_for_workers_s`."""
-        workers = sum(1 for p in self.peers.values() if p.role == "rollout")
-        core = self.core
-        failure = self.worker_wait.check(
-            workers, core.waiting, self.clock(), core.period, core.ledger.queued, self.lost
-        )
-        if failure is not None:
-            self.failure = self.failure or failure
-            self.done.set()
-
-    def _await_trainer(self, info: Peer, silent_s: float, reason: str) -> None:
-        """A trainer (or its publisher) is gone but can come back from its resume checkpoint: hold
-        every worker until both are there again (a fresh Welcome); a new trainer's first version
-        names the period that starts over."""
-        if info.role == "trainer":
-            self.core.trainer_lost()
-        for p in self.peers.values():
-            p.welcomed = p.welcomed and p.role != "rollout"
-        log.warning(
-            "trainer_lost_waiting",
-            peer=info.name,
-            role=info.role,
-            silent_s=round(silent_s, 2),
-            reason=reason,
-            period=self.core.period,
-        )
+        self._fail(self.losses.lose(name, silent_s, reason))
 
     # ------------------------------------------------------------------ sending
 
