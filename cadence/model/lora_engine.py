@@ -56,9 +56,13 @@ class LoraRolloutEngine:
             apply_lora(model, spec, seed=0)  # A's draw is replaced by the first version's
             model.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
         # the engine's own tensors, in its dtype and device: the base's never written (a merge assigns
-        # new ones, a step-mode load copies the adapters into the model's own)
+        # new ones, a step-mode load copies the adapters into the model's own). A compiled engine's
+        # load copies a merge into the model's own tensors (its graphs read them where they are): its
+        # base is then a copy of its own, else the second version would merge onto the first
+        copied = engine.engine.runner.compiled and apply == "merge"
         self.base_state = {
-            k: t.detach().clone() if ".lora_" in k else t.detach() for k, t in hf_state_dict(model).items()
+            k: t.detach().clone() if ".lora_" in k or copied else t.detach()
+            for k, t in hf_state_dict(model).items()
         }
         self._merged: dict[str, Tensor] = {}  # each target's merged weight, written again each version
         self._adapters: dict[str, Tensor] | None = None  # step mode: the model's own A and B, by name

@@ -225,6 +225,27 @@ def test_zero_adapters_leave_the_first_versions_samples_unchanged(apply: str) ->
     assert lora.generate(prompt, seeds) == plain.generate(prompt, seeds, params)
 
 
+@pytest.mark.parametrize("apply", ["merge", "step"])
+def test_a_compiled_step_samples_what_the_eager_one_does_version_after_version(apply: str) -> None:
+    """Adapters merged into the base or applied in the step: the compiled engine draws the eager
+    one's samples bit for bit, for a version and for the next one loaded into the same tensors."""
+    learner = lora_learner()
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+
+    def make(compiled: bool) -> LoraRolloutEngine:
+        inner = TorchEngine(init_model(CONFIGS["qwen3"], 5), eos_id=2, compiled=compiled)
+        return LoraRolloutEngine(TorchRolloutEngine(inner, params), SPEC, "b0", apply)
+
+    eager, compiled = make(False), make(True)
+    for _ in range(2):
+        learner.train_groups(batch())
+        learner.step(normaliser=10.0)
+        for engine in (eager, compiled):
+            engine.load(bytearray(learner.weights()))
+        assert compiled.generate([1, 5, 9, 4], [3, 4, 5]) == eager.generate([1, 5, 9, 4], [3, 4, 5])
+    assert compiled.inner.engine.runner.compiled  # no fallback was taken
+
+
 def test_the_engine_merges_each_version_from_the_base_not_the_last_one() -> None:
     learner = lora_learner()
     learner.train_groups(batch())
