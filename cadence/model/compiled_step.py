@@ -85,9 +85,7 @@ class StepRunner:
         fresh = shape not in self._shapes
         if fresh:
             for cache in (*keys, *values):  # allocated once an engine: its sizes are constants
-                torch._dynamo.mark_static(cache)
-                if cache.is_cuda:  # written in place by every replay of a CUDA graph: one address
-                    torch._dynamo.mark_static_address(cache)
+                torch._dynamo.mark_static(cache)  # (on a GPU, TorchEngine.allocate fixed its address)
         begin = time.perf_counter()
         try:
             # no size taken as another's because they happen to be equal once (rows as kv heads);
