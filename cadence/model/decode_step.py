@@ -11,7 +11,7 @@ that is read: a padded or ended row changes no other row's result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -22,6 +22,11 @@ from cadence.model.exact_ops import cos_sin, norm, softmax
 from cadence.model.invariance import by_chunks
 from cadence.model.lora import LoraLinear
 from cadence.model.transformer import MLP, DecoderLayer, Linear, Transformer, rotate_half
+
+# a torch without nested compile regions (before 2.8) compiles the step unrolled over its layers
+_region: Callable[[Callable[..., Tensor]], Callable[..., Tensor]] = getattr(
+    torch.compiler, "nested_compile_region", lambda fn: fn
+)
 
 
 def decode_step(
@@ -72,7 +77,7 @@ def decode_step(
     return project(model.lm_head, norm(model.model.norm, x), weights_first)[:, 0].float().contiguous()
 
 
-@torch.compiler.nested_compile_region
+@_region
 def layer_step(
     layer: DecoderLayer,
     x: Tensor,
