@@ -69,11 +69,11 @@ class RolloutConfig:
         "continuous batching across a worker's assignments (the built-in engine, single-turn groups): the"
         " batches of the version it decodes that come meanwhile join the running call, and a credit goes"
         " back as each group leaves; off: a batch's credits go back once it is done. Samples are the same"
-        " either way, but with it on the order groups reach the trainer, and so the float order of its"
-        " sums, depends on timing: auto is on when the run starts more than one worker (whose groups"
-        " interleave by timing anyway) and off with one, which then trains the same weights bit for bit"
-        " with trainer.micro_batch_tokens = 0 (else the micro-batches of what has arrived depend on"
-        " timing too)",
+        " either way, but with it on the order groups reach the trainer depends on timing, which in"
+        " sampling.order = 'arrival' is the float order of its sums: auto is on when the run starts more"
+        " than one worker (whose groups interleave by timing anyway) or trains in prompt order (where"
+        " the order they come in changes nothing), and off with one worker in arrival order, which then"
+        " trains the same weights bit for bit with trainer.micro_batch_tokens = 0",
     )
     hold_s: float = doc(
         0.0,

@@ -50,9 +50,13 @@ class SamplingConfig:
     )
     order: Literal["arrival", "prompt"] = doc(
         "arrival",
-        "which groups are kept: arrival (the first B kept groups to arrive: fastest, favours prompts"
-        " whose groups end early) or prompt (the first B kept in prompt order: a group is trained once"
-        " every earlier prompt is resolved; deterministic, sync and periodic give the same weights)",
+        "which groups are kept, and the order they are trained in: arrival (the first B kept groups to"
+        " arrive, trained as they come, together with whatever came while the trainer was busy: fastest,"
+        " favours prompts whose groups end early, and two runs part in their last bits, then in their"
+        " samples) or prompt (the first B kept in prompt order, with or without over-sampling: a group is"
+        " trained once every earlier prompt is resolved, the micro-batches cut by"
+        " trainer.micro_batch_tokens and the step's share alone; a run is reproducible bit for bit"
+        " whatever the workers and their timing, and sync and periodic give the same weights)",
     )
 
     @property

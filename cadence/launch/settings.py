@@ -138,11 +138,11 @@ def group_bounds(cfg: RunConfig, vocab_size: int) -> GroupBounds:
 
 
 def selection_rule(cfg: RunConfig) -> SelectionRule:
-    """Which of a period's groups the trainer trains (`[sampling]`; a user's filter imported now, so
-    a name that does not load fails the start)."""
+    """Which of a period's groups the trainer trains, and in which order (`[sampling]`; a user's filter
+    imported now, so a name that does not load fails the start)."""
     s = cfg.sampling
     if not s.on:
-        return SelectionRule()
+        return SelectionRule(order=s.order)
     stream = s.issued_at_most(cfg.task.prompts_per_period)
     return SelectionRule(stream, s.order, Filters.of(s.filters, s.reward_range))
 
@@ -189,7 +189,8 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         threads=rollout_threads(cfg),
         host=socket.gethostname(),
         share_weights=cfg.weights.share_on_host,
-        join=cfg.rollout.join == "on" or (cfg.rollout.join == "auto" and cfg.rollout.workers > 1),
+        join=cfg.rollout.join == "on"
+        or (cfg.rollout.join == "auto" and (cfg.rollout.workers > 1 or cfg.sampling.order == "prompt")),
     )
 
 

@@ -186,6 +186,35 @@ async def test_over_sampled_sync_and_periodic_in_prompt_order_train_the_same_gro
     assert diff <= 1e-5
 
 
+@pytest.mark.parametrize("budget", [4096, 40], ids=["one-micro-batch", "several"])
+async def test_in_prompt_order_two_workers_sync_and_periodic_end_bit_for_bit_alike(
+    tmp_path: Path, budget: int
+) -> None:
+    """`sampling.order = 'prompt'`: whichever worker sends a group first, the trainer takes the groups
+    in prompt order and cuts its micro-batches by the budget alone, so sync and periodic (each with two
+    workers racing) train the same micro-batches: the same tokens and the same weights, to the bit."""
+    finals, rows = {}, {}
+    for mode in ("sync", "periodic"):
+        cfg = tiny_config(
+            f"mode={mode}",
+            "periods=4",
+            "rollout.workers=2",
+            "task.prompts_per_period=8",
+            "sampling.order='prompt'",
+            f"trainer.micro_batch_tokens={budget}",
+            "transport.liveness=100",
+        )
+        await run_inproc(cfg, tmp_path / mode)
+        rows[mode] = read_jsonl(tmp_path / mode / "metrics.jsonl")
+        finals[mode] = (tmp_path / mode / "checkpoints/final/model.safetensors").read_bytes()
+    assert [r["samples_sha256"] for r in rows["sync"]] == [r["samples_sha256"] for r in rows["periodic"]]
+    assert all(r["groups"] == 8 for r in rows["sync"] + rows["periodic"])
+    assert max(r["workers_active"] for r in rows["periodic"]) == 2
+    if budget == 40:  # the budget cut the periods' groups into several micro-batches
+        assert all(r["micro_batches"] > 1 for r in rows["periodic"])
+    assert finals["sync"] == finals["periodic"]
+
+
 async def test_two_workers_share_the_work_and_every_group_is_trained_once(tmp_path: Path) -> None:
     cfg = tiny_config("rollout.workers=2", "periods=3", "task.prompts_per_period=6", "transport.liveness=100")
     summary = await run_inproc(cfg, tmp_path)

@@ -15,6 +15,7 @@ from cadence.config import ConfigError, load_config
 from cadence.dispatch.core import DispatchCore, Worker
 from cadence.dispatch.ledger import Ledger, State
 from cadence.dispatch.rounds import EvalRounds
+from cadence.launch.settings import trainer_settings, worker_settings
 from cadence.training.filters import Filters, GroupOutcome, load_filter, reward_range, zero_variance
 from cadence.training.selection import Selection
 from cadence.wire.messages import EpisodeFigures, GroupResult
@@ -189,6 +190,33 @@ def test_a_period_whose_stream_is_resolved_short_of_b_closes_short() -> None:
     for i, rewards in enumerate([(1, 1), (0, 1), (0, 0), (1, 1)]):
         pick.arrive(group(0, 4, i, *rewards))
     assert pick.closed and pick.short and pick.kept == 1 and pick.resolved == 4
+
+
+def test_prompt_order_without_over_sampling_trains_a_periods_b_groups_in_prompt_order() -> None:
+    """`sampling.order = 'prompt'` alone (no over-sampling, no filter): the B groups of a period are
+    still handed to training in prompt order, whatever the order they come in (a reproducible run)."""
+    for order, expected in (("prompt", [8, 9, 10, 11]), ("arrival", [10, 8, 11, 9])):
+        cfg = load_config(None, ["task.prompts_per_period=4", f"sampling.order={order!r}"])
+        pick = trainer_settings(cfg, 100).selection(2)
+        assert not cfg.sampling.on and pick.stream == 4
+        settled = [g.prompt_id for i in (2, 0, 3, 1) for g, _ in pick.arrive(group(2, 4, i, 1, 0))]
+        assert settled == expected and pick.closed and not pick.short
+
+
+@pytest.mark.parametrize(
+    ("settings", "joins"),
+    [
+        ([], False),  # one worker in arrival order: its groups' order is the trainer's float order
+        (["rollout.workers=2"], True),
+        (["sampling.order='prompt'"], True),  # the order groups come in changes nothing
+        (["sampling.order='prompt'", "rollout.join='off'"], False),
+        (["rollout.join='on'"], True),
+    ],
+)
+def test_continuous_batching_is_on_by_itself_where_the_order_of_arrival_changes_nothing(
+    settings: list[str], joins: bool
+) -> None:
+    assert worker_settings(load_config(None, ["rollout.workers=1", *settings])).join is joins
 
 
 def test_without_filters_a_selection_keeps_every_group_until_b() -> None:

@@ -24,9 +24,9 @@ def test_vllm_workers_learn_like_the_builtin_engine(tmp_path: Path) -> None:
     for worker in ("rollout-0", "rollout-1"):  # both workers served, each version loaded in place
         loaded = [e["version"] for e in events(vllm_out, worker) if e["event"] == "weights_loaded"]
         assert loaded and loaded == sorted(set(loaded)) and loaded[-1] >= periods - 5
-    # from a random start near 0.05 both reach about 0.75. Two runs of this config are not
-    # reproducible yet (they part after a few periods), and the built-in engine's last tenth measured
-    # 0.72-0.84 in ten runs and 0.39 in one: the bounds say both learn, with that spread's room
+    # from a random start near 0.05 both reach about 0.75. The config trains in prompt order, so each
+    # engine's run is the same run every time on a machine (measured: 0.780 vLLM, 0.7305 built-in, two
+    # runs each); in arrival order they parted, and one run in eleven ended at 0.39
     for s in (got, twin):
-        assert s["reward_mean_last"] - s["reward_mean_first"] > 0.3, (got, twin)
-    assert abs(got["reward_mean_last"] - twin["reward_mean_last"]) < 0.4, (got, twin)
+        assert s["reward_mean_last"] - s["reward_mean_first"] > 0.4, (got, twin)
+    assert abs(got["reward_mean_last"] - twin["reward_mean_last"]) < 0.25, (got, twin)
