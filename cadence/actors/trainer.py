@@ -348,13 +348,9 @@ class Trainer:
 
     async def _train_kept(self, kept: asyncio.Queue[GroupResult | None], stats: PeriodStats) -> None:
         """Periodic: train each kept group as it comes, together with whatever else is queued meanwhile
-        (up to the budget) and the rest of the worker's batch that ended with it, sent right behind.
-        In prompt order (`sampling.order`) the groups come in prompt order and only the budget and the
-        step's share cut the micro-batches, never the moment a group came: those of sync mode."""
-        by_arrival = self.settings.sampling.order == "arrival"
+        (up to the budget) and the rest of the worker's batch that ended with it, sent right behind."""
         while (group := await kept.get()) is not None:
-            idle = kept.empty() and group.following == 0
-            await self.batches.add(group, stats, flush=by_arrival and idle)
+            await self.batches.add(group, stats, flush=kept.empty() and group.following == 0)
 
     def _accept(self, period: int, env: Envelope, stats: PeriodStats) -> GroupResult | None:
         """The version rule: a group of this period's version, never seen before, or None."""

@@ -2,7 +2,8 @@
 
 ```
  add(group) ─► over the token budget with it? ─► what is held is trained first
-            ─► held ─► trained now if nothing else waits (`flush`) or the step's share of groups is in
+            ─► held ─► trained now if nothing else waits (`flush`, in arrival order only) or the
+                       step's share of groups is in
  train ─► one packed forward and backward of the held groups (summed loss: Steps.train)
        ─► B / steps_per_period groups trained since the last step (or the period closed: `last`)
           ─► Steps.step: normalise, clip, step ─► the step's figures to the period's stats
@@ -12,6 +13,8 @@
 Invariant: a kept group is trained once, in the micro-batch it was added to; a micro-batch is over the
 token budget only when it is one group; a step follows every B / steps_per_period groups trained, and
 a closed period short of B kept groups steps with those trained since its last step (none: no step).
+In prompt order (`sampling.order`) nothing that depends on timing cuts a micro-batch: periodic mode
+trains the micro-batches of sync mode, and a run its own every time.
 """
 
 from __future__ import annotations
@@ -60,14 +63,16 @@ class MicroBatches:
 
     async def add(self, msg: GroupResult, stats: PeriodStats, flush: bool) -> None:
         """Put a group in the micro-batch: trained when the token budget or the optimizer step's
-        share of groups would be exceeded, or when `flush` (nothing else is waiting)."""
+        share of groups would be exceeded, or when `flush` (nothing else is waiting: a fact of timing,
+        heeded in arrival order only)."""
         budget = self.settings.micro_batch_tokens
         size = group_tokens(msg)
         if self.micro and (budget == 0 or self.micro_tokens + size > budget):
             await self.flush(stats)
         self.micro.append(msg)
         self.micro_tokens += size
-        if flush or self.steps.groups + len(self.micro) >= self.settings.groups_per_step:
+        idle = flush and self.settings.sampling.order == "arrival"
+        if idle or self.steps.groups + len(self.micro) >= self.settings.groups_per_step:
             await self.flush(stats)
 
     async def flush(self, stats: PeriodStats, last: bool = False) -> None:
