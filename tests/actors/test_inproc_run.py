@@ -1,7 +1,8 @@
 """Every actor of a run in one event loop on in-process channels, with the real model and engine.
 
-Shows the central claim: with one rollout worker and the same seed, `sync` and `periodic` generate
-identical tokens and end with the same weights (up to floating-point summation order).
+Shows the central claim: with the same seed, `sync` and `periodic` generate identical tokens and end
+with the same weights (up to floating-point summation order; to the bit in prompt order, with any
+number of workers).
 """
 
 from __future__ import annotations
