@@ -141,6 +141,13 @@ class Publisher:
                 self._stop_sharing(err, version=None)
         return self.alloc(nbytes)
 
+    def computing(self, busy: bool) -> None:
+        """Tell the workers on this host whether the trainer computes now (from any thread): there
+        they may take the cores it leaves (`transport/activity.py`)."""
+        shared = self.shared
+        if shared is not None:
+            shared.activity.set(busy)
+
     def _share(self, version: int, data: Buffer | bytes) -> None:
         """Write `version` for the workers on this host too (no copy when `data` is the slot `buffer`
         gave); where the host has no memory left for it, stop sharing (one line): every worker pulls

@@ -78,6 +78,8 @@ class WorkerSettings:
     broadcast_timeout_s: float
     on_trainer_loss: Literal["fail", "wait"]
     threads: int = 0  # torch threads of its loads and generation (0: leave the process's count)
+    threads_alone: int = 0  # while the trainer waits, where its engine computes alike (0: `threads`)
+    trainer_beside: bool = False  # periodic: the trainer may compute meanwhile (its activity says when)
     host: str = ""  # this host's name: a publisher on it is pulled from through its ipc:// address
     share_weights: bool = False  # map the versions a publisher on this host shares (weights.share_on_host)
     join: bool = True  # batches join a running call, a credit back a group (rollout.join; the engine's too)
@@ -116,9 +118,7 @@ class RolloutWorker:
         self.queue: asyncio.Queue[Assignment] = asyncio.Queue()
         self._held_back: list[Assignment] = []  # taken from the queue for a batch it did not belong to
         self.welcome: Welcome | None = None
-        self.rejoin = (
-            asyncio.Event()
-        )  # set by every Welcome: (re)connect to the trainer and publisher it names
+        self.rejoin = asyncio.Event()  # set by every Welcome: (re)connect to the trainer and publisher
         self.newest_period = -1
         self.groups_sent = 0
         self.stopped: set[int] = set()  # periods the dispatcher closed (the newest few)

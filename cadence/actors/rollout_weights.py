@@ -9,8 +9,10 @@
                 possible: one shared_memory_fallback line, pulled from then on)
              ─► else pull (transport/weights.py: checked chunks; the publisher's ipc:// address on its
                 host) into a buffer of the pool ─► load ─► the buffer back to the pool
- turn(v)     ─► the engine to the calling thread alone, with the worker's thread budget; refused
-                unless v is loaded
+ turn(v)     ─► the engine to the calling thread alone, with the worker's thread budget (the cores
+                the trainer leaves while it waits, where the engine computes alike with them:
+                measured at the first computation; in periodic mode looked at again between two
+                decode steps, by the trainer's activity); refused unless v is loaded
 ```
 
 Invariant: one thread at a time computes on the engine; no version is loaded while a batch is made
@@ -30,8 +32,9 @@ import structlog
 
 from cadence.model.checkpoint import state_dict_from_bytes, state_nbytes
 from cadence.model.lora_engine import LoraRolloutEngine
-from cadence.model.rollout_engine import RolloutEngine, TorchRolloutEngine
+from cadence.model.rollout_engine import RolloutEngine, ThreadedEngine, TorchRolloutEngine
 from cadence.monitor.span import span
+from cadence.transport.activity import ActivityReader
 from cadence.transport.buffers import BufferPool
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
@@ -43,7 +46,7 @@ from cadence.transport.shared_memory import (
     sharing_problem,
 )
 from cadence.transport.weights import WeightError, pull_weights, query_weights
-from cadence.wire.messages import Assignment, Welcome
+from cadence.wire.messages import Assignment, SharedSlot, Welcome
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -121,6 +124,8 @@ class WorkerWeights:
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.shared = shared if shared is not None else shared_reader(settings.share_weights)
         self._mapped: Mapped | None = None  # the slot of the loaded version, when it was mapped
+        self._alike: bool | None = None  # its engine computes alike with both budgets (asked once)
+        self.activity: ActivityReader | None = None  # the trainer's on this host, read between steps
 
     async def pull(self, publisher: Client, version: int) -> bytearray:
         """The weights of `version`. When a lost trainer is waited for (`trainer.on_loss = "wait"`) and
@@ -137,9 +142,43 @@ class WorkerWeights:
             raise
 
     def _budget(self) -> None:
-        """Compute in the calling (worker) thread with the budget of the moment."""
+        """Compute in the calling (worker) thread with the budget of the moment (`threads_now`)."""
         if self.use_threads is not None and self.settings.threads > 0:
-            self.use_threads(self.settings.threads)
+            self.use_threads(self.threads_now(self.use_threads))
+
+    def threads_now(self, use_threads: Callable[[int], None]) -> int:
+        """`threads_alone` where the engine computes the same bits with it as with `threads` (measured
+        at the first computation) and the trainer waits: always in sync mode, in periodic mode while
+        the trainer's activity on this host says it computes nothing; `threads` otherwise."""
+        share, alone = self.settings.threads, self.settings.threads_alone
+        if alone <= share:
+            return share
+        if self._alike is None:
+            self._alike = self._probe(use_threads, share, alone)
+        if not self._alike:
+            return share
+        if not self.settings.trainer_beside:
+            return alone
+        activity = self.activity
+        return share if activity is None or activity.busy() else alone
+
+    def _probe(self, use_threads: Callable[[int], None], share: int, alone: int) -> bool:
+        use_threads(share)  # the probe leaves the calling thread's count as it found it
+        alike = isinstance(self.engine, ThreadedEngine) and self.engine.alike_at_threads(share, alone)
+        log.info("rollout_threads", share=share, alone=alone, alike=alike, when="trainer waits")
+        if alike and self.settings.trainer_beside and isinstance(self.engine, ThreadedEngine):
+            self.engine.pace = self._budget  # asked again between two decode steps
+        return alike
+
+    def _watch(self, slot: SharedSlot | None) -> None:
+        """Read the activity of the trainer whose publisher shares `slot` (a new one: reopened)."""
+        if slot is None or not self.settings.trainer_beside:
+            return
+        if self.activity is not None and self.activity.names(slot):
+            return
+        if self.activity is not None:
+            self.activity.close()
+        self.activity = ActivityReader.of(slot)
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -202,7 +241,9 @@ class WorkerWeights:
             self._no_sharing("the publisher does not share its versions")
             return None
         try:
-            return await asyncio.to_thread(reader.map, meta)
+            mapped = await asyncio.to_thread(reader.map, meta)
+            self._watch(meta.shared)
+            return mapped
         except SharingImpossible as err:
             self._no_sharing(str(err))
         except SharedError as err:

@@ -88,9 +88,8 @@ Publish = Callable[[int, bytes | Buffer], Awaitable[str]]
 class Trainer:
     """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `run`: what each
     resume checkpoint records of the run and a resume is checked against;
-    `use_threads(n)`: make the calling thread compute with n threads (settings' `threads` and
-    `threads_alone`), called in the worker thread before each computation; `alloc(nbytes)`: the
-    buffer a version's weights are serialised into (a `BufferPool`'s `take`)."""
+    `use_threads(n)`, `computing(busy)`: `MicroBatches`' (threads: settings' `threads` and
+    `threads_alone`); `alloc(nbytes)`: the buffer a version is serialised into (a pool's `take`)."""
 
     CHECKS: ClassVar[Mapping[type[Message], Callable[[Trainer, str, Any], tuple[str, str] | None]]]
     """The check of every message type its server takes: the problem, with the role the sender
@@ -112,6 +111,7 @@ class Trainer:
         resume: bool = False,
         use_threads: Callable[[int], None] | None = None,
         alloc: Callable[[int], Buffer] = bytearray,
+        computing: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
         self.alloc = alloc
@@ -121,7 +121,7 @@ class Trainer:
         self.session = session
         self.learner = learner
         self.steps = Steps(learner, settings.steps)
-        self.batches = MicroBatches(settings, self.steps, clock, use_threads)
+        self.batches = MicroBatches(settings, self.steps, clock, use_threads, computing)
         self.mismatch = MismatchWatch(settings.mismatch_warn_kl)
         self.publish = publish
         self.clock = clock

@@ -7,7 +7,9 @@
  train ─► one packed forward and backward of the held groups (summed loss: Steps.train)
        ─► B / steps_per_period groups trained since the last step (or the period closed: `last`)
           ─► Steps.step: normalise, clip, step ─► the step's figures to the period's stats
- compute(fn) ─► fn in a worker thread with `threads`, or `threads_alone` once no worker generates
+ compute(fn) ─► fn in a worker thread with `threads`, or `threads_alone` once no worker generates;
+               `computing(True)` before it, `computing(False)` after (the workers on this host
+               size their threads by it)
 ```
 
 Invariant: a kept group is trained once, in the micro-batch it was added to; a micro-batch is over the
@@ -38,7 +40,8 @@ T = TypeVar("T")
 
 class MicroBatches:
     """`steps`: the period's optimizer steps (the learner's side); `use_threads(n)`: make the calling
-    thread compute with n threads, called in the worker thread before each computation."""
+    thread compute with n threads, called in the worker thread before each computation;
+    `computing(busy)`: told True as each computation begins and False as it ends."""
 
     def __init__(
         self,
@@ -46,11 +49,13 @@ class MicroBatches:
         steps: Steps,
         clock: Callable[[], float],
         use_threads: Callable[[int], None] | None = None,
+        computing: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
         self.steps = steps
         self.clock = clock
         self.use_threads = use_threads
+        self.computing = computing
         self.alone = True  # no worker generates while this one computes (between periods, in sync)
         self.trained = 0  # groups of the current period trained so far
         self.micro: list[GroupResult] = []  # accepted groups not yet trained
@@ -105,6 +110,12 @@ class MicroBatches:
         def run() -> T:
             if self.use_threads is not None and threads > 0:
                 self.use_threads(threads)
-            return fn(*args)
+            if self.computing is None:
+                return fn(*args)
+            self.computing(True)
+            try:
+                return fn(*args)
+            finally:
+                self.computing(False)
 
         return await asyncio.to_thread(run)

@@ -73,9 +73,10 @@ def screen(facts: Facts, threads: Threads, config: str, found: list[Problem]) ->
 
 
 def _threads(t: Threads) -> str:
+    alone = f" ({t.rollout_alone} with the trainer waiting, if alike)" if t.rollout_alone != t.rollout else ""
     line = (
-        f"{t.workers} rollout workers of {t.rollout}, {t.ranks} trainer ranks of {t.trainer} while they"
-        f" generate and {t.trainer_alone} after"
+        f"{t.workers} rollout workers of {t.rollout}{alone}, {t.ranks} trainer ranks of {t.trainer} while"
+        f" they generate and {t.trainer_alone} after"
     )
     return line + (f" (automatic: {', '.join(f'{k} = 0' for k in t.automatic)})" if t.automatic else "")
 

@@ -33,7 +33,13 @@ from typing import Any, Literal
 
 from cadence.config import RunConfig
 from cadence.config.devices import BACKENDS, DEVICES
-from cadence.launch.threads import host_cores, rollout_threads, trainer_threads, trainer_threads_alone
+from cadence.launch.threads import (
+    host_cores,
+    rollout_threads,
+    rollout_threads_alone,
+    trainer_threads,
+    trainer_threads_alone,
+)
 
 OPTIONAL = ("vllm", "vllm_ascend", "tensorboard", "wandb", "reasoning_gym", "pyarrow")  # modules probed
 PIP_NAMES = {"vllm_ascend": "vllm-ascend", "reasoning_gym": "reasoning-gym", "torch_npu": "torch-npu"}
@@ -111,6 +117,7 @@ class Threads:
     cores: int
     workers: int
     rollout: int  # each worker's
+    rollout_alone: int  # each worker's while the trainer waits (sync), where its engine computes alike
     ranks: int
     trainer: int  # each trainer rank's while the workers generate
     trainer_alone: int  # once the period's last group is in
@@ -253,6 +260,7 @@ def thread_plan(cfg: RunConfig, cores: int) -> Threads:
         cores,
         cfg.rollout.workers,
         rollout_threads(cfg, cores),
+        rollout_threads_alone(cfg, cores),
         cfg.trainer.ranks,
         trainer_threads(cfg, cores),
         trainer_threads_alone(cfg, cores),

@@ -130,8 +130,11 @@ class RolloutConfig:
     threads: int = doc(
         0,
         "torch threads of each worker's engine; 0: automatic, this host's cores shared evenly between the"
-        " workers and the trainer's ranks that `cadence run` starts (at least one), the same in both"
-        " modes (so both generate with the same arithmetic)",
+        " workers and the trainer's ranks that `cadence run` starts (at least one), and the cores shared"
+        " by the workers alone while the trainer waits (sync mode: while they generate; periodic: while"
+        " the trainer's activity on their host says so), where the built-in engine computes the same"
+        " bits with both counts (measured at its first computation; else the share): both modes"
+        " generate with the same arithmetic",
         AUTOMATIC_THREADS,
     )
 

@@ -166,7 +166,7 @@ async def trainer_main(
             secret=secret,
             stream=stream,
         )
-        publish, alloc, jobs = _publish_function(
+        publish, alloc, jobs, computing = _publish_function(
             cfg, net, connect, publisher_address, learner, own.key, secret
         )
         trainer = Trainer(
@@ -182,6 +182,7 @@ async def trainer_main(
             resume=resume,
             use_threads=use_threads,
             alloc=alloc,
+            computing=computing,
         )
         await first_of(trainer.run(), *jobs)
     finally:
@@ -199,25 +200,26 @@ def _publish_function(
     learner: Learner,
     key: str,
     secret: str = "",
-) -> tuple[Publish, Callable[[int], Buffer], list[Coroutine[Any, Any, None]]]:
+) -> tuple[Publish, Callable[[int], Buffer], list[Coroutine[Any, Any, None]], Callable[[bool], None] | None]:
     """How the trainer publishes a version, and where it serialises one: to a publisher it hosts
     (whose loop is returned to run beside it), broadcasting the learner's tensors when it has a
     broadcaster, serialised into the publisher's `buffer` (shared memory, else a pool's); or
     uploaded in chunks to the publisher at `publisher_address`, with tickets made with the
     trainer's `key`, from a pool's buffer. A pool's buffer goes back once the hosted publisher lets
-    its version go, or once uploaded."""
+    its version go, or once uploaded. Last, where the trainer says whether it computes (a hosted
+    publisher's `computing`, read by the workers on its host)."""
     from cadence.transport.weights import upload_weights
 
     buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
     if publisher_address is None:
         publisher = _publisher(cfg, net, connect, buffers=buffers, secret=secret)
         if publisher.broadcaster is None:
-            return publisher.publish, publisher.buffer, [publisher.run()]
+            return publisher.publish, publisher.buffer, [publisher.run()], publisher.computing
 
         async def broadcast(version: int, data: bytes | Buffer) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
-        return broadcast, publisher.buffer, [publisher.run()]
+        return broadcast, publisher.buffer, [publisher.run()], publisher.computing
     if cfg.weights.transport != "zmq":
         raise ConfigError(
             f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
@@ -231,7 +233,7 @@ def _publish_function(
         buffers.give(data)
         return uploaded
 
-    return upload, buffers.take, []
+    return upload, buffers.take, [], None
 
 
 def follower_main(cfg: RunConfig, ranks: Ranks) -> int:

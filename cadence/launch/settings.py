@@ -18,6 +18,7 @@ from cadence.dispatch.settings import DispatcherSettings
 from cadence.launch.build import model_positions, version_figures
 from cadence.launch.threads import (
     rollout_threads,
+    rollout_threads_alone,
     trainer_threads,
     trainer_threads_alone,
 )
@@ -187,6 +188,8 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         broadcast_timeout_s=cfg.weights.broadcast_timeout_s,
         on_trainer_loss=cfg.trainer.on_loss,
         threads=rollout_threads(cfg),
+        threads_alone=rollout_threads_alone(cfg),
+        trainer_beside=cfg.mode == "periodic",
         host=socket.gethostname(),
         share_weights=cfg.weights.share_on_host,
         join=cfg.rollout.join == "on"

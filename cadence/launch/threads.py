@@ -3,8 +3,10 @@
 ```
  cores C of this host, W rollout workers, R trainer ranks (all started here by `cadence run`)
  worker:        rollout.threads, or max(1, C // (W + R))      an even share, the same in both modes
-                                                              (its arithmetic, which the thread count
-                                                              can change, then too)
+   alone        max(1, C // W) while the trainer waits        sync: all the while they generate;
+                (if its engine computes the same bits with    periodic: while the trainer's activity
+                both counts, measured at its first            on this host says it computes nothing,
+                computation; else the share)                  read between two decode steps
  trainer rank:  trainer.threads, or
    sync         max(1, C // R)                                workers idle while it trains
    periodic     max(1, (C - W × worker's) // R)               what the workers leave: never more
@@ -24,8 +26,9 @@ thread first spins briefly (`GOMP_SPINCOUNT`, `SPIN_COUNT` turns: a few microsec
 as fast as spinning when the cores are free, within 15 % of sleeping at once when one is not.
 
 Invariant: a budget is at least one thread and depends only on the config and the host's core count,
-so every process of a run on one host computes the same figures; a worker's does not depend on the
-mode, so both modes generate with the same arithmetic.
+so every process of a run on one host computes the same figures. A worker computes with the even
+share in both modes, or with its sync budget where its engine was measured to compute the same bits
+with both: either way both modes generate with the same arithmetic.
 """
 
 from __future__ import annotations
@@ -48,6 +51,18 @@ def rollout_threads(cfg: RunConfig, cores: int | None = None) -> int:
         return cfg.rollout.threads
     cores = host_cores() if cores is None else cores
     return max(1, cores // (cfg.rollout.workers + cfg.trainer.ranks))
+
+
+def rollout_threads_alone(cfg: RunConfig, cores: int | None = None) -> int:
+    """A worker's threads while no trainer rank computes: the host's cores shared by the workers
+    alone. In sync mode the trainer waits while they generate; in periodic mode a worker on the
+    trainer's host takes them while the trainer's activity says it waits (`transport/activity.py`),
+    its share otherwise. Taken only where the engine computes alike with both counts
+    (`model/thread_invariance.py`): SmolLM2's generation on two threads is 1.4-1.7x that on one."""
+    if cfg.rollout.threads > 0:
+        return cfg.rollout.threads
+    cores = host_cores() if cores is None else cores
+    return max(1, cores // cfg.rollout.workers)
 
 
 def trainer_threads(cfg: RunConfig, cores: int | None = None) -> int:

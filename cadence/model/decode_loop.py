@@ -83,11 +83,13 @@ class DecodeLoop:
         bucketed: bool = True,
         least: int = 1,
         limits: Sequence[int] | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> None:
         self.cache, self.prefill, self.step = cache, prefill, step
         self.prompts, self.sizes = prompts, list(sizes)
         self.eos, self.temperature, self.top_p = eos, temperature, top_p
         self.readback = max(1, readback)
+        self.pace = pace  # asked at every readback, in the generating thread (a worker's thread budget)
         self.bucket = functools.partial(step_rows, slots=cache.slots, least=least, bucketed=bucketed)
         device = cache.device
         n, steps = uniforms.shape
@@ -136,6 +138,8 @@ class DecodeLoop:
         while self.held or self.pending or self._joined(joins):
             if since >= self.readback or not self._may_run():
                 since = 0
+                if self.pace is not None:
+                    self.pace()
                 self._retire(told)
                 if stopped is not None and (self.held or self.pending) and self.open:
                     self._stop(stopped())

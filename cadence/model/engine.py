@@ -150,6 +150,7 @@ class TorchEngine:
         # a step of a few fixed shapes where it pays (compiled, a GPU's); eager on the CPU: the rows held
         self.buckets = buckets if buckets is not None else (self.runner.compiled or self.device.type != "cpu")
         self.last_call = LoopStats()  # what the last generate_many computed
+        self.pace: Callable[[], None] | None = None  # asked between decode steps (thread_invariance.py)
 
     def load_state_dict(self, state: Mapping[str, Tensor], share: bool = False) -> None:
         """Take HF-named weights (strict; a tied head may be absent), copied into the model's own
@@ -226,8 +227,7 @@ class TorchEngine:
     ) -> list[list[Completion]]:
         """For each (prompt, seeds), ``len(seeds)`` samples of the prompt, decoded together
         (``decode_loop.py``): each sample a row in a slot of the engine's cache, admitted as slots free
-        up (its prompt prefilled with the others admitted with it, ``Prefill.many``), one step a token
-        for every row held (a decode step reads every weight once, however many rows it has).
+        up (its prompt prefilled with the others admitted with it, ``Prefill.many``), one step a token.
 
         ``ended(i, completions)`` is told each group ``i`` (an index into ``groups``) as soon as
         every sample of it has ended, once, in the order the groups end (ties in index order; a group
@@ -266,6 +266,7 @@ class TorchEngine:
             bucketed=self.buckets,
             least=self._least_rows(weights_first_here(self.device)),
             limits=own,
+            pace=self.pace,
         )
         joins = None if joining is None else functools.partial(self._joins, joining, steps)
         done = loop.run(None if ended is None else functools.partial(_tell, ended), stopped, joins)

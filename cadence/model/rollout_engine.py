@@ -7,7 +7,7 @@ the worker decides which version that is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -22,6 +22,7 @@ from cadence.model.engine import (
     StoppedGroups,
     TorchEngine,
 )
+from cadence.model.thread_invariance import alike_at_threads
 from cadence.wire.buffer import Buffer
 
 
@@ -139,9 +140,20 @@ class JoiningEngine(RolloutEngine, Protocol):
         ...
 
 
+@runtime_checkable
+class ThreadedEngine(RolloutEngine, Protocol):
+    """An engine that can tell whether it computes the same bits with two thread counts (the built-in
+    one: `model/thread_invariance.py`); a worker takes more threads than its share only then."""
+
+    pace: Callable[[], None] | None
+    """Asked between two decode steps, in the generating thread (a worker sets its thread budget)."""
+
+    def alike_at_threads(self, a: int, b: int) -> bool: ...
+
+
 class TorchRolloutEngine:
-    """The built-in engine behind the worker's `RolloutEngine`, `TurnEngine`, `LimitedEngine` and
-    `JoiningEngine` interfaces."""
+    """The built-in engine behind the worker's `RolloutEngine`, `TurnEngine`, `LimitedEngine`,
+    `JoiningEngine` and `ThreadedEngine` interfaces."""
 
     joins = True
     limited = True
@@ -156,6 +168,17 @@ class TorchRolloutEngine:
 
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
         self.engine.load_state_dict(state)
+
+    def alike_at_threads(self, a: int, b: int) -> bool:
+        return alike_at_threads(self.engine, a, b)
+
+    @property
+    def pace(self) -> Callable[[], None] | None:
+        return self.engine.pace
+
+    @pace.setter
+    def pace(self, pace: Callable[[], None] | None) -> None:
+        self.engine.pace = pace
 
     def generate(self, prompt: list[int], seeds: list[int]) -> list[Completion]:
         return self.engine.generate(prompt, seeds, self.params)

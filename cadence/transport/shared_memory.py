@@ -36,6 +36,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from cadence.transport.activity import Activity
 from cadence.wire.digest import digest
 from cadence.wire.messages import SharedSlot, WeightMeta
 
@@ -110,6 +111,7 @@ class SharedVersions:
         self._taken: _Slot | None = None  # locked, being filled by the trainer
         self._lock = threading.Lock()
         self.reused = 0
+        self.activity = Activity(self.prefix)  # whether the trainer computes now, named in every slot
 
     def take(self, nbytes: int) -> mmap.mmap:
         """A slot of `nbytes` for the next version's bytes, to be filled and handed to `write` (which
@@ -138,14 +140,14 @@ class SharedVersions:
             fcntl.flock(slot.fd, fcntl.LOCK_UN)
             self._slots.append(slot)
             self._trim()
-            return SharedSlot(self.host, self.pid, slot.fd, slot.name)
+            return SharedSlot(self.host, self.pid, slot.fd, slot.name, self.activity.fd)
 
     def offer(self, version: int) -> SharedSlot | None:
         """Where `version` is, while it is one of the kept."""
         with self._lock:
             for slot in self._slots[-self.keep :] if self.keep else ():
                 if slot.version == version:
-                    return SharedSlot(self.host, self.pid, slot.fd, slot.name)
+                    return SharedSlot(self.host, self.pid, slot.fd, slot.name, self.activity.fd)
             return None
 
     def close(self) -> None:
@@ -155,6 +157,7 @@ class SharedVersions:
             for slot in self._slots:
                 slot.close()
             self._slots.clear()
+            self.activity.close()
 
     def _free_slot(self, nbytes: int) -> _Slot:
         """A slot of `nbytes` to this process alone (locked), out of the list: one holding no version

@@ -305,12 +305,14 @@ class WeightQuery(Message, tag="weight_query"):
 class SharedSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where a version lies in the publisher's memory (`cadence.transport.shared_memory`): the memfd
     open as `fd` in process `pid`, named `name`, reachable by a worker whose `host` identity (boot id,
-    network and pid namespaces) is this one."""
+    network and pid namespaces) is this one; `activity`: the descriptor of the trainer's activity
+    page in that process (`cadence.transport.activity`), None where it has none."""
 
     host: str
     pid: Count
     fd: Count
     name: str
+    activity: Count | None = None
 
 
 class WeightMeta(Message, tag="weight_meta"):

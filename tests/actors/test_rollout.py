@@ -52,7 +52,7 @@ async def test_worker_loads_the_named_version_and_pushes_scored_groups(network: 
     engine = make_engine(cfg, tokenizer)
     budgets: list[int] = []  # the threads each load and generation computed with, in order
     worker = RolloutWorker(
-        dataclasses.replace(worker_settings(cfg), threads=3),
+        dataclasses.replace(worker_settings(cfg), threads=3, threads_alone=3),
         "w0",
         session(cfg, network.connect("w0", "inproc://dispatcher"), "rollout", time.time),
         network.connect,

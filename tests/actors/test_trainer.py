@@ -56,6 +56,8 @@ class RecordingLearner:
         self.entered = threading.Event()  # set when a micro-batch is being trained
         self.threads: list[int] = []  # the budget each computation was given, in order
         self.budgets: list[tuple[str, int]] = []  # (what was computed, with how many threads)
+        self.activity: list[bool] = []  # what the trainer told the workers on its host, in order
+        self.busy: list[bool] = []  # whether it had said "computing" during each train and step
         self.dtypes: list[str | None] = []  # the dtype each version was asked in
         self.engine: list[list[list[float]] | None] = []  # each group's engine log-probs (not the old)
         self.gap: dict[str, float] = {}  # the engine-learner figures each step reports
@@ -63,11 +65,15 @@ class RecordingLearner:
     def use_threads(self, threads: int) -> None:
         self.threads.append(threads)
 
+    def computing(self, busy: bool) -> None:
+        self.activity.append(busy)
+
     def train_groups(self, groups: Sequence[TrainGroup]) -> dict[str, float]:
         self.entered.set()
         self.gate.wait(10)
         self.micro.append([g.rewards[0] for g in groups])
         self.budgets.append(("train", self.threads[-1]))
+        self.busy.append(self.activity[-1])
         for g in groups:
             self.calls.append(("train", g.rewards[0]))
             self.old.append(g.old_logprobs)
@@ -77,6 +83,7 @@ class RecordingLearner:
     def step(self, normaliser: float, lr: float | None = None) -> dict[str, float]:
         self.calls.append(("step", normaliser))
         self.budgets.append(("step", self.threads[-1]))
+        self.busy.append(self.activity[-1])
         self.rates.append(lr)
         figures = {} if lr is None else {"lr": lr, "entropy": 0.5 + len(self.rates), "clip_fraction": 0.25}
         return figures | self.gap
@@ -153,6 +160,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         RunRecord.of(cfg),
         samples=SampleWriter(tmp_path / "samples"),
         use_threads=learner.use_threads,
+        computing=learner.computing,
     )
     task = asyncio.create_task(trainer.run())
     worker = Worker(network.connect("w0", "inproc://trainer"), own.key)
@@ -214,6 +222,8 @@ async def test_the_trainer_takes_every_core_once_the_period_has_nothing_left_to_
         ("step", 2),
         ("weights", 2),
     ]
+    # the workers on its host were told it computes as each computation began, and that it waits after
+    assert learner.busy == [True] * 5 and learner.activity == [True, False] * (len(learner.activity) // 2)
     task.cancel()
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cadence.launch.threads import host_cores
 from cadence.monitor.run_dir import read_jsonl
 from tests.system.gate import GATE_ENV, GATE_SETTINGS
 from tests.system.helpers import SMALL, Launched, cadence, events, start_run, summary, wait_until
@@ -96,14 +97,17 @@ def test_logs_merge_every_actor_in_time_order(quick_run: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "precision"),
-    [("float32", "fp32"), ("bfloat16", "fp32"), ("float32", "bf16")],
-    ids=["fp32", "bf16-rollouts", "bf16-training"],
+    ("dtype", "precision", "workers"),
+    [("float32", "fp32", 2), ("bfloat16", "fp32", 2), ("float32", "bf16", 2), ("float32", "fp32", 1)],
+    ids=["fp32", "bf16-rollouts", "bf16-training", "one-worker"],
 )
-def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str, precision: str) -> None:
+def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str, precision: str, workers: int) -> None:
     """Two worker processes racing, in prompt order (`sampling.order`): the same tokens and the same
     final weights, to the bit. bfloat16 rollouts: the workers generate in it, and every version is
-    published in it; bf16 training: the trainer's forwards and backwards under bf16 autocast."""
+    published in it; bf16 training: the trainer's forwards and backwards under bf16 autocast. One
+    worker: it may take the cores the waiting trainer leaves (where its engine computes alike with
+    them), in sync mode all the while it generates, in periodic mode whenever the trainer's activity
+    says it waits, its thread count then changing between two decode steps."""
     rows, weights = {}, {}
     for mode in ("sync", "periodic"):
         out = tmp_path / mode
@@ -117,7 +121,7 @@ def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str, precision
             "--set",
             "periods=4",
             "--set",
-            "rollout.workers=2",
+            f"rollout.workers={workers}",
             "--set",
             "sampling.order='prompt'",
             "--set",
@@ -138,6 +142,10 @@ def test_sync_and_periodic_processes_agree(tmp_path: Path, dtype: str, precision
         e["nbytes"] for e in events(tmp_path / "periodic", "rollout-0") if e["event"] == "weights_loaded"
     ]
     assert loaded and all(payload < n < payload + 8192 for n in loaded)
+    if workers == 1 and host_cores() >= 2:  # each worker asked once whether it may take every core
+        for mode in ("sync", "periodic"):
+            asked = [e for e in events(tmp_path / mode, "rollout-0") if e["event"] == "rollout_threads"]
+            assert [(e["share"], e["alone"]) for e in asked] == [(host_cores() // 2, host_cores())]
 
 
 def test_bad_config_names_the_key() -> None:

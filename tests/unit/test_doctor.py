@@ -130,3 +130,4 @@ def test_release_reads_the_leading_numbers(version: str, parts: tuple[int, ...])
 def test_the_thread_plan_is_threads_py_on_the_host_cores() -> None:
     plan = thread_plan(load_config(None, ["rollout.workers=3", "trainer.threads=2"]), cores=16)
     assert (plan.rollout, plan.trainer, plan.automatic) == (4, 2, ("rollout.threads",))
+    assert plan.rollout_alone == 5  # the cores the workers share while the trainer waits

@@ -10,6 +10,7 @@ from cadence.launch.threads import (
     host_cores,
     openmp_waits,
     rollout_threads,
+    rollout_threads_alone,
     trainer_threads,
     wait_as_launched,
 )
@@ -40,9 +41,25 @@ def test_automatic_budgets_share_the_cores(
             assert workers * rollout + ranks * trainer <= cores
 
 
+@pytest.mark.parametrize(
+    ("cores", "workers", "ranks", "alone"),
+    [(2, 1, 1, 2), (2, 2, 1, 1), (16, 3, 1, 5), (16, 2, 2, 8), (1, 4, 1, 1)],
+)
+def test_workers_may_take_the_cores_a_waiting_trainer_leaves(
+    cores: int, workers: int, ranks: int, alone: int
+) -> None:
+    """While the trainer waits (sync mode: all the while the workers generate; periodic: when its
+    activity says so) the workers may share every core, in both modes alike."""
+    for mode in ("sync", "periodic"):
+        cfg = load_config(None, [f"rollout.workers={workers}", f"trainer.ranks={ranks}", f"mode='{mode}'"])
+        assert rollout_threads_alone(cfg, cores) == alone >= rollout_threads(cfg, cores)
+
+
 def test_explicit_budgets_are_kept_whatever_the_host() -> None:
     cfg = load_config(None, ["rollout.threads=3", "trainer.threads=5"])
     assert rollout_threads(cfg, 64) == 3 and rollout_threads(cfg) == 3
+    sync = load_config(None, ["rollout.threads=3", "mode='sync'"])
+    assert rollout_threads_alone(sync, 64) == 3
     assert trainer_threads(cfg, 1) == 5 and trainer_threads(cfg) == 5
     assert host_cores() >= 1
 
