@@ -56,6 +56,8 @@ class MicroBatches:
         self.clock = clock
         self.use_threads = use_threads
         self.computing = computing
+        if computing is not None:
+            computing(False)  # nothing computed yet: the workers beside it may take its cores
         self.alone = True  # no worker generates while this one computes (between periods, in sync)
         self.trained = 0  # groups of the current period trained so far
         self.micro: list[GroupResult] = []  # accepted groups not yet trained

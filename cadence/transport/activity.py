@@ -3,7 +3,9 @@
 ```
  trainer's process: Activity(prefix) ─ a memfd of one page (mode 0600), named after the slots of its
                     shared versions; its byte 1 while a computation of the trainer runs
-                    (MicroBatches.compute), 0 otherwise; its descriptor named in every SharedSlot
+                    (MicroBatches.compute), 0 while it waits; 1 until a trainer first says so (a
+                    publisher of its own process serves no trainer here); its descriptor named in
+                    every SharedSlot
  worker:            a slot of that publisher mapped (same host, its checks) ─► ActivityReader: the
                     page mapped read-only through /proc/<pid>/fd/<fd>, whose link must name the
                     activity of the slot's publisher ─► busy() between two decode steps
@@ -42,6 +44,7 @@ class Activity:
             os.fchmod(self.fd, 0o600)
             os.ftruncate(self.fd, PAGE)
             self._view: mmap.mmap | None = mmap.mmap(self.fd, PAGE)
+            self._view[0] = 1  # busy until a trainer says it waits
         except BaseException:
             os.close(self.fd)
             raise

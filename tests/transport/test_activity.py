@@ -39,8 +39,8 @@ def test_a_worker_reads_what_the_trainer_last_set_from_another_process() -> None
         ours, theirs = mp.Pipe()
         child = mp.get_context("spawn").Process(target=_read, args=(slot, theirs))
         child.start()
-        assert ours.recv() is False  # a new page: the trainer computes nothing yet
-        for busy in (True, False, True):
+        assert ours.recv() is True  # a new page: busy until a trainer says it waits
+        for busy in (False, True, False):
             shared.activity.set(busy)
             ours.send(True)
             assert ours.recv() is busy
