@@ -179,7 +179,7 @@ class WorkerWeights:
         if self.activity is not None:
             self.activity.close()
         self.activity = ActivityReader.of(slot)
-        log.info("trainer_activity", pid=slot.pid, readable=self.activity is not None)
+        log.info("trainer_activity", trainer_pid=slot.pid, readable=self.activity is not None)
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
