@@ -164,10 +164,11 @@ class WorkerWeights:
 
     def _probe(self, use_threads: Callable[[int], None], share: int, alone: int) -> bool:
         use_threads(share)  # the probe leaves the calling thread's count as it found it
-        alike = isinstance(self.engine, ThreadedEngine) and self.engine.alike_at_threads(share, alone)
-        log.info("rollout_threads", share=share, alone=alone, alike=alike, when="trainer waits")
-        if alike and self.settings.trainer_beside and isinstance(self.engine, ThreadedEngine):
-            self.engine.pace = self._budget  # asked again between two decode steps
+        engine = self.engine if isinstance(self.engine, ThreadedEngine) else None
+        alike = engine is not None and engine.alike_at_threads(share, alone)
+        log.info("rollout_threads", share=share, alone=alone, alike=alike)
+        if engine is not None and alike and self.settings.trainer_beside:
+            engine.pace = self._budget  # asked again between two decode steps
         return alike
 
     def _watch(self, slot: SharedSlot | None) -> None:

@@ -70,14 +70,15 @@ def _probe(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, weights_firs
     for outputs, inputs in shapes:
         w = torch.randn(outputs, inputs, generator=generator).to(dtype)
         x = torch.randn(PROBE_ROWS, inputs, generator=generator).to(dtype)
-        least = max(least, _least(_product(w, x, weights_first)))
+        least = max(least, _least(rows_product(w, x, weights_first)))
     if least > MAX_LEAST:
         log.warning("batch_variant_products", least=least, threads=threads, dtype=str(dtype))
         return 1
     return least
 
 
-def _product(w: Tensor, x: Tensor, weights_first: bool) -> Callable[[int], Tensor]:
+def rows_product(w: Tensor, x: Tensor, weights_first: bool) -> Callable[[int], Tensor]:
+    """The product of `x`'s first m rows with `w` (as x·Wᵀ, or W·xᵀ transposed), for any m."""
     if weights_first:
         return lambda m: torch.mm(w, x[:m].t()).t()
     return lambda m: torch.mm(x[:m], w.t())

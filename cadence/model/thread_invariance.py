@@ -31,7 +31,7 @@ import torch
 
 from cadence.model.decode_step import weights_first_here
 from cadence.model.engine import SamplingParams, TorchEngine, sample_seed
-from cadence.model.invariance import PROBE_ROWS, least_rows, product_shapes
+from cadence.model.invariance import PROBE_ROWS, least_rows, product_shapes, rows_product
 
 PROMPTS = (23, 14)
 """The lengths of the probe's prompts: two of them, so that a prefill attends more than one."""
@@ -66,7 +66,8 @@ def _products_alike(engine: TorchEngine, a: int, b: int) -> bool:
     plans = []
     for threads in (a, b):
         torch.set_num_threads(threads)
-        first = weights_first_here(engine.device)  # the step's rule reads the thread count
+        # the step's rule reads the thread count; W·xᵀ in float32 only (decode_step.project)
+        first = weights_first_here(engine.device) and engine.dtype == torch.float32
         plans.append((first, least_rows(shapes, engine.dtype, False), least_rows(shapes, engine.dtype, True)))
     if plans[0] != plans[1]:
         return False
@@ -79,18 +80,11 @@ def _products_alike(engine: TorchEngine, a: int, b: int) -> bool:
             results = []
             for threads in (a, b):
                 torch.set_num_threads(threads)
-                results.append(
-                    [_product(w, x[: max(m, least)], oriented)[:m] for m in range(1, PROBE_ROWS + 1)]
-                )
+                product = rows_product(w, x, oriented)
+                results.append([product(max(m, least))[:m] for m in range(1, PROBE_ROWS + 1)])
             if not all(torch.equal(p, q) for p, q in zip(*results, strict=True)):
                 return False
     return True
-
-
-def _product(w: torch.Tensor, x: torch.Tensor, weights_first: bool) -> torch.Tensor:
-    if weights_first and x.dtype == torch.float32:
-        return torch.mm(w, x.t()).t()
-    return torch.mm(x, w.t())
 
 
 def _calls_alike(engine: TorchEngine, a: int, b: int) -> bool:

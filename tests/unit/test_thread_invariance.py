@@ -4,6 +4,8 @@ batch-variant engine is never said alike; the calling thread's count is left as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -30,13 +32,16 @@ def test_equal_counts_are_alike_and_the_threads_are_left_as_they_were(engine: To
 def test_a_product_that_moves_with_the_threads_is_not_alike(
     engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = probe._product
+    real = probe.rows_product
 
-    def moving(w: torch.Tensor, x: torch.Tensor, first: bool) -> torch.Tensor:
-        out = real(w, x, first)
-        return out if torch.get_num_threads() == 1 else torch.nextafter(out, out + 1)
+    def moving(w: torch.Tensor, x: torch.Tensor, first: bool) -> Callable[[int], torch.Tensor]:
+        def rows(m: int) -> torch.Tensor:
+            out = real(w, x, first)(m)
+            return out if torch.get_num_threads() == 1 else torch.nextafter(out, out + 1)
 
-    monkeypatch.setattr(probe, "_product", moving)
+        return rows
+
+    monkeypatch.setattr(probe, "rows_product", moving)
     assert not probe.alike_at_threads(engine, 1, 2)
 
 
