@@ -75,11 +75,14 @@ class StepRunner:
         positions: Tensor,
         write_at: Tensor,
         width: int,
+        live: int | None = None,
     ) -> Tensor:
+        """The logits of ``decode_step``; ``live``: the rows that attend where eager (a compiled step
+        attends all its rows: one shape a bucket)."""
         first = weights_first_here(tokens.device)  # a plain bool into the compiled step: a guard
         if not self.compiled:
             return decode_step(
-                self.model, keys, values, tokens, positions, write_at, width, first, self.by_rows
+                self.model, keys, values, tokens, positions, write_at, width, first, self.by_rows, live
             )
         shape = (tokens.shape[0], width, keys[0].shape[2])
         fresh = shape not in self._shapes

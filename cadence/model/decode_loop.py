@@ -38,7 +38,8 @@ from cadence.model.transformer import KVCache
 
 # What the loop asks of the engine.
 Prefill = Callable[[Sequence[Sequence[int]]], list[tuple[KVCache, Tensor]]]
-Step = Callable[[Tensor, Tensor, Tensor, int], Tensor]  # (tokens, positions, write_at, width) -> logits
+Step = Callable[[Tensor, Tensor, Tensor, int, int], Tensor]
+"""(tokens, positions, write_at, width, live) -> logits [rows, V]: rows from ``live`` on only pad."""
 Told = Callable[[int, list[tuple[list[int], list[float], bool]]], None]
 Stopped = Callable[[], Collection[int]]
 Joins = Callable[[int], Sequence[tuple[Sequence[int], Tensor, int]]]
@@ -248,14 +249,15 @@ class DecodeLoop:
         self.stats.admissions.append(len(rows))
 
     def _step(self) -> None:
-        """One token for each row held, computed over the slots' bucket."""
-        b = self.bucket(self.cache.highest())
+        """One token for each row held, computed over the slots' bucket: the slots from the highest
+        held on only pad its products (they attend nothing and sample nothing)."""
+        h = self.cache.highest()
+        b = self.bucket(h)
         width = width_bucket(max(self.reach.values()) + self.clock + 1, self.cache.length)
-        alive = self.alive[:b]
-        position = self.position[:b]
-        write_at = torch.where(alive, position, self.cache.spare)
-        logits = self.step(self.token[:b], position, write_at, width)
-        count, row = self.count[:b], self.row[:b]
+        write_at = torch.where(self.alive[:b], self.position[:b], self.cache.spare)
+        logits = self.step(self.token[:b], self.position[:b], write_at, width, h)[:h]
+        alive, position = self.alive[:h], self.position[:h]
+        count, row = self.count[:h], self.row[:h]
         token, logprob = sample(
             logits, self.uniforms[row, count.clamp(max=self.limit - 1)], self.temperature, self.top_p
         )
@@ -265,10 +267,10 @@ class DecodeLoop:
         self.out_logprobs[out_row, out_col] = logprob
         count += alive
         position += alive
-        ends = alive & ((token == self.eos) | (count >= self.cap[:b]))
+        ends = alive & ((token == self.eos) | (count >= self.cap[:h]))
         self.clock += 1
-        self.ended_at[:b] = torch.where(ends, self.clock, self.ended_at[:b])
-        self.token[:b] = torch.where(alive, token, self.token[:b])
+        self.ended_at[:h] = torch.where(ends, self.clock, self.ended_at[:h])
+        self.token[:h] = torch.where(alive, token, self.token[:h])
         alive &= ~ends
         self.stats.steps.append(b)
         self.stats.live.append(len(self.held))

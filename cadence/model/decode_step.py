@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cadence.model.exact_ops import cos_sin, norm, softmax
+from cadence.model.exact_ops import cos_sin, norm, softmax, weighted_values
 from cadence.model.invariance import by_chunks
 from cadence.model.lora import LoraLinear
 from cadence.model.transformer import MLP, DecoderLayer, Linear, Transformer, rotate_half
@@ -39,6 +39,7 @@ def decode_step(
     width: int,
     weights_first: bool = False,
     by_rows: bool = False,
+    live: int | None = None,
 ) -> Tensor:
     """Float32 logits [B, V] of the next token of each of the slots 0..B-1.
 
@@ -49,7 +50,9 @@ def decode_step(
     where its keys and values go (its position, or the spare last one for a row that writes nowhere);
     ``width``: the cache positions attended (every row's position is below it); ``weights_first``:
     the float32 products as W·xᵀ (``project``; what ``weights_first_here`` says for this process);
-    ``by_rows``: the attention of each row alike whatever the batch (``attend``)."""
+    ``by_rows``: the attention of each row alike whatever the batch (``attend``); ``live``: only the
+    slots below it hold rows (the rest pad the products up to the rows that keep each row alike:
+    they attend nothing, and their logits are meaningless); None: all B."""
     b = tokens.shape[0]
     # the step's rows are slots: a layer's slice of them is [:b] whole. Said before the layers, so
     # that a count this bound fixes (2 rows of 2 slots) is fixed before a layer's region is traced
@@ -73,6 +76,7 @@ def decode_step(
             seen,
             weights_first,
             by_rows,
+            b if live is None else live,
         )
     return project(model.lm_head, norm(model.model.norm, x), weights_first)[:, 0].float().contiguous()
 
@@ -89,9 +93,11 @@ def layer_step(
     seen: Tensor,
     weights_first: bool,
     by_rows: bool,
+    live: int,
 ) -> Tensor:
     """One layer of the step: ``x`` [B, 1, H] after it, the layer's keys and values of the step
-    written into its slots at ``where`` (rows, kv heads, positions). A nested compile region: a
+    written into its slots at ``where`` (rows, kv heads, positions), the first ``live`` rows
+    attending (the others' attention 0: rows that only pad the products). A nested compile region: a
     compiled step traces and compiles it once and stamps it out for every layer (SmolLM2's 30: a
     compile of seconds, not of the minutes a step unrolled over its layers took)."""
     attn = layer.self_attn
@@ -110,7 +116,11 @@ def layer_step(
     keys.index_put_(where, k[:, :, 0].to(held))
     values.index_put_(where, v[:, :, 0].to(held))
     grouped = kv_heads != heads
-    out = attend(q.to(held), keys[:b, :, :width], values[:b, :, :width], seen, grouped, by_rows)
+    out = attend(
+        q[:live].to(held), keys[:live, :, :width], values[:live, :, :width], seen[:live], grouped, by_rows
+    )
+    if live < b:
+        out = torch.cat([out, out.new_zeros(b - live, *out.shape[1:])])
     out = out.to(x.dtype)
     x = x + project(attn.o_proj, out.transpose(1, 2).reshape(b, 1, heads * head_dim), weights_first)
     return x + _mlp(layer.mlp, norm(layer.post_attention_layernorm, x), weights_first)
@@ -119,16 +129,18 @@ def layer_step(
 def attend(q: Tensor, k: Tensor, v: Tensor, seen: Tensor, grouped: bool, by_rows: bool = True) -> Tensor:
     """Each row's query [B, H, 1, D] over its keys and values [B, KV, W, D] where ``seen`` [B, 1, 1, W].
     ``by_rows`` on the CPU: as products of each key head's queries (GQA without repeating the keys),
-    every row's result then what it is in any batch, where the CPU's flash kernel splits its work by
-    the batch's size and a row's last bits change with it (about half the rows of 12 to 47, two
-    threads); as fast here. Otherwise ``scaled_dot_product_attention``."""
+    every row's result then what it is in any batch and at any width W, where the CPU's flash kernel
+    splits its work by the batch's size and a row's last bits change with it (about half the rows of
+    12 to 47, two threads); as fast here. Its weighted sum of the values goes by chunks of positions
+    (``exact_ops.values_by_chunks``): one product over all W positions is summed in an order W
+    chooses. Otherwise ``scaled_dot_product_attention``."""
     if not by_rows or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=grouped)
     b, heads, _, dim = q.shape
     kv = k.shape[1]
     scores = torch.matmul(q.reshape(b, kv, heads // kv, dim), k.transpose(-1, -2)) * dim**-0.5
     weights = softmax(scores.masked_fill(~seen, float("-inf")))
-    return torch.matmul(weights, v).reshape(b, heads, 1, dim)
+    return weighted_values(weights, v).reshape(b, heads, 1, dim)
 
 
 WEIGHTS_FIRST_CPUS = frozenset({"AVX2"})

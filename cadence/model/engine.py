@@ -303,9 +303,9 @@ class TorchEngine:
         ]
         return (torch.stack(drawn) if drawn else torch.zeros(0, steps, dtype=torch.float64)).to(self.device)
 
-    def _run_step(self, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int) -> Tensor:
+    def _run_step(self, tokens: Tensor, positions: Tensor, write_at: Tensor, width: int, live: int) -> Tensor:
         assert self._cache is not None
-        return self.runner(self._cache.keys, self._cache.values, tokens, positions, write_at, width)
+        return self.runner(self._cache.keys, self._cache.values, tokens, positions, write_at, width, live)
 
     def _slots(self, length: int) -> SlotCache:
         """The cache of ``self.rows`` slots, allocated once; made longer (in steps of

@@ -394,10 +394,10 @@ def _decode_rows(engine: TorchEngine) -> list[int]:
     step = engine._run_step
 
     def counted(
-        tokens: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor, width: int
+        tokens: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor, width: int, live: int
     ) -> torch.Tensor:
         rows.append(tokens.shape[0])
-        return step(tokens, positions, write_at, width)
+        return step(tokens, positions, write_at, width, live)
 
     engine._run_step = counted  # type: ignore[method-assign]
     return rows

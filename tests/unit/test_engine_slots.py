@@ -98,6 +98,19 @@ def test_a_decode_step_gives_each_slot_the_full_forwards_logits_at_its_own_posit
         logits = decode_step(model, cache.keys, cache.values, tokens, positions, write_at, 16)
         first = decode_step(model, cache.keys, cache.values, tokens, positions, write_at, 16, True)
         torch.testing.assert_close(first, logits, atol=1e-5, rtol=1e-5)  # the products as W·xᵀ
+        for by_rows in (
+            False,
+            True,
+        ):  # the padded row left out of the attention: the others' bits as they were
+            attending = decode_step(
+                model, cache.keys, cache.values, tokens, positions, write_at, 16, by_rows=by_rows
+            )
+            alone = decode_step(
+                model, cache.keys, cache.values, tokens, positions, write_at, 16, by_rows=by_rows, live=3
+            )
+            if by_rows:
+                assert torch.equal(alone[:3], attending[:3])
+            torch.testing.assert_close(alone[:3], attending[:3], atol=1e-6, rtol=1e-6)
         for row, prompt in enumerate(prompts):
             full = model(torch.tensor([prompt]))[0, -1]
             torch.testing.assert_close(logits[row], full, atol=1e-5, rtol=1e-5)

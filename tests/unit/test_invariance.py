@@ -1,10 +1,11 @@
 """A sample depends on its prompt, its seed and the weights, never on what it was batched with: the
-products from `least_rows` rows on, the decode step's attention at any rows, and the engine's
+products from `least_rows` rows on, the decode step's attention at any rows and any width, and the engine's
 samples bit for bit, together or alone, exact rows or buckets (a model of SmolLM2's widths, where
 the CPU's kernels differ by the batch's size)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +16,7 @@ from cadence.model.config import ModelConfig
 from cadence.model.decode_step import attend
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, by_chunks, least_rows, linear_rows, product_shapes
+from cadence.model.slots import WIDTH_STEP
 from cadence.model.transformer import init_model
 
 WIDE = ModelConfig(  # SmolLM2-135M's widths and heads, two layers, a small vocabulary
@@ -82,6 +84,44 @@ def test_the_decode_steps_attention_gives_each_row_alike_at_any_rows() -> None:
         assert torch.equal(attend(q[:b], k[:b], v[:b], seen[:b], grouped=True), whole[:b]), b
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=True)
     assert torch.allclose(whole, sdpa, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_decode_steps_attention_gives_each_row_alike_at_any_width(threads: int) -> None:
+    """A step attends the positions of its longest row (a multiple of `WIDTH_STEP`, or the cache's
+    whole length): a row's result is the same bit for bit at every width past its position. As one
+    product over every position, MKL summed a row at position 300 otherwise at width 448 than at 320."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(2)
+    rows, heads, kv, dim, length = 5, 9, 3, 64, 1500  # a cache length that is not a multiple
+    q = torch.randn(rows, heads, 1, dim, generator=g)
+    k, v = torch.randn(rows, kv, length, dim, generator=g), torch.randn(rows, kv, length, dim, generator=g)
+    for position in (3, 70, 200, 300, 450, 600, 900, 1400, 1499):
+        at = torch.full((rows,), position)
+        widths = [*range(-(-(position + 1) // WIDTH_STEP) * WIDTH_STEP, length, WIDTH_STEP), length]
+        results = []
+        for width in widths:
+            seen = (torch.arange(width) <= at.unsqueeze(1)).view(rows, 1, 1, width)
+            results.append(attend(q, k[:, :, :width], v[:, :, :width], seen, grouped=True))
+        assert all(torch.equal(r, results[-1]) for r in results), (position, widths)
+    whole = (torch.arange(length) <= torch.tensor([1400] * rows).unsqueeze(1)).view(rows, 1, 1, length)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=whole, enable_gqa=True)
+    assert torch.allclose(attend(q, k, v, whole, grouped=True), sdpa, atol=1e-6)
+
+
+def test_a_long_sample_is_the_same_bit_for_bit_beside_a_longer_one() -> None:
+    """Rows past a few hundred positions, decoded alone and beside a longer prompt's rows (whose
+    positions make the step wider): the same tokens and log-probs bit for bit."""
+    model = init_model(dataclasses.replace(WIDE, max_position=1024), seed=0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, WIDE.vocab_size, (n,), generator=g).tolist() for n in (380, 470)]
+    groups = [(p, [sample_seed(1, 0, i, j) for j in range(2)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=40, temperature=1.0)
+    together = TorchEngine(model, eos_id=EOS, rows=8).generate_many(groups, params)
+    alone = [TorchEngine(model, eos_id=EOS, rows=8).generate_many([g], params)[0] for g in groups]
+    assert [[(c.tokens, c.logprobs) for c in g] for g in alone] == [
+        [(c.tokens, c.logprobs) for c in g] for g in together
+    ]
 
 
 def test_a_sample_is_the_same_bit_for_bit_whatever_it_is_decoded_beside() -> None:
