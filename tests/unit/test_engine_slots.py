@@ -208,6 +208,29 @@ def test_the_compiled_step_samples_what_the_eager_one_does(
     assert compiled.runner.compiled  # no fallback was taken
 
 
+def test_the_compiled_step_computes_the_eager_steps_bits_at_every_width() -> None:
+    """Rows at positions up to 190 of a cache of 256, stepped at widths of one to four chunks of the
+    values' sum (`exact_ops.values_by_chunks`, a custom op inside the trace): the compiled step's
+    logits are the eager step's bit for bit at each width, from one compile."""
+    model = init_model(CFG, seed=4).eval()
+    runner = compiled_step.StepRunner(model, compiled=True)
+    cache = SlotCache(CFG, slots=4, length=256, dtype=torch.float32, device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    for k in (*cache.keys, *cache.values):
+        k.copy_(torch.randn(k.shape, generator=g))
+    tokens = torch.tensor([3, 7, 11, 5])
+    spare = torch.full((4,), cache.spare)
+    with torch.no_grad():
+        for width in (64, 128, 192, 256):
+            positions = torch.tensor([width - 1, width - 30, 10, width // 2])
+            eager = decode_step(
+                model, cache.keys, cache.values, tokens, positions, spare, width, by_rows=True
+            )
+            compiled = runner(cache.keys, cache.values, tokens, positions, spare, width)
+            assert torch.equal(compiled, eager), width
+    assert runner.compiled  # no fallback was taken
+
+
 def test_a_compile_that_fails_falls_back_to_eager_with_one_line() -> None:
     def broken(fn: Callable[..., Tensor], **_: Any) -> Callable[..., Tensor]:
         def fails(*args: Any) -> Tensor:
