@@ -56,6 +56,7 @@ class LoopStats:
 
     steps: list[int] = field(default_factory=list)
     live: list[int] = field(default_factory=list)  # rows still sampling at each step (at most)
+    attending: list[int] = field(default_factory=list)  # the slots each step attends and samples
     admissions: list[int] = field(default_factory=list)  # rows admitted at each admission
     first_token_s: float = 0.0  # from the call's start to its first rows' first tokens
 
@@ -92,6 +93,7 @@ class DecodeLoop:
         self.readback = max(1, readback)
         self.pace = pace  # asked at every readback, in the generating thread (a worker's thread budget)
         self.bucket = functools.partial(step_rows, slots=cache.slots, least=least, bucketed=bucketed)
+        self.bucketed = bucketed
         device = cache.device
         n, steps = uniforms.shape
         self.n, self.limit = n, steps
@@ -274,6 +276,7 @@ class DecodeLoop:
         alive &= ~ends
         self.stats.steps.append(b)
         self.stats.live.append(len(self.held))
+        self.stats.attending.append(h)
 
     def _retire(self, told: Told | None) -> None:
         """Free the slots of rows that have ended; tell each group whose rows have all ended, in the
@@ -315,6 +318,11 @@ class DecodeLoop:
             out.append((ids[:n], lps[:n], n > 0 and ids[n - 1] == self.eos))
         return out
 
+    def _holes(self) -> bool:
+        """Whether moving the highest row down would make the steps smaller."""
+        held, highest = len(self.held), self.cache.highest()
+        return self.bucket(held) < self.bucket(highest) or (not self.bucketed and held < highest)
+
     def _stop(self, groups: Collection[int]) -> None:
         """Drop the open groups among ``groups``: their rows leave their slots (or the queue) now."""
         fresh = [g for g in groups if g in self.open]
@@ -334,8 +342,10 @@ class DecodeLoop:
 
     def _compact(self) -> None:
         """Move the highest rows into the lowest free slots while that makes the step's bucket
-        smaller: a few rows' caches copied, never the others'."""
-        while self.held and self.bucket(len(self.held)) < self.bucket(self.cache.highest()):
+        smaller, or, with exact rows, while a slot below the highest held is free (a step attends
+        and samples every slot below it: a free one costs a row's attention a step, a move one row's
+        cache once): a few rows' caches copied, never the others'."""
+        while self.held and self._holes():
             source, target = self.cache.highest() - 1, self.cache.lowest_free()
             width = width_bucket(self.reach[source] + self.clock + 1, self.cache.length)
             self.cache.move(source, target, width)

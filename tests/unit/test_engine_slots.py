@@ -363,6 +363,23 @@ def test_a_group_that_cannot_join_is_refused_with_the_reason() -> None:
         engine.generate_many(_groups()[:1], params, joining=lambda room: [([1] * (room + 1), [5])])
 
 
+def test_a_step_padded_to_the_least_rows_attends_and_samples_only_the_rows_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eager, with fewer rows held than a product's least (8 here): the step computes 8 rows, but
+    only the rows held attend and sample, each freed slot below the highest filled by moving the
+    highest row down; the same samples bit for bit as steps of the rows held alone."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    padded = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=16)
+    monkeypatch.setattr(padded, "_least_rows", lambda weights_first: 8)
+    held = TorchEngine(init_model(CFG, seed=6), eos_id=EOS, rows=16)
+    _same(padded.generate_many(_groups(3), params), held.generate_many(_groups(3), params), tol=0.0)
+    stats = padded.last_call
+    assert min(stats.live) < 8 < max(stats.live)  # steps of padding and steps without
+    assert stats.steps == [max(n, 8) for n in stats.live]
+    assert stats.attending == stats.live
+
+
 def test_steps_of_buckets_and_steps_of_the_rows_held_sample_alike() -> None:
     """Eager on the CPU a step computes exactly the rows held (at least those from which each comes
     out as alone: invariance.py); with buckets (a compiled step's, a GPU's) it computes 2, 4, 8 or a
