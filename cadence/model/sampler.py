@@ -30,7 +30,7 @@ def pick(logits: Tensor, uniforms: Tensor, temperature: float, top_p: float) -> 
     the decode step's head), in descending order of probability with one; the argmax when greedy."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = torch.softmax(tempered(logits, temperature), dim=-1)  # no pass over the logits at 1
     if top_p >= 1.0:
         return inverse_cdf(probs, uniforms)
     probs, order = probs.sort(dim=-1, descending=True, stable=True)

@@ -105,15 +105,16 @@ def test_logprobs_are_of_the_tempered_distribution_before_top_p(temperature: flo
 
 def test_eos_stops_a_sample() -> None:
     engine = _engine(seed=4)
-    bias = torch.zeros(2, 1, CFG.vocab_size)
-    bias[0, 0, EOS] = 50.0  # row 0 all but surely ends on eos at its first decode step
-    bias[1, 0, EOS] = -50.0  # row 1 all but surely runs on to the end
+    steps: list[int] = []
 
     def biased(_m: torch.nn.Module, inputs: object, out: torch.Tensor) -> torch.Tensor:
         if out.dim() != 3 or out.shape[1] != 1:
             return out  # the prefill's head
-        out = out.clone()  # a decode step's [rows, 1, V]: the two samples in the first two slots
-        out[:2] += bias
+        out = out.clone()  # a decode step's [slots, 1, V]
+        out[:, 0, EOS] -= 50.0  # every sample all but surely runs on to the end
+        if not steps:  # but the one in slot 0 at the first decode step, row 0, ends on eos there
+            out[0, 0, EOS] += 100.0  # (row 1 is moved down into its slot after)
+        steps.append(out.shape[0])
         return out
 
     engine.model.lm_head.register_forward_hook(biased)
@@ -122,6 +123,7 @@ def test_eos_stops_a_sample() -> None:
     assert len(short.logprobs) == len(short.tokens)
     assert not long.finished and len(long.tokens) == len(long.logprobs) == 12 and EOS not in long.tokens
     # the row that ended early does not change the other: beside another early one, the same sample
+    steps.clear()
     _, again = engine.generate(PROMPT, [5, 4], SamplingParams(max_new_tokens=12))
     assert again.tokens == long.tokens and again.logprobs == pytest.approx(long.logprobs, abs=1e-5)
 
