@@ -64,8 +64,8 @@ def _(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, 
 
 
 CHUNK = WIDTH_STEP
-"""The positions a chunk of ``weighted_values`` sums: a step's width is a multiple of it, but at the
-cache's full length (a model's positions need not be)."""
+"""The positions a chunk of ``weighted_values`` sums: a step's width is a multiple of it, except at
+the cache's full length (a model's positions need not be one)."""
 
 
 def values_by_chunks(weights: Tensor, values: Tensor) -> Tensor:
