@@ -17,7 +17,7 @@ from cadence.model.decode_step import attend
 from cadence.model.engine import Completion, SamplingParams, TorchEngine, sample_seed
 from cadence.model.invariance import MAX_LEAST, PROBE_ROWS, by_chunks, least_rows, linear_rows, product_shapes
 from cadence.model.slots import WIDTH_STEP
-from cadence.model.transformer import init_model
+from cadence.model.transformer import Transformer, init_model
 
 WIDE = ModelConfig(  # SmolLM2-135M's widths and heads, two layers, a small vocabulary
     vocab_size=512, hidden_size=576, num_layers=2, num_heads=9, num_kv_heads=3, intermediate_size=1536
@@ -113,15 +113,7 @@ def test_a_long_sample_is_the_same_bit_for_bit_beside_a_longer_one() -> None:
     """Rows past a few hundred positions, decoded alone and beside a longer prompt's rows (whose
     positions make the step wider): the same tokens and log-probs bit for bit."""
     model = init_model(dataclasses.replace(WIDE, max_position=1024), seed=0)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, WIDE.vocab_size, (n,), generator=g).tolist() for n in (380, 470)]
-    groups = [(p, [sample_seed(1, 0, i, j) for j in range(2)]) for i, p in enumerate(prompts)]
-    params = SamplingParams(max_new_tokens=40, temperature=1.0)
-    together = TorchEngine(model, eos_id=EOS, rows=8).generate_many(groups, params)
-    alone = [TorchEngine(model, eos_id=EOS, rows=8).generate_many([g], params)[0] for g in groups]
-    assert [[(c.tokens, c.logprobs) for c in g] for g in alone] == [
-        [(c.tokens, c.logprobs) for c in g] for g in together
-    ]
+    _alike_alone_and_together(model, lengths=(380, 470), samples=2, new_tokens=40, rows=8)
 
 
 def test_a_sample_is_the_same_bit_for_bit_whatever_it_is_decoded_beside() -> None:
@@ -142,12 +134,20 @@ def test_a_sample_is_the_same_whatever_it_is_decoded_beside_past_the_probes_rows
     """64 rows decoded together (more than `PROBE_ROWS`: every product by chunks) and 140 prompt
     tokens prefilled in one row, against each prompt's 16 samples alone: the same bit for bit."""
     model = init_model(WIDE, seed=0)
+    _alike_alone_and_together(model, lengths=(41, 23, 37, 39), samples=16, new_tokens=6, rows=64)
+
+
+def _alike_alone_and_together(
+    model: Transformer, lengths: tuple[int, ...], samples: int, new_tokens: int, rows: int
+) -> None:
+    """Random prompts of `lengths`, `samples` each: decoded in one call and each alone, the same
+    tokens and log-probs bit for bit."""
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, WIDE.vocab_size, (n,), generator=g).tolist() for n in (41, 23, 37, 39)]
-    groups = [(p, [sample_seed(1, 0, i, j) for j in range(16)]) for i, p in enumerate(prompts)]
-    params = SamplingParams(max_new_tokens=6, temperature=1.0)
-    together = TorchEngine(model, eos_id=EOS, rows=64).generate_many(groups, params)
-    alone = [TorchEngine(model, eos_id=EOS, rows=64).generate_many([g], params)[0] for g in groups]
+    prompts = [torch.randint(3, WIDE.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    groups = [(p, [sample_seed(1, 0, i, j) for j in range(samples)]) for i, p in enumerate(prompts)]
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    together = TorchEngine(model, eos_id=EOS, rows=rows).generate_many(groups, params)
+    alone = [TorchEngine(model, eos_id=EOS, rows=rows).generate_many([g], params)[0] for g in groups]
     assert [[(c.tokens, c.logprobs) for c in g] for g in alone] == [
         [(c.tokens, c.logprobs) for c in g] for g in together
     ]
