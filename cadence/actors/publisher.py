@@ -141,6 +141,12 @@ class Publisher:
                 self._stop_sharing(err, version=None)
         return self.alloc(nbytes)
 
+    def held(self, version: int) -> bool:
+        """Whether a worker on this host still holds `version` in shared memory (it lets a version go
+        once it has loaded the next one)."""
+        shared = self.shared
+        return shared is not None and shared.held(version)
+
     def computing(self, busy: bool) -> None:
         """Tell the workers on this host whether the trainer computes now (from any thread): there
         they may take the cores it leaves (`transport/activity.py`)."""

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import structlog
 
 from cadence.actors.trainer_batches import MicroBatches
+from cadence.actors.trainer_stage import VersionStaging
 from cadence.monitor.metrics import PeriodStats
 from cadence.monitor.mismatch import MismatchWatch
 from cadence.monitor.samples import SampleWriter, sample_record
@@ -89,7 +90,8 @@ class Trainer:
     """`session`: with the dispatcher, registered as "trainer" at `server`'s address; `run`: what each
     resume checkpoint records of the run and a resume is checked against;
     `use_threads(n)`, `computing(busy)`: `MicroBatches`' (threads: settings' `threads` and
-    `threads_alone`); `alloc(nbytes)`: the buffer a version is serialised into (a pool's `take`)."""
+    `threads_alone`); `alloc(nbytes)`: the buffer a version is serialised into (a pool's `take`);
+    `held(version)`: whether a worker on this host still holds a version (`trainer_stage.py`)."""
 
     CHECKS: ClassVar[Mapping[type[Message], Callable[[Trainer, str, Any], tuple[str, str] | None]]]
     """The check of every message type its server takes: the problem, with the role the sender
@@ -112,6 +114,7 @@ class Trainer:
         use_threads: Callable[[int], None] | None = None,
         alloc: Callable[[int], Buffer] = bytearray,
         computing: Callable[[bool], None] | None = None,
+        held: Callable[[int], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.alloc = alloc
@@ -128,7 +131,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.run_record = run
         self.consumed: dict[int, set[int]] = {}
-        self._unstaged = False  # the learner said once why it cannot stage (then it is not asked again)
+        self.stage = VersionStaging(learner, self.batches.compute, alloc, settings.publish_dtype, clock, held)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -266,7 +269,7 @@ class Trainer:
         self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
         self.batches.open(alone=self.settings.mode == "sync")
-        await self._stage(period)  # the version this period's step makes, while the workers begin
+        await self.stage(period, lambda: not self.arrivals.empty())  # its step's version, as workers load
         selection = self.settings.selection(period)
         kept: asyncio.Queue[GroupResult | None] = asyncio.Queue()
         training = None
@@ -371,21 +374,6 @@ class Trainer:
             log.warning("stale_dropped", peer=env.sender, version=msg.version, current=period)
             return None
         return msg
-
-    async def _stage(self, period: int) -> None:
-        """While the workers begin `period`: the parameters moved into the buffer of the version its
-        step makes (training/staging.py), so that the publish copies nothing; one line says why not
-        where the learner cannot (arrivals wait in their queue meanwhile)."""
-        stage = getattr(self.learner, "stage", None)
-        if stage is None or self._unstaged:
-            return
-        begin = self.clock()
-        problem = await self.batches.compute(stage, self.alloc, self.settings.publish_dtype)
-        if problem is not None:
-            self._unstaged = True
-            log.info("versions_not_staged", reason=problem)
-        else:
-            log.debug("version_staged", version=period + 1, stage_s=round(self.clock() - begin, 4))
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:

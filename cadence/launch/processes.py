@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import structlog
 import uvloop
@@ -166,7 +166,7 @@ async def trainer_main(
             secret=secret,
             stream=stream,
         )
-        publish, alloc, jobs, computing = _publish_function(
+        publish, alloc, jobs, computing, held = _publish_function(
             cfg, net, connect, publisher_address, learner, own.key, secret
         )
         trainer = Trainer(
@@ -183,6 +183,7 @@ async def trainer_main(
             use_threads=use_threads,
             alloc=alloc,
             computing=computing,
+            held=held,
         )
         await first_of(trainer.run(), *jobs)
     finally:
@@ -190,6 +191,16 @@ async def trainer_main(
         close = getattr(learner, "close", None)  # a data-parallel learner stops its followers
         if close is not None:
             await asyncio.to_thread(close)
+
+
+class Publishing(NamedTuple):
+    """What `_publish_function` gives the trainer."""
+
+    publish: Publish
+    alloc: Callable[[int], Buffer]
+    jobs: list[Coroutine[Any, Any, None]]
+    computing: Callable[[bool], None] | None
+    held: Callable[[int], bool] | None
 
 
 def _publish_function(
@@ -200,26 +211,29 @@ def _publish_function(
     learner: Learner,
     key: str,
     secret: str = "",
-) -> tuple[Publish, Callable[[int], Buffer], list[Coroutine[Any, Any, None]], Callable[[bool], None] | None]:
+) -> Publishing:
     """How the trainer publishes a version, and where it serialises one: to a publisher it hosts
     (whose loop is returned to run beside it), broadcasting the learner's tensors when it has a
     broadcaster, serialised into the publisher's `buffer` (shared memory, else a pool's); or
     uploaded in chunks to the publisher at `publisher_address`, with tickets made with the
     trainer's `key`, from a pool's buffer. A pool's buffer goes back once the hosted publisher lets
-    its version go, or once uploaded. Last, where the trainer says whether it computes (a hosted
-    publisher's `computing`, read by the workers on its host)."""
+    its version go, or once uploaded. Then where the trainer says whether it computes (a hosted
+    publisher's `computing`, read by the workers on its host), and asks whether a worker on its
+    host still holds a version (a hosted publisher's `held`)."""
     from cadence.transport.weights import upload_weights
 
     buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
     if publisher_address is None:
         publisher = _publisher(cfg, net, connect, buffers=buffers, secret=secret)
         if publisher.broadcaster is None:
-            return publisher.publish, publisher.buffer, [publisher.run()], publisher.computing
+            return Publishing(
+                publisher.publish, publisher.buffer, [publisher.run()], publisher.computing, publisher.held
+            )
 
         async def broadcast(version: int, data: bytes | Buffer) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
-        return broadcast, publisher.buffer, [publisher.run()], publisher.computing
+        return Publishing(broadcast, publisher.buffer, [publisher.run()], publisher.computing, publisher.held)
     if cfg.weights.transport != "zmq":
         raise ConfigError(
             f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
@@ -233,7 +247,7 @@ def _publish_function(
         buffers.give(data)
         return uploaded
 
-    return upload, buffers.take, [], None
+    return Publishing(upload, buffers.take, [], None, None)
 
 
 def follower_main(cfg: RunConfig, ranks: Ranks) -> int:

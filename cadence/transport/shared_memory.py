@@ -83,6 +83,7 @@ class _Slot:
     view: mmap.mmap
     nbytes: int
     version: int | None = None
+    inode: str = ""  # as /proc/locks names it: "<major>:<minor>:<inode>" (hexadecimal device numbers)
 
     def viewed(self) -> bool:
         """Whether anything of this process views the slot's bytes (a stored version, a frame under
@@ -150,6 +151,14 @@ class SharedVersions:
                     return SharedSlot(self.host, self.pid, slot.fd, slot.name, self.activity.fd)
             return None
 
+    def held(self, version: int) -> bool:
+        """Whether a worker still holds `version`'s slot (a shared lock on it): a worker lets a version
+        go once it has loaded the next. Read from /proc/locks, not by trying a lock, which would refuse
+        a worker taking the slot at that instant; False where it cannot be read."""
+        with self._lock:
+            inode = next((s.inode for s in self._slots if s.version == version), "")
+        return bool(inode) and inode in _shared_locks()
+
     def close(self) -> None:
         """Let every slot go (a worker still mapping one keeps its memory until it lets go too)."""
         with self._lock:
@@ -190,10 +199,12 @@ class SharedVersions:
                 os.posix_fallocate(fd, 0, nbytes)
             view = mmap.mmap(fd, max(nbytes, 1))
             fcntl.flock(fd, fcntl.LOCK_EX)  # new: nobody else can know it yet
+            st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        return _Slot(fd, name, view, nbytes)
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        return _Slot(fd, name, view, nbytes, inode=inode)
 
     def _trim(self) -> None:
         """At most `keep` + SPARE_SLOTS slots: the oldest beyond go (their workers keep their memory)."""
@@ -208,6 +219,22 @@ def _lock(slot: _Slot) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def _shared_locks() -> set[str]:
+    """The files some process holds a shared flock on, as /proc/locks names them (empty where it
+    cannot be read)."""
+    try:
+        with open("/proc/locks") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return set()
+    held = set()
+    for line in lines:
+        fields = line.split()  # "1: FLOCK ADVISORY READ <pid> <major>:<minor>:<inode> 0 EOF"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "READ":
+            held.add(fields[5])
+    return held
 
 
 class Mapped:
