@@ -32,7 +32,7 @@ log = structlog.get_logger()
 SETTLE_S = 0.5
 """The longest the stage waits for the workers on this host to load (a load takes 0.02-0.1 s)."""
 
-POLL_S = 0.002
+POLL_S = 0.005
 """How often it asks, meanwhile, whether a worker still holds the version before."""
 
 
