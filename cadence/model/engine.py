@@ -159,7 +159,7 @@ class TorchEngine:
         leaves them unchanged until the next load. A compiled engine always copies: its compiled step
         reads the weights where they were when it was compiled."""
         with torch.no_grad():
-            own = self.model.state_dict()
+            own = dict(self.model.named_parameters(remove_duplicate=False)) if share else {}
             fits = (
                 share
                 and not self.runner.compiled
