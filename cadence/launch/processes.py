@@ -157,15 +157,8 @@ async def trainer_main(
         server = net.bind("trainer", _bind_address(cfg, cfg.transport.trainer_port))
         server.address = advertised(server.address, cfg)
         secret = read_run_secret(out)
-        own = session(
-            cfg,
-            net.connect("trainer", connect),
-            "trainer",
-            time.time,
-            server.address,
-            secret=secret,
-            stream=stream,
-        )
+        link = net.connect("trainer", connect)
+        own = session(cfg, link, "trainer", time.time, server.address, secret=secret, stream=stream)
         publish, alloc, jobs, computing, held = _publish_function(
             cfg, net, connect, publisher_address, learner, own.key, secret
         )
