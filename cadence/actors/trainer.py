@@ -131,6 +131,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.run_record = run
         self.consumed: dict[int, set[int]] = {}
+        self.version_bytes = 0  # of the last version published
         self.stage = VersionStaging(learner, self.batches.compute, alloc, settings.publish_dtype, clock, held)
         self.arrivals: asyncio.Queue[tuple[float, Envelope]] = asyncio.Queue()
         self.finished = asyncio.Event()
@@ -269,7 +270,7 @@ class Trainer:
         self.consumed.setdefault(period, set())
         self.consumed.pop(period - 3, None)
         self.batches.open(alone=self.settings.mode == "sync")
-        await self.stage(period, lambda: not self.arrivals.empty())  # its step's version, as workers load
+        await self.stage(period, lambda: not self.arrivals.empty(), self.version_bytes)  # once workers load
         selection = self.settings.selection(period)
         kept: asyncio.Queue[GroupResult | None] = asyncio.Queue()
         training = None
@@ -379,6 +380,7 @@ class Trainer:
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
             data = await self.batches.compute(self.learner.weights, self.alloc, self.settings.publish_dtype)
             version_digest = await self.publish(version, data)
+        self.version_bytes = len(data)
         log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
         return publishing.end, version_digest, len(data)
 

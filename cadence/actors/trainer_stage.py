@@ -13,7 +13,8 @@ Staging at once, both passes shared the host's memory bandwidth, and the workers
 version, on the critical path of every period, took the longer for it (SmolLM2 in float32 on two
 cores: 0.070 against 0.038-0.043 s). The stage is off that path as long as it ends before the
 period's first group is trained: the wait ends at the first arrival, and after SETTLE_S whatever
-holds k-1 (a worker with nothing to do this period keeps it).
+holds k-1 (a worker with nothing to do this period keeps it). A version under WAIT_BYTES is staged
+at once: its copy is too short to be worth a wait.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ log = structlog.get_logger()
 
 SETTLE_S = 0.5
 """The longest the stage waits for the workers on this host to load (a load takes 0.02-0.1 s)."""
+
+WAIT_BYTES = 64 << 20
+"""Versions smaller than this are staged at once: their copy and a worker's check take a few
+milliseconds each, less than the wait would."""
 
 POLL_S = 0.005
 """How often it asks, meanwhile, whether a worker still holds the version before."""
@@ -54,13 +59,14 @@ class VersionStaging:
         self.clock, self.held = clock, held
         self.unstaged = False  # the learner said once why it cannot stage (then it is not asked again)
 
-    async def __call__(self, period: int, arrived: Callable[[], bool]) -> None:
-        """Stage version `period + 1` once the workers on this host have loaded version `period`, or
-        `arrived()` (a group is in), or SETTLE_S passed; one line says why not where it cannot."""
+    async def __call__(self, period: int, arrived: Callable[[], bool], nbytes: int) -> None:
+        """Stage version `period + 1` once the workers on this host have loaded version `period` (of
+        `nbytes`; at once under WAIT_BYTES), or `arrived()` (a group is in), or SETTLE_S passed; one
+        line says why not where it cannot."""
         stage = getattr(self.learner, "stage", None)
         if stage is None or self.unstaged:
             return
-        waited = await self._settle(period, arrived)
+        waited = await self._settle(period, arrived) if nbytes >= WAIT_BYTES else 0.0
         begin = self.clock()
         problem = await self.compute(stage, self.alloc, self.dtype)
         if problem is not None:

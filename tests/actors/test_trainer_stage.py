@@ -19,6 +19,8 @@ from cadence.wire.messages import WeightMeta
 
 pytestmark = pytest.mark.timeout(60)
 
+BIG = trainer_stage.WAIT_BYTES  # a version large enough to be worth the wait
+
 
 class StagingLearner:
     """Records, at each stage, what `seen()` said then."""
@@ -55,7 +57,7 @@ async def test_the_stage_waits_until_the_worker_on_its_host_has_let_the_version_
         )
         assert shared.held(4) and not shared.held(3)  # a version no slot holds is held by nobody
         learner = StagingLearner(lambda: shared.held(4))
-        stage = asyncio.create_task(staging(learner, shared.held)(5, lambda: False))
+        stage = asyncio.create_task(staging(learner, shared.held)(5, lambda: False, BIG))
         for _ in range(20):
             await asyncio.sleep(0)
         assert learner.staged == []  # still held: still waiting
@@ -76,7 +78,7 @@ async def test_a_groups_arrival_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -
         return asked > 3
 
     learner = StagingLearner(lambda: asked)
-    await asyncio.wait_for(staging(learner, lambda version: True)(5, arrived), 30)
+    await asyncio.wait_for(staging(learner, lambda version: True)(5, arrived, BIG), 30)
     assert learner.staged == [4]  # staged as the arrival was seen, the version before still held
 
 
@@ -84,7 +86,7 @@ async def test_a_version_held_on_stops_waiting_after_the_settle_time(monkeypatch
     monkeypatch.setattr(trainer_stage, "SETTLE_S", 0.05)
     begin = time.monotonic()
     learner = StagingLearner(lambda: time.monotonic() - begin)
-    await asyncio.wait_for(staging(learner, lambda version: True)(5, lambda: False), 30)
+    await asyncio.wait_for(staging(learner, lambda version: True)(5, lambda: False, BIG), 30)
     assert len(learner.staged) == 1 and learner.staged[0] >= 0.05
 
 
@@ -99,8 +101,8 @@ async def test_nothing_to_wait_for_without_workers_on_the_host_or_before_the_fir
         return True
 
     learner = StagingLearner(lambda: None)
-    await asyncio.wait_for(staging(learner, None)(5, lambda: False), 30)
-    await asyncio.wait_for(staging(learner, held)(0, lambda: False), 30)  # period 0: no version before
+    await asyncio.wait_for(staging(learner, None)(5, lambda: False, BIG), 30)
+    await asyncio.wait_for(staging(learner, held)(0, lambda: False, BIG), 30)  # period 0: no version before
     assert learner.staged == [None, None] and asked == []
 
 
@@ -113,5 +115,18 @@ async def test_a_learner_that_cannot_stage_is_asked_once() -> None:
     learner = Unstageable(lambda: None)
     stage = staging(learner, None)
     for period in range(3):
-        await stage(period, lambda: False)
+        await stage(period, lambda: False, BIG)
     assert learner.staged == ["asked"] and stage.unstaged
+
+
+async def test_a_small_version_is_staged_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trainer_stage, "SETTLE_S", 600.0)
+    asked: list[int] = []
+
+    def held(version: int) -> bool:
+        asked.append(version)
+        return True
+
+    learner = StagingLearner(lambda: None)
+    await asyncio.wait_for(staging(learner, held)(5, lambda: False, BIG - 1), 30)
+    assert learner.staged == [None] and asked == []
