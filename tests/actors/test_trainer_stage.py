@@ -42,6 +42,16 @@ def staging(learner: StagingLearner, held: Callable[[int], bool] | None) -> Vers
     return VersionStaging(learner, run_now, bytearray, None, time.monotonic, held)  # type: ignore[arg-type]
 
 
+def always_held(asked: list[int]) -> Callable[[int], bool]:
+    """A `held` that says every version is held, recording each version it is asked about."""
+
+    def held(version: int) -> bool:
+        asked.append(version)
+        return True
+
+    return held
+
+
 @pytest.mark.skipif(sharing_problem() is not None, reason=f"this host cannot share: {sharing_problem()}")
 async def test_the_stage_waits_until_the_worker_on_its_host_has_let_the_version_before_go(
     monkeypatch: pytest.MonkeyPatch,
@@ -95,11 +105,7 @@ async def test_nothing_to_wait_for_without_workers_on_the_host_or_before_the_fir
 ) -> None:
     monkeypatch.setattr(trainer_stage, "SETTLE_S", 600.0)
     asked: list[int] = []
-
-    def held(version: int) -> bool:
-        asked.append(version)
-        return True
-
+    held = always_held(asked)
     learner = StagingLearner(lambda: None)
     await asyncio.wait_for(staging(learner, None)(5, lambda: False, BIG), 30)
     await asyncio.wait_for(staging(learner, held)(0, lambda: False, BIG), 30)  # period 0: no version before
@@ -122,11 +128,7 @@ async def test_a_learner_that_cannot_stage_is_asked_once() -> None:
 async def test_a_small_version_is_staged_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trainer_stage, "SETTLE_S", 600.0)
     asked: list[int] = []
-
-    def held(version: int) -> bool:
-        asked.append(version)
-        return True
-
+    held = always_held(asked)
     learner = StagingLearner(lambda: None)
     await asyncio.wait_for(staging(learner, held)(5, lambda: False, BIG - 1), 30)
     assert learner.staged == [None] and asked == []
