@@ -157,7 +157,7 @@ class SharedVersions:
         a worker taking the slot at that instant; False where it cannot be read."""
         with self._lock:
             inode = next((s.inode for s in self._slots if s.version == version), "")
-        return bool(inode) and inode in _shared_locks()
+        return bool(inode) and inode in shared_locks()
 
     def close(self) -> None:
         """Let every slot go (a worker still mapping one keeps its memory until it lets go too)."""
@@ -174,7 +174,7 @@ class SharedVersions:
         newest = self._slots[max(0, len(self._slots) - self.keep + 1) :] if self.keep > 1 else []
         kept = {s.version for s in newest}
         for slot in self._slots:
-            if slot.nbytes == nbytes and slot.version not in kept and not slot.viewed() and _lock(slot):
+            if slot.nbytes == nbytes and slot.version not in kept and not slot.viewed() and try_lock(slot.fd):
                 self._slots.remove(slot)
                 self.reused += 1
                 slot.version = None
@@ -191,19 +191,12 @@ class SharedVersions:
     def _new_slot(self, nbytes: int) -> _Slot:
         self._made += 1
         name = f"{self.prefix}-{self._made}"
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        fd, inode = locked_memfd(name, nbytes)
         try:
-            os.fchmod(fd, 0o600)
-            os.ftruncate(fd, nbytes)
-            if nbytes:  # the pages now, or an error: never a SIGBUS when a write finds no memory
-                os.posix_fallocate(fd, 0, nbytes)
             view = mmap.mmap(fd, max(nbytes, 1))
-            fcntl.flock(fd, fcntl.LOCK_EX)  # new: nobody else can know it yet
-            st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
         return _Slot(fd, name, view, nbytes, inode=inode)
 
     def _trim(self) -> None:
@@ -212,16 +205,34 @@ class SharedVersions:
             self._slots.pop(0).close()
 
 
-def _lock(slot: _Slot) -> bool:
-    """The slot to the publisher alone, unless a worker holds it."""
+def locked_memfd(name: str, nbytes: int) -> tuple[int, str]:
+    """A new memfd of `nbytes` (its pages allocated now: never a SIGBUS when a write finds no memory),
+    mode 0600, locked by this process alone (nobody else can know it yet); with its inode as
+    /proc/locks names it ("<major>:<minor>:<inode>", hexadecimal device numbers)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, nbytes)
+        if nbytes:
+            os.posix_fallocate(fd, 0, nbytes)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+
+
+def try_lock(fd: int) -> bool:
+    """The slot behind `fd` to the publisher alone, unless a worker holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     return True
 
 
-def _shared_locks() -> set[str]:
+def shared_locks() -> set[str]:
     """The files some process holds a shared flock on, as /proc/locks names them (empty where it
     cannot be read)."""
     try:
@@ -282,7 +293,7 @@ class SharedReader:
         if slot is None or not self.reaches(slot):
             raise SharingImpossible("the publisher is on another host")
         self._forget_gone()
-        fd = _open_slot(slot, meta.version)
+        fd = open_slot(slot, meta.version)
         try:
             _hold_shared(fd, meta)
             return Mapped(fd, self._verified(slot, meta))
@@ -314,12 +325,16 @@ class SharedReader:
     def _forget_gone(self) -> None:
         """Unmap the kept slots the publisher has let go (their memory goes with the last mapping)."""
         for name, kept in list(self._kept.items()):
-            try:
-                alive = os.readlink(_fd_path(kept.slot)) == _link(kept.slot)
-            except OSError:
-                alive = False
-            if not alive:
+            if not slot_alive(kept.slot):
                 _unmap(self._kept.pop(name).data)
+
+
+def slot_alive(slot: SharedSlot) -> bool:
+    """Whether the publisher still holds the slot named (its descriptor still links to it)."""
+    try:
+        return os.readlink(_fd_path(slot)) == _link(slot)
+    except OSError:
+        return False
 
 
 def _fd_path(slot: SharedSlot) -> str:
@@ -332,7 +347,7 @@ def _link(slot: SharedSlot) -> str:
     return f"/memfd:{slot.name} (deleted)"
 
 
-def _open_slot(slot: SharedSlot, version: int) -> int:
+def open_slot(slot: SharedSlot, version: int) -> int:
     """A descriptor of the slot, checked to be the one named (`SharedError` when it is gone or another)."""
     path = _fd_path(slot)
     try:
@@ -353,19 +368,24 @@ def _open_slot(slot: SharedSlot, version: int) -> int:
 
 def _hold_shared(fd: int, meta: WeightMeta) -> None:
     """The slot behind `fd` locked shared, of the version's size."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SharedError(f"version {meta.version}: its slot is being written again") from None
+    hold_shared(fd, meta.version)
     size = os.fstat(fd).st_size
     if size != meta.nbytes or size == 0:
         raise SharedError(f"version {meta.version}: a slot of {size} bytes for {meta.nbytes}")
 
 
+def hold_shared(fd: int, version: int) -> None:
+    """The slot behind `fd` locked shared (`SharedError` while the publisher writes it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SharedError(f"version {version}: its slot is being written again") from None
+
+
 def _mapping(slot: SharedSlot, meta: WeightMeta) -> mmap.mmap:
     """A private mapping of the slot through a descriptor of its own, closed once mapped (the mapping
     keeps a duplicate of it, which must hold no lock: the mapping outlives the hold)."""
-    fd = _open_slot(slot, meta.version)
+    fd = open_slot(slot, meta.version)
     try:
         return mmap.mmap(fd, meta.nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:

@@ -5,7 +5,8 @@ Invariant: every type here is a frozen msgspec struct declared once under its wi
 (`class Name(Message, tag="name")`), its fields typed, and ranged where their values have a range by
 nature (a version, a count, a size, an index: never negative), so that the codec refuses anything
 else; tensors never travel as pickles: weights are safetensors bytes in `WeightChunk` payloads, or
-broadcast tensors laid out by `BroadcastPlan`. This module imports nothing of cadence but the codec.
+broadcast tensors laid out by `BroadcastPlan`. This module imports nothing of cadence but the codec and
+the slots a `WeightMeta` names (`cadence.wire.slots`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from cadence.wire.codec import (
     encode_frames,
     peek,
 )
+from cadence.wire.slots import DeviceSlot as DeviceSlot
+from cadence.wire.slots import SharedSlot as SharedSlot
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -302,23 +305,11 @@ class WeightQuery(Message, tag="weight_query"):
     version: Version
 
 
-class SharedSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Where a version lies in the publisher's memory (`cadence.transport.shared_memory`): the memfd
-    open as `fd` in process `pid`, named `name`, reachable by a worker whose `host` identity (boot id,
-    network and pid namespaces) is this one; `activity`: the descriptor of the trainer's activity
-    page in that process (`cadence.transport.activity`), None where it has none."""
-
-    host: str
-    pid: Count
-    fd: Count
-    name: str
-    activity: Count | None = None
-
-
 class WeightMeta(Message, tag="weight_meta"):
     """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
     digest (`wire/digest.py`), which a puller checks the whole against. `shared`: where a worker on the publisher's
-    host maps the same bytes instead of pulling them; None where the publisher does not share."""
+    host maps the same bytes instead of pulling them; None where the publisher does not share.
+    `device`: where a worker on the publisher's GPU finds the version in that device's memory."""
 
     version: Version
     available: bool
@@ -327,6 +318,7 @@ class WeightMeta(Message, tag="weight_meta"):
     chunk_bytes: Count
     chunks: Count
     shared: SharedSlot | None = None
+    device: DeviceSlot | None = None
 
 
 class WeightChunkRequest(Message, tag="weight_chunk_request"):
