@@ -13,6 +13,8 @@
 #                tokens, every sample its whole limit (--full-length: the engines the same work; a
 #                JSON line a case in bench.log; the summary line says, for each case, whether the
 #                compiled engine drew the eager one's samples to the bit)
+#   weights      `cadence bench weights`: a SmolLM2-sized version to two workers on the trainer's GPU
+#                through CUDA IPC (cuda-ipc: publish plus load on one device) beside zmq, gloo, shm
 #   learner      `cadence bench learner` on the GPU: SmolLM2's 30 blocks at 4 096 and 16 384 tokens a
 #                micro-batch, dense mask against blocks and blocks recomputed (device peak memory)
 #   heavy-*      generation-heavy: 32 prompts x 16 samples, up to 256 new tokens (smollm2-math.toml)
@@ -56,6 +58,7 @@ bench() {
 
 bench generate generate --device cuda --models smollm2 --rows 32,128,256,512 --dtypes bfloat16,float32 \
   --new-tokens 256 --gen-engines eager,compiled,transformers --repeats 2 --full-length
+bench weights weights --repeats 5
 bench learner learner --device cuda --tokens 4096,16384 --layers 30 --repeats 1 --variants dense,blocks,recompute
 bench e2e heavy-bf16 "${heavy[@]}" "${gpu[@]}" "${bf16[@]}"
 bench e2e heavy-bf16-recompute "${heavy[@]}" "${gpu[@]}" "${bf16[@]}" --set trainer.activation_checkpointing=true

@@ -12,6 +12,9 @@
  with shared versions: store[k] held in the slot it was serialised into (transport/shared_memory.py;
                        other bytes, an upload's, copied into one), named in k's WeightMeta for the
                        workers on this host to map
+ with device versions (the trainer's tensors on a GPU): publish(k, bytes, tensors) also writes k's
+                       image into a buffer on that GPU (transport/device_memory.py), named in k's
+                       WeightMeta for the workers on the same device
  worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from cadence.transport.broadcast import BroadcastRoot
+    from cadence.transport.device_memory import DeviceVersions
     from cadence.transport.shared_memory import SharedVersions
 
 log = structlog.get_logger()
@@ -81,7 +85,9 @@ class _Partial:
 class Publisher:
     """`session`: with the dispatcher, registered as "publisher" at `server`'s address; `shared`:
     where each version is also written for the workers on this host (None: the host cannot share,
-    or `weights.share_on_host` is off)."""
+    or `weights.share_on_host` is off); `device`: where each version is also written for the
+    workers on the trainer's GPU, in `device_dtype` (None: the trainer is not on one, or it cannot
+    share)."""
 
     HANDLERS: ClassVar[Mapping[type[Message], Callable[[Publisher, bytes, str, Any], Awaitable[None]]]]
     """The handler of every message type its server takes (set below the class)."""
@@ -98,9 +104,12 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
         shared: SharedVersions | None = None,
         alloc: Callable[[int], bytearray] = bytearray,
+        device: DeviceVersions | None = None,
+        device_dtype: str | None = None,
     ) -> None:
         self.server = server
         self.shared = shared
+        self.device, self.device_dtype = device, device_dtype
         self.alloc = alloc
         self.session = session
         self.store = store
@@ -121,10 +130,13 @@ class Publisher:
         self, version: int, data: Buffer | bytes, tensors: Mapping[str, Tensor] | None = None
     ) -> str:
         """Make `version` available for pulls; with a broadcaster and the `tensors`, also broadcast
-        them to the members. Its digest (xxh3-128 by pieces: a full sha256 would cost a 135M model a third of a
+        them to the members; with device versions and the `tensors`, also write them on their GPU.
+        Its digest (xxh3-128 by pieces: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""
         stored = self.store.put(version, data)
         self._share(version, data)
+        if self.device is not None and tensors is not None:
+            await asyncio.to_thread(self._share_device, version, tensors)
         if self.broadcaster is not None and tensors is not None:
             await self.broadcaster.broadcast(version, tensors)
         return stored.digest
@@ -165,6 +177,28 @@ class Publisher:
         except OSError as err:
             self._stop_sharing(err, version)
 
+    def _share_device(self, version: int, tensors: Mapping[str, Tensor]) -> None:
+        """Write `version`'s image on the tensors' GPU for the workers there (none: every buffer is
+        held, the workers map it from host memory); where that fails (no device memory left), stop
+        (one line): the workers there map every version from host memory from then on."""
+        from cadence.model.checkpoint import tensors_layout
+        from cadence.model.device_image import image_nbytes, write_image
+
+        device = self.device
+        if device is None:
+            return
+        try:
+            layout = tensors_layout(tensors, self.device_dtype)
+            buffer = device.take(image_nbytes(layout))
+            if buffer is None:
+                log.debug("device_buffers_held", version=version)
+                return
+            device.write(version, write_image(layout, buffer))
+        except Exception as err:  # no device memory left (torch.OutOfMemoryError), a driver's refusal
+            self.device = None
+            log.warning("device_sharing_failed", version=version, error=str(err), fallback="shm")
+            device.close()
+
     def _stop_sharing(self, err: OSError, version: int | None) -> None:
         shared, self.shared = self.shared, None
         if shared is not None:
@@ -177,6 +211,8 @@ class Publisher:
         finally:
             if self.shared is not None:
                 self.shared.close()
+            if self.device is not None:
+                self.device.close()
 
     async def _serve(self) -> None:
         while True:
@@ -203,6 +239,9 @@ class Publisher:
         slot = None if self.shared is None or not meta.available else self.shared.offer(msg.version)
         if slot is not None:
             meta = msgspec.structs.replace(meta, shared=slot)
+        on_device = None if self.device is None or not meta.available else self.device.offer(msg.version)
+        if on_device is not None:
+            meta = msgspec.structs.replace(meta, device=on_device)
         await self.server.send(peer, meta)
 
     async def _on_chunk_request(self, peer: bytes, sender: str, msg: WeightChunkRequest) -> None:

@@ -3,6 +3,9 @@
 ```
  ensure(job) ─► job.version loaded? ─► nothing to do
              ─► this worker in the version's broadcast (weights.transport) ─► its tensors ─► load_state
+             ─► the publisher offers it on this worker's GPU (transport/device_memory.py) ─► open its
+                buffer (CUDA IPC), check the device digest ─► its tensors loaded, a copy on the device
+                (or the engine computes with them); the buffer held until the next version is loaded
              ─► the publisher on this host shares it (transport/shared_memory.py) ─► map its slot,
                 check the digest ─► the engine computes with the mapped tensors; the slot held
                 until the next version is loaded (a slot refused: pulled instead; no sharing
@@ -31,11 +34,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from cadence.model.checkpoint import state_dict_from_bytes, state_nbytes
+from cadence.model.device_image import image_views
 from cadence.model.lora_engine import LoraRolloutEngine
 from cadence.model.rollout_engine import RolloutEngine, ThreadedEngine, TorchRolloutEngine
 from cadence.monitor.span import span
 from cadence.transport.activity import ActivityReader
 from cadence.transport.buffers import BufferPool
+from cadence.transport.device_memory import DeviceReader, HeldBuffer, device_sharing_problem
 from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.shared_memory import (
@@ -46,7 +51,7 @@ from cadence.transport.shared_memory import (
     sharing_problem,
 )
 from cadence.transport.weights import WeightError, pull_weights, query_weights
-from cadence.wire.messages import Assignment, SharedSlot, Welcome
+from cadence.wire.messages import Assignment, SharedSlot, WeightMeta, Welcome
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -93,6 +98,29 @@ def shared_reader(share: bool) -> SharedReader | None:
     return SharedReader()
 
 
+def device_reader(engine: RolloutEngine, share: bool) -> DeviceReader | None:
+    """A worker's reader of the versions a publisher offers on its GPU: for the built-in engine on a
+    CUDA device, when it may share (else one log line says why not, where the device is CUDA)."""
+    if not share or not isinstance(engine, TorchRolloutEngine) or engine.engine.device.type != "cuda":
+        return None
+    device = engine.engine.device
+    problem = device_sharing_problem(device)
+    if problem is not None:
+        log.warning("device_sharing_fallback", reason=problem, fallback="shm")
+        return None
+    return DeviceReader(device)
+
+
+def take_device_views(engine: RolloutEngine, held: HeldBuffer) -> None:
+    """Load a version from a device buffer: its tensors copied into the engine's on the device, or
+    taken as they are where the engine may (`load_state_dict` with `share`: not compiled)."""
+    if not isinstance(engine, TorchRolloutEngine):
+        raise TypeError(
+            f"a version on a device is loaded by the built-in engine, not {type(engine).__name__}"
+        )
+    engine.engine.load_state_dict(image_views(held.data), share=True)
+
+
 class WorkerWeights:
     """`engine`: where versions are loaded; `buffers`: where pulled versions are assembled, each in
     the buffer of one loaded before (the engine may compute with the bytes of the version it holds:
@@ -123,7 +151,8 @@ class WorkerWeights:
         self.playing: int | None = None  # the version a batch is made with: nothing loads meanwhile
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.shared = shared if shared is not None else shared_reader(settings.share_weights)
-        self._mapped: Mapped | None = None  # the slot of the loaded version, when it was mapped
+        self._mapped: Mapped | HeldBuffer | None = None  # the slot of the loaded version, if shared
+        self.device = device_reader(engine, settings.share_weights)
         self._alike: bool | None = None  # its engine computes alike with both budgets (asked once)
         self.activity: ActivityReader | None = None  # the trainer's on this host, read between steps
 
@@ -217,7 +246,16 @@ class WorkerWeights:
             raise
         self._hold(mapped)
 
-    def _hold(self, mapped: Mapped | None) -> None:
+    def _load_device(self, held: HeldBuffer) -> None:
+        try:
+            with self.computing():
+                take_device_views(self.engine, held)
+        except BaseException:
+            held.release()
+            raise
+        self._hold(held)
+
+    def _hold(self, mapped: Mapped | HeldBuffer | None) -> None:
         """Hold the slot of the version just loaded (if mapped), and let the one before go."""
         before, self._mapped = self._mapped, mapped
         if before is not None:
@@ -227,17 +265,45 @@ class WorkerWeights:
         log.warning("shared_memory_fallback", reason=reason, fallback="zmq")
         self.shared = None
 
-    async def _map(self, publisher: Client, version: int) -> Mapped | None:
-        """`version` mapped from the publisher's shared memory, verified; None when it is not to be
-        had there (then it is pulled)."""
-        reader = self.shared
-        if reader is None:
+    async def _meta(self, publisher: Client, version: int) -> WeightMeta | None:
+        """Where the publisher offers `version` beside its pulls, when this worker may take it from
+        memory on its host (None: it is pulled)."""
+        if self.shared is None and self.device is None:
             return None
         try:
             meta = await query_weights(publisher, version, self.liveness.timeout_s)
         except WeightError:
             return None  # the pull meets the same silence, and deals with it
-        if not meta.available:
+        return meta if meta.available else None
+
+    async def _open_device(self, meta: WeightMeta) -> HeldBuffer | None:
+        """`meta.version` in the buffer its publisher offers on this worker's GPU, verified; None when
+        it is not to be had there (then it is mapped from host memory, or pulled)."""
+        reader = self.device
+        if reader is None or meta.device is None:
+            return None
+        try:
+            held = await asyncio.to_thread(reader.open, meta)
+            self._watch(meta.shared)
+            return held
+        except SharedError as err:
+            if not isinstance(err, SharingImpossible):
+                log.warning("device_version_refused", version=meta.version, reason=str(err), fallback="shm")
+                return None
+            self._no_device(str(err))
+        except Exception as err:  # the device's own failure: its versions come through host memory
+            self._no_device(repr(err))
+        return None
+
+    def _no_device(self, reason: str) -> None:
+        log.warning("device_sharing_fallback", reason=reason, fallback="shm")
+        self.device = None
+
+    async def _map(self, meta: WeightMeta) -> Mapped | None:
+        """`meta.version` mapped from the publisher's shared memory, verified; None when it is not to
+        be had there (then it is pulled)."""
+        reader = self.shared
+        if reader is None:
             return None
         if meta.shared is None:
             self._no_sharing("the publisher does not share its versions")
@@ -249,7 +315,7 @@ class WorkerWeights:
         except SharingImpossible as err:
             self._no_sharing(str(err))
         except SharedError as err:
-            log.warning("shared_version_refused", version=version, reason=str(err), fallback="zmq")
+            log.warning("shared_version_refused", version=meta.version, reason=str(err), fallback="zmq")
         return None
 
     async def fetch_and_load(self, publisher: Client, version: int) -> tuple[str, int]:
@@ -263,7 +329,15 @@ class WorkerWeights:
             if state is not None:
                 await asyncio.to_thread(self._load_state, state)
                 return self.settings.weights_transport, state_nbytes(state)
-        mapped = await self._map(publisher, version)
+        meta = await self._meta(publisher, version)
+        held = None if meta is None else await self._open_device(meta)
+        if held is not None:
+            try:
+                await asyncio.to_thread(self._load_device, held)
+                return "cuda-ipc", held.data.numel()
+            except Exception as err:  # loaded from host memory instead, as every version from now on
+                self._no_device(repr(err))
+        mapped = None if meta is None else await self._map(meta)
         if mapped is not None:
             await asyncio.to_thread(self._load_mapped, mapped)
             return "shm", len(mapped.data)

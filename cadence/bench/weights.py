@@ -28,6 +28,8 @@ is SmolLM2-135M in fp32 (134,515,008 parameters * 4 bytes).
   (where a run's trainer serialises it, as the other entries' bytes are serialised before theirs);
   each worker maps it with its `SharedReader` (kept from one repeat to the next, with its mappings,
   as a rollout worker keeps it), the digest checked against the publisher's.
+- `cuda-ipc`, where torch sees a GPU: a version from a tensor on the device to each worker's own copy
+  on the same device through the publisher's device buffers (`bench/weights_device.py`).
 `load_1min` is the machine's load average at the end: other work on the cores moves every figure.
 
 Invariant: a `zmq` figure counts only pulls whose bytes passed `pull_weights`' sha256 check against
@@ -53,6 +55,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from cadence.actors.publisher import Publisher
+from cadence.bench.weights_device import DeviceBench, device_problem, device_receive
 from cadence.config import WeightsConfig
 from cadence.log import configure_logging
 from cadence.transport.heartbeat import Liveness
@@ -84,7 +87,7 @@ class Transport:
     receive: Callable[..., None]
 
 
-def _collect(conns: list[Connection], nbytes: int, what: str) -> None:
+def collect(conns: list[Connection], nbytes: int, what: str) -> None:
     for conn in conns:
         got = conn.recv()
         if got != nbytes:
@@ -108,7 +111,7 @@ def _raw_send(data: bytes, version: int, conns: list[Connection]) -> float:
         senders = [threading.Thread(target=send, args=(listener.accept()[0],)) for _ in conns]
         for thread in senders:
             thread.start()
-        _collect(conns, len(data), "raw")
+        collect(conns, len(data), "raw")
         seconds = time.perf_counter() - begin
         for thread in senders:
             thread.join()
@@ -170,7 +173,7 @@ async def _zmq_publish(data: bytes, version: int, conns: list[Connection]) -> fl
         begin = time.perf_counter()
         for i, conn in enumerate(conns):
             conn.send(("zmq", publisher.server.address, version, f"worker-{i}"))
-        await asyncio.to_thread(_collect, conns, len(data), "zmq")
+        await asyncio.to_thread(collect, conns, len(data), "zmq")
         return time.perf_counter() - begin
 
 
@@ -214,7 +217,7 @@ async def _gloo_publish(data: bytes, version: int, conns: list[Connection]) -> f
         begin = time.perf_counter()
         if not await root.broadcast(1, tensors):
             raise RuntimeError("gloo: the broadcast did not reach every worker")
-        await asyncio.to_thread(_collect, conns, len(data), "gloo")
+        await asyncio.to_thread(collect, conns, len(data), "gloo")
         return time.perf_counter() - begin
 
 
@@ -262,7 +265,7 @@ class _SharedBench:
         meta = WeightMeta(version, True, len(data), xxh, CHUNK_BYTES, 1, shared=slot)
         for conn in conns:
             conn.send(("shm", encode(meta, "bench")))
-        _collect(conns, len(data), "shm")
+        collect(conns, len(data), "shm")
         return time.perf_counter() - begin
 
 
@@ -285,6 +288,7 @@ TRANSPORTS: dict[str, Transport] = {
     "zmq": Transport(_zmq_send, _zmq_receive),
     "gloo": Transport(_gloo_send, _gloo_receive),
     "shm": Transport(_SharedBench().send, _shm_receive),
+    "cuda-ipc": Transport(DeviceBench(collect).send, device_receive),
 }
 
 
@@ -324,7 +328,11 @@ def bench_weights(as_json: bool, weights_mbytes: float | None = None, repeats: i
     shared = sharing_problem()
     if shared is not None:
         print(f"cadence: no shm figure: {shared}", file=sys.stderr)
-    seconds: dict[str, list[float]] = {name: [] for name in TRANSPORTS if name != "shm" or shared is None}
+    on_device = device_problem()  # cuda-ipc only where torch sees a GPU (asked once the workers are forked)
+    if on_device is not None:
+        print(f"cadence: no cuda-ipc figure: {on_device}", file=sys.stderr)
+    skipped = {name for name, problem in (("shm", shared), ("cuda-ipc", on_device)) if problem is not None}
+    seconds: dict[str, list[float]] = {name: [] for name in TRANSPORTS if name not in skipped}
     try:
         data = os.urandom(nbytes)
         for version in range(1, repeats + 1):

@@ -208,7 +208,9 @@ class WeightsConfig:
         True,
         "a worker on the publisher's host (same boot, network and pid namespaces) maps each version from"
         " shared memory, checked against its digest, instead of pulling it; where the host cannot share"
-        " it pulls (the publisher logs shared_memory_unavailable, the worker shared_memory_fallback)",
+        " it pulls (the publisher logs shared_memory_unavailable, the worker shared_memory_fallback); with"
+        " the trainer on a CUDA device, a worker on that same device takes each version from a buffer"
+        " there (CUDA IPC), checked against a digest computed on the device",
     )
 
 

@@ -23,6 +23,7 @@ import uvloop
 
 from cadence.config import ConfigError, RunConfig
 from cadence.launch.secret import make_run_secret, read_run_secret
+from cadence.launch.sharing import device_versions, shared_versions
 from cadence.monitor.run_dir import write_whole
 from cadence.training.ranks import Ranks
 from cadence.transport.buffers import BufferPool
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from cadence.training.learner import Learner
     from cadence.transport.broadcast import BroadcastRoot
     from cadence.transport.endpoint import Server
-    from cadence.transport.shared_memory import SharedVersions
 
 log = structlog.get_logger()
 
@@ -213,20 +213,24 @@ def _publish_function(
     its version go, or once uploaded. Then where the trainer says whether it computes (a hosted
     publisher's `computing`, read by the workers on its host), and asks whether a worker on its
     host still holds a version (a hosted publisher's `held`)."""
+    from cadence.launch.settings import publish_dtype
     from cadence.transport.weights import upload_weights
 
     buffers = BufferPool(keep=2)  # a version's bytes, serialised into pages touched before
     if publisher_address is None:
         publisher = _publisher(cfg, net, connect, buffers=buffers, secret=secret)
-        if publisher.broadcaster is None:
+        publisher.device, publisher.device_dtype = device_versions(cfg), publish_dtype(cfg)
+        if publisher.broadcaster is None and publisher.device is None:
             return Publishing(
                 publisher.publish, publisher.buffer, [publisher.run()], publisher.computing, publisher.held
             )
 
-        async def broadcast(version: int, data: bytes | Buffer) -> str:
+        async def with_tensors(version: int, data: bytes | Buffer) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
-        return Publishing(broadcast, publisher.buffer, [publisher.run()], publisher.computing, publisher.held)
+        return Publishing(
+            with_tensors, publisher.buffer, [publisher.run()], publisher.computing, publisher.held
+        )
     if cfg.weights.transport != "zmq":
         raise ConfigError(
             f"weights.transport = {cfg.weights.transport!r} broadcasts from the trainer's process:"
@@ -306,25 +310,9 @@ def _publisher(
         WeightStore(cfg.weights.chunk_bytes, cfg.weights.keep_versions, buffers.give if buffers else None),
         _broadcaster(cfg, server) if with_broadcast else None,
         publisher_settings(cfg),
-        shared=_shared_versions(cfg),
+        shared=shared_versions(cfg),
         alloc=buffers.take if buffers is not None else bytearray,
     )
-
-
-def _shared_versions(cfg: RunConfig) -> SharedVersions | None:
-    """Where the publisher writes each version for the workers on its host, when it may and can
-    (else one log line says why not)."""
-    if not cfg.weights.share_on_host:
-        return None
-    from cadence.transport.shared_memory import SharedVersions, sharing_problem
-
-    problem = sharing_problem()
-    if problem is not None:
-        log.warning("shared_memory_unavailable", reason=problem, fallback="zmq")
-        return None
-    shared = SharedVersions(cfg.weights.keep_versions)
-    log.info("weights_shared", slots=shared.prefix, host=shared.host)
-    return shared
 
 
 def _broadcaster(cfg: RunConfig, server: Server) -> BroadcastRoot | None:

@@ -90,7 +90,7 @@ def device_digest(buffer: Tensor) -> str:
         tail = flat.new_zeros(8)
         tail[: n % 8] = flat[whole:]
         words = torch.cat([words, tail.view(torch.int64)])
-    plain = weighted = 0
+    sums = torch.zeros(2, dtype=torch.int64, device=buffer.device)  # int64 wraps: modulo 2**64
     for start in range(0, words.numel(), DIGEST_WORDS):
         part = words[start : start + DIGEST_WORDS]
         index = torch.arange(start, start + part.numel(), dtype=torch.int64, device=part.device)
@@ -98,8 +98,8 @@ def device_digest(buffer: Tensor) -> str:
         x = (x ^ _shift(x, 30)) * _K1
         x = (x ^ _shift(x, 27)) * _K2
         x = x ^ _shift(x, 31)
-        sums = torch.stack([x.sum(), (x * (2 * index + 1)).sum()]).tolist()
-        plain, weighted = (plain + sums[0]) & _MASK, (weighted + sums[1]) & _MASK
+        sums += torch.stack([x.sum(), (x * (2 * index + 1)).sum()])
+    plain, weighted = (int(value) & _MASK for value in sums.tolist())  # one wait for the device
     return xxhash.xxh3_128_hexdigest(struct.pack("<QQQ", plain, weighted, n))
 
 
@@ -151,6 +151,13 @@ def cuda_open(slot: DeviceSlot, device: torch.device) -> Tensor:
         raise SharingImpossible(f"CUDA IPC: {err}") from err
 
 
+def indexed(device: torch.device) -> torch.device:
+    """`device` with its index ("cuda" is the process's current CUDA device)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def device_uuid(device: torch.device) -> str:
     """The device's UUID: what names one GPU in every process, whatever CUDA_VISIBLE_DEVICES numbers it."""
     return str(torch.cuda.get_device_properties(device).uuid)
@@ -190,9 +197,9 @@ class DeviceVersions:
         uuid: str | None = None,
         export: Callable[[Tensor], Exported] = cuda_export,
     ) -> None:
-        self.device = device
+        self.device = indexed(device)
         self.host = host_identity() if host is None else host
-        self.uuid = device_uuid(device) if uuid is None else uuid
+        self.uuid = device_uuid(self.device) if uuid is None else uuid
         self.export = export
         self.pid = os.getpid()
         self.prefix = f"cadence-device-{secrets.token_hex(8)}"
@@ -326,9 +333,9 @@ class DeviceReader:
         uuid: str | None = None,
         open_buffer: Callable[[DeviceSlot, torch.device], Tensor] = cuda_open,
     ) -> None:
-        self.device = device
+        self.device = indexed(device)
         self.host = host_identity() if host is None else host
-        self.uuid = device_uuid(device) if uuid is None else uuid
+        self.uuid = device_uuid(self.device) if uuid is None else uuid
         self.open_buffer = open_buffer
         self._opened: dict[str, tuple[DeviceSlot, Tensor]] = {}  # by slot name
 

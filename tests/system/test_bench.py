@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cadence.bench.weights_device import device_problem
 from cadence.monitor.run_dir import read_jsonl
 from cadence.transport.shared_memory import sharing_problem
 from tests.system.helpers import cadence
@@ -91,7 +92,8 @@ def test_bench_weights_reports_each_transport_against_the_raw_wire() -> None:
     assert figures["bytes"] == 8_000_000 and figures["workers"] == 2
     assert figures["raw_seconds"] > 0 and figures["raw_gbps"] > 0 and figures["load_1min"] >= 0
     shared = {"shm"} if sharing_problem() is None else set()  # the same-host transport, where it can
-    assert set(figures["transports"]) == {"zmq", "gloo"} | shared
+    on_device = {"cuda-ipc"} if device_problem() is None else set()  # where torch sees a GPU
+    assert set(figures["transports"]) == {"zmq", "gloo"} | shared | on_device
     for entry in figures["transports"].values():
         assert set(entry) == {"seconds", "gbps", "ratio_to_raw"}
         assert entry["seconds"] > 0 and entry["gbps"] > 0

@@ -228,7 +228,9 @@ def test_a_worker_on_another_host_or_device_cannot_share_and_a_gone_slot_is_refu
 
 def _open_in_child(encoded: bytes, expected: bytes, out: mp.Queue) -> None:  # type: ignore[type-arg]
     try:
-        slot = decode(encoded).message.device
+        received = decode(encoded).message
+        assert isinstance(received, WeightMeta)
+        slot = received.device
         reader = DeviceReader(torch.device("cuda", torch.cuda.current_device()))
         held = reader.open(meta(1, slot))
         views = image_views(held.data)

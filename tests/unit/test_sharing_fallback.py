@@ -10,7 +10,7 @@ import structlog
 
 from cadence.actors import rollout_weights
 from cadence.actors.rollout_weights import shared_reader
-from cadence.launch.processes import _shared_versions
+from cadence.launch.sharing import shared_versions
 from cadence.transport import shared_memory
 from tests.conftest import tiny_config
 
@@ -33,7 +33,7 @@ def test_a_host_that_cannot_share_is_said_once_by_each_side(monkeypatch: pytest.
     for module in (shared_memory, rollout_weights):  # the publisher's and the worker's check
         monkeypatch.setattr(module, "sharing_problem", lambda: "no memfd_create on this platform")
     with structlog.testing.capture_logs() as logs:
-        assert _shared_versions(tiny_config()) is None
+        assert shared_versions(tiny_config()) is None
         assert shared_reader(True) is None
     assert [(e["event"], e["reason"]) for e in logs] == [
         ("shared_memory_unavailable", "no memfd_create on this platform"),
@@ -43,6 +43,6 @@ def test_a_host_that_cannot_share_is_said_once_by_each_side(monkeypatch: pytest.
 
 def test_sharing_turned_off_is_no_sharing_and_nothing_said() -> None:
     with structlog.testing.capture_logs() as logs:
-        assert _shared_versions(tiny_config("weights.share_on_host=false")) is None
+        assert shared_versions(tiny_config("weights.share_on_host=false")) is None
         assert shared_reader(False) is None
     assert logs == []
