@@ -187,6 +187,25 @@ def test_a_held_buffer_is_never_written_again_and_is_reused_once_let_go() -> Non
         versions.close()
 
 
+def test_buffers_of_another_size_make_room_when_none_is_held() -> None:
+    """A version of another size (another dtype, a resumed run) lets free buffers of the old size go
+    rather than exceed MAX_SLOTS; one a worker holds stays."""
+    registry = Registry()
+    versions, reader = pair(registry)
+    try:
+        first = publish(versions, 1)
+        held = reader.open(meta(1, first))
+        for version in (2, 3):
+            publish(versions, version)
+        bigger = [publish(versions, version, nbytes=8192) for version in (4, 5)]
+        names = {first.lock.name, *(b.lock.name for b in bigger)}
+        assert len(names) == 3 and versions.offer(5) == bigger[-1]  # 1 held; 2 and 3's buffers let go
+        assert torch.equal(held.data, filled(4096, 1))
+        held.release()
+    finally:
+        versions.close()
+
+
 def test_a_torn_stale_or_busy_buffer_is_refused() -> None:
     registry = Registry()
     versions, reader = pair(registry)
