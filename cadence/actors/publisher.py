@@ -55,6 +55,7 @@ from cadence.wire.roles import valid_ticket
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from cadence.model.safetensors_bytes import Layout
     from cadence.transport.broadcast import BroadcastRoot
     from cadence.transport.device_memory import DeviceVersions
     from cadence.transport.shared_memory import SharedVersions
@@ -110,6 +111,7 @@ class Publisher:
         self.server = server
         self.shared = shared
         self.device, self.device_dtype = device, device_dtype
+        self._device_layout: Layout | None = None  # where the tensors go in a device image
         self.alloc = alloc
         self.session = session
         self.store = store
@@ -188,7 +190,9 @@ class Publisher:
         if device is None:
             return
         try:
-            layout = tensors_layout(tensors, self.device_dtype)
+            layout = self._device_layout  # the same tensors version after version: laid out once
+            if layout is None or not layout.holds(tensors):
+                layout = self._device_layout = tensors_layout(tensors, self.device_dtype)
             buffer = device.take(image_nbytes(layout))
             if buffer is None:
                 log.debug("device_buffers_held", version=version)

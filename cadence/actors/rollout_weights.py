@@ -286,11 +286,10 @@ class WorkerWeights:
             held = await asyncio.to_thread(reader.open, meta)
             self._watch(meta.shared)
             return held
-        except SharedError as err:
-            if not isinstance(err, SharingImpossible):
-                log.warning("device_version_refused", version=meta.version, reason=str(err), fallback="shm")
-                return None
+        except SharingImpossible as err:
             self._no_device(str(err))
+        except SharedError as err:
+            log.warning("device_version_refused", version=meta.version, reason=str(err), fallback="shm")
         except Exception as err:  # the device's own failure: its versions come through host memory
             self._no_device(repr(err))
         return None
