@@ -7,7 +7,8 @@
                 buffer (CUDA IPC), check the device digest ─► its tensors loaded, a copy on the device
                 (or the engine computes with them); the buffer held until the next version is loaded
              ─► the publisher on this host shares it (transport/shared_memory.py) ─► map its slot,
-                check the digest ─► the engine computes with the mapped tensors; the slot held
+                check the digest ─► the engine computes with the mapped tensors (made once a
+                mapping: model/mapping_views.py), in the same thread; the slot held
                 until the next version is loaded (a slot refused: pulled instead; no sharing
                 possible: one shared_memory_fallback line, pulled from then on)
              ─► else pull (transport/weights.py: checked chunks; the publisher's ipc:// address on its
@@ -36,6 +37,7 @@ import structlog
 from cadence.model.checkpoint import state_dict_from_bytes, state_nbytes
 from cadence.model.device_image import image_views
 from cadence.model.lora_engine import LoraRolloutEngine
+from cadence.model.mapping_views import MappingViews
 from cadence.model.rollout_engine import RolloutEngine, ThreadedEngine, TorchRolloutEngine
 from cadence.monitor.span import span
 from cadence.transport.activity import ActivityReader
@@ -71,15 +73,17 @@ def pull_address(welcome: Welcome, host: str) -> str:
     return welcome.publisher_address
 
 
-def take_views(engine: RolloutEngine, data: mmap.mmap) -> None:
+def take_views(engine: RolloutEngine, data: mmap.mmap, views: MappingViews | None = None) -> None:
     """Load a version mapped from shared memory, which stays unchanged until the next load: the
     built-in engine computes with its tensors themselves where their dtype and device are its own
-    (`TorchEngine.load_state_dict` with `share`), and copies them where not; LoRA's reads the
+    (`TorchEngine.load_state_dict` with `share`; the tensors viewing that mapping made once, by
+    `views`, where given), and copies them where not; LoRA's reads the
     adapters from the mapping (no copy of the version first: a rank-8 version's 9.8 MB, cold in the
     caches, cost its load 3-5 ms); any other engine (vLLM, the simulated one) is given the version's
     bytes as a pull would give them."""
     if isinstance(engine, TorchRolloutEngine):
-        engine.engine.load_state_dict(state_dict_from_bytes(data), share=True)
+        state = views.views(data) if views is not None else state_dict_from_bytes(data)
+        engine.engine.load_state_dict(state, share=True)
     elif isinstance(engine, LoraRolloutEngine):
         engine.load(data)  # reads the adapters as views of the mapping: copied (step) or merged out of them
     else:
@@ -152,6 +156,7 @@ class WorkerWeights:
         self.member: BroadcastMember | None = None  # with a broadcast weights.transport
         self.shared = shared if shared is not None else shared_reader(settings.share_weights)
         self._mapped: Mapped | HeldBuffer | None = None  # the slot of the loaded version, if shared
+        self._views = MappingViews()  # the tensors viewing each mapping `shared` keeps
         self.device = device_reader(engine, settings.share_weights)
         self._alike: bool | None = None  # its engine computes alike with both budgets (asked once)
         self.activity: ActivityReader | None = None  # the trainer's on this host, read between steps
@@ -237,14 +242,18 @@ class WorkerWeights:
             self.engine.load_state(state)
         self._hold(None)
 
-    def _load_mapped(self, mapped: Mapped) -> None:
+    def _map_and_load(self, reader: SharedReader, meta: WeightMeta) -> int:
+        """Map `meta.version` (`SharedReader.map`'s errors) and load it, in one thread: its size."""
+        mapped = reader.map(meta)
+        self._views.keep_only(reader.keeps)
         try:
             with self.computing():
-                take_views(self.engine, mapped.data)
+                take_views(self.engine, mapped.data, self._views)
         except BaseException:
             mapped.release()
             raise
         self._hold(mapped)
+        return len(mapped.data)
 
     def _load_device(self, held: HeldBuffer) -> None:
         try:
@@ -298,9 +307,9 @@ class WorkerWeights:
         log.warning("device_sharing_fallback", reason=reason, fallback="shm")
         self.device = None
 
-    async def _map(self, meta: WeightMeta) -> Mapped | None:
-        """`meta.version` mapped from the publisher's shared memory, verified; None when it is not to
-        be had there (then it is pulled)."""
+    async def _map(self, meta: WeightMeta) -> int | None:
+        """`meta.version` mapped from the publisher's shared memory, verified, and loaded: its size;
+        None when it is not to be had there (then it is pulled)."""
         reader = self.shared
         if reader is None:
             return None
@@ -308,9 +317,9 @@ class WorkerWeights:
             self._no_sharing("the publisher does not share its versions")
             return None
         try:
-            mapped = await asyncio.to_thread(reader.map, meta)
+            nbytes = await asyncio.to_thread(self._map_and_load, reader, meta)
             self._watch(meta.shared)
-            return mapped
+            return nbytes
         except SharingImpossible as err:
             self._no_sharing(str(err))
         except SharedError as err:
@@ -338,8 +347,7 @@ class WorkerWeights:
                 self._no_device(repr(err))
         mapped = None if meta is None else await self._map(meta)
         if mapped is not None:
-            await asyncio.to_thread(self._load_mapped, mapped)
-            return "shm", len(mapped.data)
+            return "shm", mapped
         data = await self.pull(publisher, version)
         await asyncio.to_thread(self._load, data)
         self.buffers.give(data)  # a later version's pages once the engine no longer computes with them

@@ -29,7 +29,7 @@ from cadence.transport.endpoint import Client
 from cadence.transport.heartbeat import Liveness
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.session import Session
-from cadence.transport.shared_memory import SharedVersions, sharing_problem
+from cadence.transport.shared_memory import Mapped, SharedVersions, sharing_problem
 from cadence.transport.weights import WeightStore, pull_weights
 from cadence.wire.buffer import Buffer
 from tests.conftest import tiny_config
@@ -105,6 +105,28 @@ async def test_the_engine_computes_with_the_mapped_version_and_generates_as_with
         reference.load(await pull_weights(r.client, 1, 5.0))
         prompt = [1, 2, 3]
         assert r.engine.generate(prompt, [7, 8]) == reference.generate(prompt, [7, 8])
+
+
+async def test_versions_through_the_same_slots_are_viewed_by_tensors_made_once_a_slot(
+    network: InprocNetwork,
+) -> None:
+    """Version after version in the publisher's two slots: the worker makes the tensors viewing each
+    slot's mapping once, and still computes with exactly the version it loaded."""
+    async with rig(network) as r:
+        learner = make_learner(CFG, make_tokenizer(CFG))
+        made: dict[int, object] = {}
+        for version in range(2, 7):
+            _noise_step([learner], version)
+            await r.publisher.publish(version, learner.weights(dtype=publish_dtype(CFG)))
+            assert (await r.weights.fetch_and_load(r.client, version))[0] == "shm"
+            mapped = r.weights._mapped
+            assert isinstance(mapped, Mapped) and isinstance(r.engine, TorchRolloutEngine)
+            state = r.weights._views.views(mapped.data)
+            assert made.setdefault(id(mapped.data), state) is state  # the same tensors as before
+            reference = make_engine(CFG, make_tokenizer(CFG))
+            reference.load(await pull_weights(r.client, version, 5.0))
+            assert r.engine.generate([1, 2, 3], [7, 8]) == reference.generate([1, 2, 3], [7, 8])
+        assert len(made) == 2 and len(r.weights._views) <= 2
 
 
 @pytest.mark.parametrize("apply", ["step", "merge"])
