@@ -14,7 +14,10 @@
                        workers on this host to map
  with device versions (the trainer's tensors on a GPU): publish(k, bytes, tensors) also writes k's
                        image into a buffer on that GPU (transport/device_memory.py), named in k's
-                       WeightMeta for the workers on the same device
+                       WeightMeta for the workers on the same device; or, first, publish_on_device(k,
+                       tensors): k's image written there, announced at once; its host bytes copied
+                       from that image and stored in the background; meanwhile a WeightQuery(k,
+                       device) is answered with the device buffer alone, any other once they are in
  worker ─ BroadcastJoin ─► a member from the next version on
  worker ─ WeightQuery(k) ─► WeightMeta(k, size, digest, chunks) ; WeightChunkRequest(k, i) ─► WeightChunk
 ```
@@ -120,6 +123,9 @@ class Publisher:
         self.clock = clock
         self.trainer_key = ""  # told by the dispatcher: uploads must carry tickets made with it
         self._uploads: dict[int, _Partial] = {}
+        self._storing: dict[int, asyncio.Event] = {}  # versions on the device, their host bytes not in yet
+        self._host: asyncio.Task[None] | None = None  # storing the last version's host bytes
+        self._held: set[asyncio.Task[None]] = set()  # queries answered once the host bytes are in
         for kind, handler in self.SESSION_HANDLERS.items():
             session.on(kind, functools.partial(handler, self))
 
@@ -135,6 +141,7 @@ class Publisher:
         them to the members; with device versions and the `tensors`, also write them on their GPU.
         Its digest (xxh3-128 by pieces: a full sha256 would cost a 135M model a third of a
         second of the critical path; the final checkpoint's sha256 is the run's identity)."""
+        await self.stored()
         stored = self.store.put(version, data)
         self._share(version, data)
         if self.device is not None and tensors is not None:
@@ -142,6 +149,49 @@ class Publisher:
         if self.broadcaster is not None and tensors is not None:
             await self.broadcaster.broadcast(version, tensors)
         return stored.digest
+
+    async def publish_on_device(self, version: int, tensors: Mapping[str, Tensor]) -> int | None:
+        """Make `version` available on the tensors' GPU first, for it to be announced at once: its
+        image written there (the workers on that device take it now), its host bytes copied from
+        that image, stored and shared in the background (the other workers are answered once they
+        are in). Its size; None when it is not on the device (no device versions, a broadcast to
+        feed, every buffer held): then `publish` it as usual."""
+        await self.stored()
+        if self.device is None or self.broadcaster is not None:
+            return None
+        image = await asyncio.to_thread(self._share_device, version, tensors)
+        if image is None:
+            return None
+        done = self._storing[version] = asyncio.Event()
+        self._host = asyncio.create_task(self._store_image(version, image, done))
+        return image.numel()
+
+    async def stored(self) -> None:
+        """Until the host bytes of the last version published on the device first are stored (what
+        failed there raised here)."""
+        task, self._host = self._host, None
+        if task is not None:
+            await task
+
+    async def _store_image(self, version: int, image: Tensor, done: asyncio.Event) -> None:
+        begin = self.clock()
+        try:
+            data = await asyncio.to_thread(self._host_bytes, image)
+            self.store.put(version, data)
+            self._share(version, data)
+            log.info(
+                "version_stored", version=version, nbytes=len(data), host_s=round(self.clock() - begin, 4)
+            )
+        finally:
+            del self._storing[version]
+            done.set()
+
+    def _host_bytes(self, image: Tensor) -> Buffer:
+        import torch
+
+        data = self.buffer(image.numel())
+        torch.frombuffer(data, dtype=torch.uint8).copy_(image)  # type: ignore[call-overload]
+        return data
 
     def buffer(self, nbytes: int) -> Buffer:
         """Where the trainer serialises the next version (from its computing thread): a slot of shared
@@ -179,16 +229,16 @@ class Publisher:
         except OSError as err:
             self._stop_sharing(err, version)
 
-    def _share_device(self, version: int, tensors: Mapping[str, Tensor]) -> None:
-        """Write `version`'s image on the tensors' GPU for the workers there (none: every buffer is
-        held, the workers map it from host memory); where that fails (no device memory left), stop
-        (one line): the workers there map every version from host memory from then on."""
+    def _share_device(self, version: int, tensors: Mapping[str, Tensor]) -> Tensor | None:
+        """Write `version`'s image on the tensors' GPU for the workers there: the image (None: every
+        buffer is held, the workers map it from host memory); where that fails (no device memory
+        left), stop (one line): the workers there map every version from host memory from then on."""
         from cadence.model.checkpoint import tensors_layout
         from cadence.model.device_image import image_nbytes, write_image
 
         device = self.device
         if device is None:
-            return
+            return None
         try:
             layout = self._device_layout  # the same tensors version after version: laid out once
             if layout is None or not layout.holds(tensors):
@@ -196,12 +246,14 @@ class Publisher:
             buffer = device.take(image_nbytes(layout))
             if buffer is None:
                 log.debug("device_buffers_held", version=version)
-                return
+                return None
             device.write(version, write_image(layout, buffer))
+            return buffer
         except Exception as err:  # no device memory left (torch.OutOfMemoryError), a driver's refusal
             self.device = None
             log.warning("device_sharing_failed", version=version, error=str(err), fallback="shm")
             device.close()
+            return None
 
     def _stop_sharing(self, err: OSError, version: int | None) -> None:
         shared, self.shared = self.shared, None
@@ -239,6 +291,19 @@ class Publisher:
         await handler(self, peer, env.sender, msg)
 
     async def _on_query(self, peer: bytes, sender: str, msg: WeightQuery) -> None:
+        storing = self._storing.get(msg.version)
+        if storing is not None:  # on the device, not yet in host memory
+            on_device = self.device.offer(msg.version) if msg.device and self.device is not None else None
+            if on_device is None:
+                task = asyncio.create_task(self._answer_stored(peer, sender, msg, storing))
+                self._held.add(task)
+                task.add_done_callback(self._held.discard)
+                return
+            meta = self.store.meta(msg.version)
+            await self.server.send(
+                peer, msgspec.structs.replace(meta, nbytes=on_device.nbytes, device=on_device)
+            )
+            return
         meta = self.store.meta(msg.version)
         slot = None if self.shared is None or not meta.available else self.shared.offer(msg.version)
         if slot is not None:
@@ -247,6 +312,13 @@ class Publisher:
         if on_device is not None:
             meta = msgspec.structs.replace(meta, device=on_device)
         await self.server.send(peer, meta)
+
+    async def _answer_stored(self, peer: bytes, sender: str, msg: WeightQuery, stored: asyncio.Event) -> None:
+        await stored.wait()
+        try:
+            await self._on_query(peer, sender, msg)
+        except Exception as exc:  # contained to this query, as in `_serve`
+            log.error("message_failed", peer=sender, type=msg.TAG, error=repr(exc), exc_info=True)
 
     async def _on_chunk_request(self, peer: bytes, sender: str, msg: WeightChunkRequest) -> None:
         chunk = self.store.chunk(msg.version, msg.index)

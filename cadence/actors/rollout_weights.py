@@ -6,6 +6,9 @@
              ─► the publisher offers it on this worker's GPU (transport/device_memory.py) ─► open its
                 buffer (CUDA IPC), check the device digest ─► its tensors loaded, a copy on the device
                 (or the engine computes with them); the buffer held until the next version is loaded
+                (asked with `device`: a version the trainer announced from its GPU before its host
+                bytes are in is answered with the buffer alone; failing it, asked again, answered
+                once they are in)
              ─► the publisher on this host shares it (transport/shared_memory.py) ─► map its slot,
                 check the digest ─► the engine computes with the mapped tensors (made once a
                 mapping: model/mapping_views.py), in the same thread; the slot held
@@ -274,16 +277,17 @@ class WorkerWeights:
         log.warning("shared_memory_fallback", reason=reason, fallback="zmq")
         self.shared = None
 
-    async def _meta(self, publisher: Client, version: int) -> WeightMeta | None:
+    async def _meta(self, publisher: Client, version: int, device: bool) -> WeightMeta | None:
         """Where the publisher offers `version` beside its pulls, when this worker may take it from
-        memory on its host (None: it is pulled)."""
+        memory on its host (None: it is pulled); with `device`, perhaps on its GPU alone, before the
+        version's host bytes are in (`available` False)."""
         if self.shared is None and self.device is None:
             return None
         try:
-            meta = await query_weights(publisher, version, self.liveness.timeout_s)
+            meta = await query_weights(publisher, version, self.liveness.timeout_s, device)
         except WeightError:
             return None  # the pull meets the same silence, and deals with it
-        return meta if meta.available else None
+        return meta if meta.available or (device and meta.device is not None) else None
 
     async def _open_device(self, meta: WeightMeta) -> HeldBuffer | None:
         """`meta.version` in the buffer its publisher offers on this worker's GPU, verified; None when
@@ -337,7 +341,7 @@ class WorkerWeights:
             if state is not None:
                 await asyncio.to_thread(self._load_state, state)
                 return self.settings.weights_transport, state_nbytes(state)
-        meta = await self._meta(publisher, version)
+        meta = await self._meta(publisher, version, self.device is not None)
         held = None if meta is None else await self._open_device(meta)
         if held is not None:
             try:
@@ -345,6 +349,8 @@ class WorkerWeights:
                 return "cuda-ipc", held.data.numel()
             except Exception as err:  # loaded from host memory instead, as every version from now on
                 self._no_device(repr(err))
+        if meta is not None and not meta.available:  # on the GPU alone so far: asked again, answered
+            meta = await self._meta(publisher, version, False)  # once its host bytes are in
         mapped = None if meta is None else await self._map(meta)
         if mapped is not None:
             return "shm", mapped

@@ -17,7 +17,8 @@
                          sync: hold until the period closes, then the same
                  filtered ─► counted, written to the samples with its reason, never trained
    B kept (or every prompt the period may issue resolved: a short period, stepped with what it kept)
-         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 ─► (the engine-learner gap
+         ─► closed ─► grads /= normaliser ─► clip ─► step ─► publish k+1 (on the trainer's GPU
+              first where it can: announced before its host bytes are in) ─► (the engine-learner gap
               above trainer.mismatch.warn_kl: mismatch_high, throttled) ─► every N periods: resume
               checkpoint of k+1 (with the metrics of k) ─► VersionReady(k+1, metrics)
  checkpoint asked with "stop" (cadence slurm stop) ─► that checkpoint, VersionReady(k+1), no period
@@ -84,6 +85,7 @@ from cadence.wire.roles import valid_ticket
 log = structlog.get_logger()
 
 Publish = Callable[[int, bytes | Buffer], Awaitable[str]]
+PublishEarly = Callable[[int], Awaitable[int | None]]
 
 
 class Trainer:
@@ -91,7 +93,8 @@ class Trainer:
     resume checkpoint records of the run and a resume is checked against;
     `use_threads(n)`, `computing(busy)`: `MicroBatches`' (threads: settings' `threads` and
     `threads_alone`); `alloc(nbytes)`: the buffer a version is serialised into (a pool's `take`);
-    `held(version)`: whether a worker on this host still holds a version (`trainer_stage.py`)."""
+    `held(version)`: whether a worker on this host still holds a version (`trainer_stage.py`);
+    `early(version)`: publish it on the trainer's GPU first (the publisher's `publish_on_device`)."""
 
     CHECKS: ClassVar[Mapping[type[Message], Callable[[Trainer, str, Any], tuple[str, str] | None]]]
     """The check of every message type its server takes: the problem, with the role the sender
@@ -115,8 +118,10 @@ class Trainer:
         alloc: Callable[[int], Buffer] = bytearray,
         computing: Callable[[bool], None] | None = None,
         held: Callable[[int], bool] | None = None,
+        early: PublishEarly | None = None,
     ) -> None:
         self.settings = settings
+        self.early = early
         self.alloc = alloc
         self.samples = samples
         self.resume = resume
@@ -377,12 +382,18 @@ class Trainer:
         return msg
 
     async def _publish(self, version: int) -> tuple[float, str, int]:
+        """`version` on the trainer's GPU first where `early` can (no digest yet), else serialised."""
         with span(self.clock, "publish", period=version - 1, version=version) as publishing:
-            data = await self.batches.compute(self.learner.weights, self.alloc, self.settings.publish_dtype)
-            version_digest = await self.publish(version, data)
-        self.version_bytes = len(data)
-        log.info("version_published", version=version, nbytes=len(data), digest=version_digest)
-        return publishing.end, version_digest, len(data)
+            nbytes = None if self.early is None else await self.early(version)
+            version_digest = ""
+            if nbytes is None:
+                data = await self.batches.compute(
+                    self.learner.weights, self.alloc, self.settings.publish_dtype
+                )
+                version_digest, nbytes = await self.publish(version, data), len(data)
+        self.version_bytes = nbytes
+        log.info("version_published", version=version, nbytes=nbytes, digest=version_digest)
+        return publishing.end, version_digest, nbytes
 
 
 Trainer.CHECKS = {GroupResult: Trainer._group_problem}

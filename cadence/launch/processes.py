@@ -32,7 +32,7 @@ from cadence.wire.buffer import Buffer
 
 if TYPE_CHECKING:
     from cadence.actors.publisher import Publisher
-    from cadence.actors.trainer import Publish
+    from cadence.actors.trainer import Publish, PublishEarly
     from cadence.log import LogStream
     from cadence.training.learner import Learner
     from cadence.transport.broadcast import BroadcastRoot
@@ -159,7 +159,7 @@ async def trainer_main(
         secret = read_run_secret(out)
         link = net.connect("trainer", connect)
         own = session(cfg, link, "trainer", time.time, server.address, secret=secret, stream=stream)
-        publish, alloc, jobs, computing, held = _publish_function(
+        publish, alloc, jobs, computing, held, early = _publish_function(
             cfg, net, connect, publisher_address, learner, own.key, secret
         )
         trainer = Trainer(
@@ -177,6 +177,7 @@ async def trainer_main(
             alloc=alloc,
             computing=computing,
             held=held,
+            early=early,
         )
         await first_of(trainer.run(), *jobs)
     finally:
@@ -194,6 +195,9 @@ class Publishing(NamedTuple):
     jobs: list[Coroutine[Any, Any, None]]
     computing: Callable[[bool], None] | None
     held: Callable[[int], bool] | None
+    early: PublishEarly | None = (
+        None  # a version on the trainer's GPU first (announced before its host bytes)
+    )
 
 
 def _publish_function(
@@ -228,8 +232,12 @@ def _publish_function(
         async def with_tensors(version: int, data: bytes | Buffer) -> str:
             return await publisher.publish(version, data, learner.tensors())
 
+        async def on_device(version: int) -> int | None:
+            return await publisher.publish_on_device(version, learner.tensors())
+
+        early = on_device if publisher.device is not None else None
         return Publishing(
-            with_tensors, publisher.buffer, [publisher.run()], publisher.computing, publisher.held
+            with_tensors, publisher.buffer, [publisher.run()], publisher.computing, publisher.held, early
         )
     if cfg.weights.transport != "zmq":
         raise ConfigError(

@@ -89,9 +89,10 @@ class WeightStore:
         return WeightChunk(version, index, memoryview(stored.data)[start : start + self.chunk_bytes])
 
 
-async def query_weights(client: Client, version: int, timeout_s: float) -> WeightMeta:
-    """The publisher's description of `version` (where it holds it, a worker on its host maps it)."""
-    await client.send(WeightQuery(version))
+async def query_weights(client: Client, version: int, timeout_s: float, device: bool = False) -> WeightMeta:
+    """The publisher's description of `version` (where it holds it, a worker on its host maps it);
+    `device`: a description of its device buffer alone will do (`WeightQuery`)."""
+    await client.send(WeightQuery(version, device))
     return await _expect(client, WeightMeta, version, timeout_s)
 
 

@@ -278,7 +278,8 @@ class StopPeriod(Message, tag="stop_period"):
 class VersionReady(Message, tag="version_ready"):
     """Weights `version` are published; period `version` may start. Carries the last period's metrics
     as a plain map (the trainer's `PeriodMetrics.to_row()`; empty for the first version of a run).
-    `digest`: the version's bytes' digest (`wire/digest.py`), the one every pull is verified against."""
+    `digest`: the version's bytes' digest (`wire/digest.py`), the one every pull is verified against;
+    empty when it was announced from the trainer's GPU before its host bytes were stored."""
 
     version: Version
     digest: str
@@ -300,16 +301,20 @@ class RunDone(Message, tag="run_done"):
 
 
 class WeightQuery(Message, tag="weight_query"):
-    """Ask the publisher for the size and checksum of `version`."""
+    """Ask the publisher for the size and checksum of `version`. `device`: the asker may take it from
+    the publisher's device buffer alone (a worker on a GPU): a version announced before its host
+    bytes are stored is then answered at once; otherwise once they are."""
 
     version: Version
+    device: bool = False
 
 
 class WeightMeta(Message, tag="weight_meta"):
-    """`available` False: the publisher does not hold that version (any more). `digest`: the bytes'
-    digest (`wire/digest.py`), which a puller checks the whole against. `shared`: where a worker on the publisher's
-    host maps the same bytes instead of pulling them; None where the publisher does not share.
-    `device`: where a worker on the publisher's GPU finds the version in that device's memory."""
+    """`available` False: the publisher does not hold that version (any more), or, with `device`, not
+    yet in host memory. `digest`: the bytes' digest (`wire/digest.py`), which a puller checks the whole
+    against. `shared`: where a worker on the publisher's host maps the same bytes instead of pulling
+    them; None where the publisher does not share. `device`: where a worker on the publisher's GPU
+    finds the version in that device's memory."""
 
     version: Version
     available: bool

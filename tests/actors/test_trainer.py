@@ -17,7 +17,7 @@ import pytest
 import structlog
 from torch import Tensor
 
-from cadence.actors.trainer import Trainer
+from cadence.actors.trainer import PublishEarly, Trainer
 from cadence.launch.settings import session, trainer_settings
 from cadence.monitor.samples import SampleWriter
 from cadence.ops.schedule import lr_at
@@ -135,7 +135,9 @@ class Worker:
         await self.client.send(msgspec.structs.replace(msg, ticket=shown))
 
 
-async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+async def start(  # type: ignore[no-untyped-def]
+    network: InprocNetwork, tmp_path: Path, *overrides: str, early: PublishEarly | None = None
+):
     cfg = tiny_config("periods=2", "transport.liveness=200", "rollout.group_size=2", *overrides)
     dispatcher = network.bind("dispatcher", "inproc://dispatcher")
     published: list[int] = []
@@ -161,6 +163,7 @@ async def start(network: InprocNetwork, tmp_path: Path, *overrides: str):  # typ
         samples=SampleWriter(tmp_path / "samples"),
         use_threads=learner.use_threads,
         computing=learner.computing,
+        early=early,
     )
     task = asyncio.create_task(trainer.run())
     worker = Worker(network.connect("w0", "inproc://trainer"), own.key)
@@ -236,6 +239,31 @@ async def test_versions_are_published_in_the_precision_the_workers_compute_in(
     await until(lambda: len(learner.dtypes) == 1)
     assert learner.dtypes == [published]  # float32: the learner's own, as it is
     task.cancel()
+
+
+async def test_a_version_published_on_the_gpu_first_is_announced_without_being_serialised(
+    network: InprocNetwork, tmp_path: Path
+) -> None:
+    """Where the publisher takes a version on the trainer's GPU first, the trainer announces it at once
+    (its size, no digest yet: the publisher stores the host bytes meanwhile) and serialises nothing;
+    where it cannot (version 0 here), the version is serialised and published as before."""
+    on_device: list[int] = []
+
+    async def early(version: int) -> int | None:
+        on_device.append(version)
+        return None if version == 0 else 4096
+
+    cfg, dispatcher, worker, learner, published, task, _ = await start(network, tmp_path, early=early)
+    first = await expect(dispatcher, VersionReady, skip=(Register,))
+    assert (first.version, first.digest) == (0, "sha0") and published == [0]
+    for pid in range(4):
+        await worker.send(group(0, pid))
+    ready = await expect(dispatcher, VersionReady, skip=(Consumed,))
+    assert (ready.version, ready.digest, ready.nbytes) == (1, "", 4096)
+    assert on_device == [0, 1] and published == [0] and len(learner.dtypes) == 1
+    assert ready.metrics["version_bytes"] == 4096
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_sync_mode_trains_only_when_all_groups_are_in(network: InprocNetwork, tmp_path: Path) -> None:
