@@ -22,7 +22,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)"
 step "$py" -m cadence doctor --json --set "trainer.device='$device'" --set "rollout.device='$device'"
 step timeout 400 "$py" -m pytest -q -p no:cacheprovider -x tests/unit/test_engine.py tests/unit/test_engine_slots.py \
   tests/unit/test_parallel.py tests/unit/test_doctor.py tests/system/test_doctor.py \
-  tests/transport/test_device_memory.py tests/actors/test_device_weights.py
+  tests/transport/test_device_memory.py tests/actors/test_device_weights.py tests/actors/test_device_first.py
 step timeout 240 "$py" -m cadence bench e2e --json --config configs/quickstart.toml --periods 4 \
   --set "trainer.device='$device'" --set "rollout.device='$device'" --set task.prompts_per_period=4 \
   --set rollout.group_size=8

@@ -187,10 +187,10 @@ class Publisher:
             done.set()
 
     def _host_bytes(self, image: Tensor) -> Buffer:
-        import torch
+        from cadence.model.device_image import copy_to_host
 
         data = self.buffer(image.numel())
-        torch.frombuffer(data, dtype=torch.uint8).copy_(image)  # type: ignore[call-overload]
+        copy_to_host(image, data)
         return data
 
     def buffer(self, nbytes: int) -> Buffer:

@@ -7,6 +7,8 @@ views there, never through host memory.
     tensor copied in at its offset, cast to the dtype the layout writes it in (`fill_body`, on the device)
  image_views(buffer) ─► the head read back (two small copies to the host) ─► each tensor a view of the
     buffer where its offset suits its dtype, else a copy of its bytes
+ copy_to_host(image, host) ─► the whole image in one copy into a host buffer (a version's host bytes,
+    once the workers on the device have it), from a GPU on a stream of its own
 ```
 
 Invariant: the image's bytes are the ones `write_safetensors(layout)` writes on the host, and
@@ -27,6 +29,7 @@ from cadence.model.safetensors_bytes import (
     safetensors_entries,
     safetensors_header,
 )
+from cadence.wire.buffer import Buffer
 
 
 def image_nbytes(layout: Layout) -> int:
@@ -73,3 +76,17 @@ def _host_bytes(part: Tensor) -> bytes:
     if out:
         torch.frombuffer(out, dtype=torch.uint8).copy_(part)
     return bytes(out)
+
+
+def copy_to_host(image: Tensor, host: Buffer) -> None:
+    """`image` (uint8, one dimension) copied into `host`, a writable buffer of as many bytes. From a GPU
+    the copy goes on a stream of its own, so the kernels queued meanwhile on the default one (the
+    trainer's next) do not wait behind it; it returns once the bytes are in."""
+    target = torch.frombuffer(host, dtype=torch.uint8)  # type: ignore[call-overload]
+    if target.numel() != image.numel():
+        raise ValueError(f"an image of {image.numel()} bytes does not fit a buffer of {target.numel()}")
+    if image.device.type != "cuda":
+        target.copy_(image)
+        return
+    with torch.cuda.stream(torch.cuda.Stream(image.device)):
+        target.copy_(image)

@@ -6,6 +6,7 @@ torch sees a GPU (`scripts/gpu_check.sh`)."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import struct
 
@@ -14,7 +15,7 @@ import torch
 import xxhash
 
 from cadence.model.checkpoint import state_dict_from_bytes, tensors_layout, write_safetensors
-from cadence.model.device_image import image_nbytes, image_views, write_image
+from cadence.model.device_image import copy_to_host, image_nbytes, image_views, write_image
 from cadence.transport import device_memory
 from cadence.transport.device_memory import (
     MAX_SLOTS,
@@ -96,6 +97,22 @@ def test_an_image_written_on_a_device_is_the_version_bytes_and_reads_back_alike(
         assert set(views) == set(expected)
         for name, tensor in expected.items():
             assert views[name].dtype == tensor.dtype and torch.equal(views[name], tensor), name
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_image_copied_to_the_host_is_the_version_bytes(device: str) -> None:
+    """A version's host bytes copied from its image on the device: `write_safetensors`'s bytes, in a
+    slot-like mapping; a buffer of another size refused."""
+    layout = tensors_layout({"a.weight": torch.randn(3, 5), "b.flag": torch.tensor([True])}, "bfloat16")
+    image = write_image(layout, torch.empty(image_nbytes(layout), dtype=torch.uint8, device=device))
+    host = mmap.mmap(-1, image_nbytes(layout))
+    copy_to_host(image, host)
+    assert bytes(host) == bytes(write_safetensors(layout))
+    with pytest.raises(ValueError, match="does not fit"):
+        copy_to_host(image, bytearray(image_nbytes(layout) + 1))
 
 
 def test_a_malformed_image_is_refused() -> None:
