@@ -182,6 +182,9 @@ class Publisher:
             log.info(
                 "version_stored", version=version, nbytes=len(data), host_s=round(self.clock() - begin, 4)
             )
+        except Exception as err:  # said now; raised to the trainer by its next publish (`stored`)
+            log.error("version_store_failed", version=version, error=repr(err))
+            raise
         finally:
             del self._storing[version]
             done.set()

@@ -19,7 +19,7 @@ from cadence.launch.settings import publish_dtype
 from cadence.training.learner import Learner
 from cadence.transport.inproc import InprocNetwork
 from cadence.transport.shared_memory import sharing_problem
-from cadence.transport.weights import pull_weights, query_weights
+from cadence.transport.weights import WeightError, pull_weights, query_weights
 from cadence.wire.buffer import Buffer
 from tests.actors.test_device_weights import CFG, rig
 
@@ -107,3 +107,28 @@ async def test_a_publisher_that_cannot_take_the_version_on_the_device_says_so_an
         assert not r.publisher.store.meta(2).available and not r.publisher._storing
         await r.publisher.publish(2, learner.weights(dtype=publish_dtype(CFG)))
         assert r.publisher.store.meta(2).available
+
+
+async def test_host_bytes_that_cannot_be_stored_are_said_at_once_and_raised_by_the_next_publish(
+    network: InprocNetwork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy to the host fails: one error line then, the askers waiting for the bytes told the
+    version is not held (their pull fails), and the trainer's next publish raises what failed."""
+    async with rig(network) as r:
+        gate = _gate(r.publisher, monkeypatch)
+
+        def no_memory(nbytes: int) -> Buffer:
+            gate.wait(30)
+            raise MemoryError("no host memory for the version")
+
+        monkeypatch.setattr(r.publisher, "buffer", no_memory)
+        await r.publisher.publish_on_device(2, _learner(5).tensors())
+        pulling = asyncio.create_task(pull_weights(network.connect("w1", "inproc://publisher"), 2, 5.0))
+        await _until(lambda: bool(r.publisher._held))
+        with structlog.testing.capture_logs() as logs:
+            gate.set()
+            with pytest.raises(WeightError, match="does not hold version 2"):
+                await pulling
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == ["version_store_failed"]
+        with pytest.raises(MemoryError):
+            await r.publisher.stored()
