@@ -91,15 +91,14 @@ async def test_each_stretch_between_the_models_turns_is_one_environment_span() -
     spans = [e for e in logs if e["event"] == "span"]
     assert all(e["kind"] == "environment" and e["period"] == 5 and e["eval"] is False for e in spans)
     # the two starts; both first turns' steps; the second episode's next step, the two scores and
-    # closes. Each episode's calls run on its own thread, so calls that overlap are one stretch and
-    # calls that do not (one start done before the other began) are two: no span straddles a model
-    # call, and every call is in one
-    first, second = model.called
-    before = [e["calls"] for e in spans if e["end"] < first]
-    between = [e["calls"] for e in spans if first < e["start"] and e["end"] < second]
-    after = [e["calls"] for e in spans if second < e["start"]]
-    assert len(before) + len(between) + len(after) == len(spans)
-    assert (sum(before), sum(between), sum(after)) == (2, 2, 1 + 4)
+    # closes: every call in exactly one span. Each episode's calls run on its own thread, so calls
+    # that overlap are one stretch and calls that do not are two, and the first episode's score and
+    # close may still run while the model takes the second's next turn (a stretch then spans that
+    # call): the starts alone come before the model's first turn, every other call after it
+    first, _ = model.called
+    assert all(e["calls"] >= 1 for e in spans) and sum(e["calls"] for e in spans) == 2 + 2 + 1 + 4
+    assert sum(e["calls"] for e in spans if e["end"] < first) == 2
+    assert all(e["start"] > first for e in spans if e["end"] > first)
     assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(spans))  # stretches never overlap
 
     # the environments' answers are untouched: the same groups as without the spans
