@@ -281,8 +281,7 @@ class SharedReader:
         self.mappings = mappings
         self._kept: dict[str, _Kept] = {}  # by slot name, the last used last
 
-    def keeps(self, data: mmap.mmap) -> bool:
-        """Whether `data` is one of the mappings this reader keeps (else it has let it go)."""
+    def keeps(self, data: mmap.mmap) -> bool:  # whether `data` is a mapping kept (else let go)
         return any(kept.data is data for kept in self._kept.values())
 
     def reaches(self, slot: SharedSlot) -> bool:
